@@ -1,0 +1,73 @@
+"""The import rules of DESIGN.md, checked on the source: imports point only downstream.
+
+- ``envhub`` never imports torch, trainer, adapters or env_servers;
+- ``env_servers`` import envhub and their own domain deps, never trainer or adapters;
+- ``trainer`` imports envhub but never env_servers;
+- ``adapters`` import what they adapt (openenv, gymnasium, openai, trl, torch...) lazily, inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FORBIDDEN = {
+    "envhub": {"torch", "trainer", "adapters", "env_servers", "transformers", "peft"},
+    "env_servers": {"trainer", "adapters", "torch"},
+    "trainer": {"env_servers", "adapters"},
+}
+# Adapters may import these only inside functions.
+ADAPTER_LAZY = {"openenv", "gymnasium", "gym", "openai", "trl", "torch", "transformers", "datasets"}
+
+
+def _imports(tree: ast.AST, *, top_level_only: bool = False):
+    nodes = tree.body if top_level_only else ast.walk(tree)  # type: ignore[attr-defined]
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module.split(".")[0]
+        elif top_level_only and isinstance(node, (ast.If, ast.Try)):
+            # `if TYPE_CHECKING:` blocks and try/except ImportError at module level still count as top level
+            for lineno, name in _imports(ast.Module(body=list(ast.iter_child_nodes(node)), type_ignores=[]),
+                                         top_level_only=True):
+                yield lineno, name
+
+
+def _sources(package: str):
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_point_downstream(package: str) -> None:
+    violations = []
+    for path in _sources(package):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for lineno, name in _imports(tree):
+            if name in FORBIDDEN[package]:
+                violations.append(f"{path.relative_to(ROOT)}:{lineno} imports {name}")
+    assert not violations, "layering violations:\n" + "\n".join(violations)
+
+
+def test_adapters_import_their_targets_lazily() -> None:
+    violations = []
+    for path in _sources("adapters"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for lineno, name in _imports(tree, top_level_only=True):
+            if name in ADAPTER_LAZY:
+                violations.append(f"{path.relative_to(ROOT)}:{lineno} imports {name} at module level")
+    assert not violations, "adapters must import what they adapt inside functions:\n" + "\n".join(violations)
+
+
+def test_importing_envhub_does_not_load_heavy_modules() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, envhub; print(sorted(m for m in ('torch', 'transformers', 'sympy', 'trainer') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", f"`import envhub` pulled in heavy modules: {out}"
