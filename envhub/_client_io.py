@@ -1,0 +1,113 @@
+"""Client plumbing: the shared background event loop behind the sync clients, and a cheap HTTP GET.
+
+Private to the client family (``envhub.client``, ``envhub.remote``, ``envhub.env_tool``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any, Coroutine, TypeVar
+from urllib.parse import urlsplit
+
+T = TypeVar("T")
+
+
+class BackgroundLoop:
+    """One daemon thread running an asyncio loop, shared by every sync client of the process."""
+
+    _shared: "BackgroundLoop | None" = None
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="envhub-client-loop", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def shared(cls) -> "BackgroundLoop":
+        with cls._guard:
+            if cls._shared is None or not cls._shared._thread.is_alive():
+                cls._shared = cls()
+            return cls._shared
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop thread and block until it finishes; its exception is re-raised here."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("A sync envhub client was called from its own event-loop thread; "
+                               "use the async API (await client.step(...)) inside coroutines.")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+async def fetch_json(url: str, token: str | None, timeout_s: float) -> tuple[int, Any]:
+    """GET ``url`` and return ``(status, parsed JSON or None)``; raises ``OSError``/``TimeoutError`` when unreachable.
+
+    Plain ``http://`` uses one raw HTTP/1.1 exchange on a socket (no client object to build,
+    which matters when thousands of sessions connect); ``https://`` goes through httpx.
+    """
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(timeout=timeout_s) as http:
+            try:
+                resp = await http.get(url, headers=headers)
+            except httpx.TransportError as exc:
+                raise OSError(str(exc)) from exc
+        try:
+            return resp.status_code, resp.json()
+        except ValueError:
+            return resp.status_code, None
+    async with asyncio.timeout(timeout_s) if hasattr(asyncio, "timeout") else _nullcontext():
+        return await _raw_get(parts, token)
+
+
+class _nullcontext:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+
+async def _raw_get(parts: Any, token: str | None) -> tuple[int, Any]:
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        path = parts.path or "/"
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept: application/json\r\n"
+                     f"{auth}Connection: close\r\n\r\n".encode("latin-1"))
+        await writer.drain()
+        raw = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        status = int(lines[0].split()[1])
+    except (IndexError, ValueError):
+        return 0, None
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    try:
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = _dechunk(body)
+        return status, json.loads(body)
+    except ValueError:
+        return status, None
+
+
+def _dechunk(body: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while True:
+        j = body.find(b"\r\n", i)
+        if j < 0:
+            return bytes(out)
+        size = int(body[i:j].split(b";")[0] or b"0", 16)
+        if size == 0:
+            return bytes(out)
+        out += body[j + 2:j + 2 + size]
+        i = j + 2 + size + 2

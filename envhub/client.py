@@ -1,0 +1,393 @@
+"""``EnvClient``: one WebSocket session with an envhub or OpenEnv env server (async, plus ``.sync()``).
+
+>>> async def main():                                        # doctest: +SKIP
+...     async with EnvClient("http://localhost:8000") as env:
+...         first = await env.reset(seed=7)
+...         result = await env.step({"tool_name": "guess", "arguments": {"number": 50}})
+...         print(result.observation.text, result.reward, result.done)
+
+Against an envhub server (``/metadata`` carries an ``envhub`` key) the client opts into the
+announced extensions: request ids (a timed-out reply can never answer a later request),
+msgpack frames, tool listing, per-step timeouts and session resume after a dropped
+connection. Against an OpenEnv server it speaks plain OpenEnv: no extra keys in any frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any, Iterable
+
+import msgpack
+from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from envhub import _wire
+from envhub._client_io import BackgroundLoop, fetch_json
+from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvHubError, ErrorCode,
+                           MessageTooLargeError, ProtocolError, ServerError, SessionLostError, StepTimeoutError,
+                           error_for_code)
+from envhub.types import StepResult, ToolSpec
+
+MiB = 1024 * 1024
+_WANTED = (_wire.EXT_REQUEST_ID, _wire.EXT_MSGPACK, _wire.EXT_TOOLS, _wire.EXT_RESUME, _wire.EXT_STEP_TIMEOUT)
+# Close codes after which the server deliberately ended the session: resuming cannot help.
+_NO_RESUME_CODES = {1000, 1001, 1008, 1009, 1013, 4404}
+
+if sys.version_info >= (3, 11):
+    _deadline = asyncio.timeout
+else:  # pragma: no cover - 3.10 fallback (wait_for spawns a task; fine off the hot path)
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def _deadline(delay):
+        task = asyncio.current_task()
+        handle = asyncio.get_running_loop().call_later(delay, task.cancel) if delay is not None else None
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise TimeoutError from None
+        finally:
+            if handle is not None:
+                handle.cancel()
+
+def _closed_error(exc: ConnectionClosed, *, during: str) -> EnvConnectionError:
+    """Map a WebSocket close to the typed error the contract names."""
+    code = exc.rcvd.code if exc.rcvd is not None else 1006
+    reason = exc.rcvd.reason if exc.rcvd is not None else "no close frame"
+    text = f"connection closed during {during} (code {code}: {reason or 'no reason'})"
+    if code == 1008:
+        return AuthError(text)
+    if code == 1013:
+        return CapacityError(text)
+    if code == 1009:
+        return MessageTooLargeError(text)  # type: ignore[return-value]
+    return SessionLostError(text + "; call reset() to start a new session.")
+
+
+class EnvClient:
+    """An async client for one env session over ``/ws``; connects lazily on the first call.
+
+    ``extensions="auto"`` reads ``/metadata`` and opts into what an envhub server announces;
+    ``None`` or ``()`` speaks plain OpenEnv; a list of names opts into exactly those without
+    asking. ``step_timeout_s`` asks an envhub server to stop a step after that long
+    (``STEP_TIMEOUT``); ``message_timeout_s`` bounds the wait for any reply client-side.
+    """
+
+    def __init__(self, base_url: str, *, token: str | None = None, connect_timeout_s: float = 10.0,
+                 message_timeout_s: float | None = 60.0, extensions: str | Iterable[str] | None = "auto",
+                 retries: int = 3, backoff_s: float = 0.2, max_message_bytes: int = 100 * MiB,
+                 ping_interval_s: float | None = 20.0, ping_timeout_s: float | None = 60.0,
+                 compression: str | None = None, step_timeout_s: float | None = None):
+        if retries < 0 or backoff_s < 0:
+            raise ValueError(f"Expected retries >= 0 and backoff_s >= 0, got {retries} and {backoff_s}.")
+        if isinstance(extensions, str) and extensions != "auto":
+            extensions = [e for e in extensions.split(",") if e]
+        self.base_url = base_url
+        self.token = token
+        self.connect_timeout_s = connect_timeout_s
+        self.message_timeout_s = message_timeout_s
+        self.step_timeout_s = step_timeout_s
+        self.retries, self.backoff_s = retries, backoff_s
+        self.max_message_bytes = max_message_bytes
+        self.ping_interval_s, self.ping_timeout_s = ping_interval_s, ping_timeout_s
+        self.compression = compression
+        self._ext_mode = extensions if extensions == "auto" else tuple(extensions or ())
+        self._ws: ClientConnection | None = None
+        self._lock = asyncio.Lock()
+        self._next_id = 0
+        self._lost: EnvHubError | None = None
+        self.metadata: dict[str, Any] | None = None
+        self.extensions: frozenset[str] = frozenset()
+        self.session_id: str | None = None
+        self._resume_token: str | None = None
+        self._ids = self._binary = False
+
+    # -- public API -------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self._ws is not None
+
+    async def connect(self) -> "EnvClient":
+        """Open the session now (normally it opens on the first call)."""
+        async with self._lock:
+            if self._ws is None:
+                await self._open()
+        return self
+
+    async def reset(self, **kwargs: Any) -> StepResult:
+        """Start an episode; ``kwargs`` go to the env's ``reset`` (``seed``, task fields...).
+
+        After a lost session, ``reset`` opens a fresh one.
+        """
+        reply = await self._request("reset", kwargs, fresh_ok=True)
+        return StepResult.from_wire(reply.get("data") or {})
+
+    async def step(self, action: Any) -> StepResult:
+        """Apply one action (a dict, or a pydantic model such as ``envhub.Action``)."""
+        if hasattr(action, "model_dump"):
+            action = action.model_dump(mode="python" if self._binary else "json")
+        reply = await self._request("step", action)
+        return StepResult.from_wire(reply.get("data") or {})
+
+    async def state(self) -> dict[str, Any]:
+        """The server-side episode state (episode_id, step_count, ...)."""
+        reply = await self._request("state", None)
+        data = reply.get("data")
+        return data if isinstance(data, dict) else {}
+
+    async def tools(self) -> list[ToolSpec]:
+        """The env's tools as OpenAI function specs ([] when the server publishes none)."""
+        async with self._lock:
+            if self._ws is None and self._lost is None:
+                await self._open()
+        if _wire.EXT_TOOLS in self.extensions:
+            data = (await self._request("tools", None)).get("data") or {}
+            return [ToolSpec.from_openai(t) for t in data.get("tools", [])]
+        hub = (self.metadata or {}).get("envhub")
+        if isinstance(hub, dict):
+            return [ToolSpec.from_openai(t) for t in hub.get("tools") or []]
+        return await self._mcp_tools()
+
+    async def _mcp_tools(self) -> list[ToolSpec]:
+        # An OpenEnv server lists an MCP env's tools through the mcp passthrough; others answer an error.
+        try:
+            reply = await self._request("mcp", {"jsonrpc": "2.0", "method": "tools/list", "id": 1})
+        except (ProtocolError, ServerError, ActionValidationError):
+            return []
+        tools = ((reply.get("data") or {}).get("result") or {}).get("tools")
+        return [ToolSpec.from_openai(t) for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+
+    async def close(self) -> None:
+        """End the session: send ``close`` (the server drops the env) and close the socket."""
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            await ws.send(self._encode({"type": "close"}))
+        except Exception:
+            pass  # the socket may already be gone; closing it is all that is left to do
+        try:
+            await ws.close()
+        except Exception:
+            pass
+
+    async def __aenter__(self) -> "EnvClient":
+        return await self.connect()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def sync(self) -> "SyncEnvClient":
+        """A blocking client with the same API, driving this one on a background event loop."""
+        return SyncEnvClient(self)
+
+    # -- connection ---------------------------------------------------------------------------
+    async def _open(self, *, resume: bool = False) -> None:
+        """Connect (with retries and exponential backoff) and read the hello frame if any."""
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                await self._open_once(resume=resume)
+                self._lost = None
+                return
+            except (OSError, asyncio.TimeoutError, InvalidHandshake, EnvConnectionError) as exc:
+                if isinstance(exc, (AuthError, CapacityError, SessionLostError)):
+                    raise
+                if isinstance(exc, InvalidStatus) and exc.response.status_code in (401, 403):
+                    raise AuthError(f"the server refused the token for {self.base_url} "
+                                    f"(HTTP {exc.response.status_code}); pass token=...") from None
+                last = exc
+        raise EnvConnectionError(f"Could not connect to {self.base_url} after {self.retries + 1} attempt(s): "
+                                 f"{type(last).__name__}: {last}. Is the server running?") from last
+
+    async def _open_once(self, *, resume: bool) -> None:
+        if self._ext_mode == "auto" and self.metadata is None:
+            status, meta = await fetch_json(_wire.http_url(self.base_url, "/metadata"), self.token,
+                                            self.connect_timeout_s)
+            if status in (401, 403):
+                raise AuthError(f"GET /metadata returned HTTP {status}: pass the server's token=...")
+            self.metadata = meta if status == 200 and isinstance(meta, dict) else {}
+        wanted = self._wanted_extensions()
+        query: dict[str, Any] = {"ext": ",".join(wanted) if wanted else None}
+        if resume:
+            query.update(resume=self.session_id, resume_token=self._resume_token)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        try:
+            ws = await ws_connect(_wire.ws_url(self.base_url, **query), additional_headers=headers,
+                                  open_timeout=self.connect_timeout_s, max_size=self.max_message_bytes,
+                                  ping_interval=self.ping_interval_s, ping_timeout=self.ping_timeout_s,
+                                  compression=self.compression, proxy=None)
+        except InvalidURI as exc:
+            raise ValueError(f"Expected an http(s):// or ws(s):// base URL, got {self.base_url!r}.") from exc
+        self._ids = self._binary = False
+        self.extensions = frozenset()
+        if wanted:
+            await self._read_hello(ws, resume)
+        self._ws = ws
+
+    def _wanted_extensions(self) -> tuple[str, ...]:
+        if self._ext_mode != "auto":
+            return self._ext_mode  # type: ignore[return-value]
+        announced = ((self.metadata or {}).get("envhub") or {}).get("extensions") or ()
+        return tuple(e for e in _WANTED if e in announced)
+
+    async def _read_hello(self, ws: ClientConnection, resume: bool) -> None:
+        try:
+            async with _deadline(self.connect_timeout_s):
+                msg = _wire.decode(await ws.recv(), binary_ok=True, max_bytes=self.max_message_bytes)
+        except ConnectionClosed as exc:
+            raise _closed_error(exc, during="the handshake") from None
+        if msg.get("type") == _wire.REPLY_ERROR:
+            await ws.close()
+            raise error_for_code(msg.get("data") or {})
+        data = msg.get("data") or {}
+        if msg.get("type") != _wire.REPLY_HELLO:
+            await ws.close()
+            raise ProtocolError(f"Expected a hello frame after opting into extensions, got {msg.get('type')!r}.")
+        if resume and not data.get("resumed"):
+            await ws.close()
+            raise SessionLostError("the server did not resume the session; call reset() to start a new one.")
+        self.extensions = frozenset(data.get("extensions") or ())
+        self.session_id = data.get("session_id")
+        self._resume_token = data.get("resume_token")
+        self._ids = _wire.EXT_REQUEST_ID in self.extensions
+        self._binary = _wire.EXT_MSGPACK in self.extensions
+
+    # -- request / reply ----------------------------------------------------------------------
+    def _encode(self, msg: dict[str, Any]) -> str | bytes:
+        if self._binary:
+            return msgpack.packb(msg, use_bin_type=True, default=str)
+        return _wire.encode(msg)
+
+    async def _request(self, mtype: str, data: Any, *, fresh_ok: bool = False) -> dict[str, Any]:
+        async with self._lock:
+            if self._ws is None:
+                if self._lost is not None and not fresh_ok:
+                    raise SessionLostError(f"{self._lost}") from self._lost
+                await self._open()
+            msg: dict[str, Any] = {"type": mtype}
+            if data is not None:
+                msg["data"] = data
+            rid = None
+            if self._ids:
+                self._next_id += 1
+                rid = msg["id"] = self._next_id
+            if self.step_timeout_s is not None and mtype == "step" and _wire.EXT_STEP_TIMEOUT in self.extensions:
+                msg["timeout_s"] = self.step_timeout_s
+            reply = await self._exchange(msg, rid)
+        if reply.get("type") == _wire.REPLY_ERROR:
+            err = error_for_code(reply.get("data") or {})
+            if err.code in ErrorCode.FATAL:
+                await self._drop(err)
+            raise err
+        return reply
+
+    async def _exchange(self, msg: dict[str, Any], rid: Any) -> dict[str, Any]:
+        frame = self._encode(msg)
+        resumes = 0
+        while True:
+            ws = self._ws
+            assert ws is not None
+            try:
+                async with _deadline(self.message_timeout_s):
+                    await ws.send(frame)
+                    return await self._receive(ws, rid)
+            except TimeoutError:
+                err = StepTimeoutError(f"no reply to {msg['type']!r} within message_timeout_s="
+                                       f"{self.message_timeout_s}s")
+                if not self._ids:
+                    # Without request ids a late reply would answer the next request: drop the socket.
+                    await self._drop(SessionLostError(f"session dropped after a timeout ({err}); "
+                                                      "call reset() to start a new session."))
+                raise err from None
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else 1006
+                can_resume = (_wire.EXT_RESUME in self.extensions and self._ids and self.session_id
+                              and code not in _NO_RESUME_CODES and resumes < max(self.retries, 1))
+                if not can_resume:
+                    await self._drop(_closed_error(exc, during=repr(msg["type"])))
+                    raise self._lost from None  # type: ignore[misc]
+                resumes += 1
+                self._ws = None
+                try:
+                    await self._open(resume=True)
+                except EnvHubError as err:
+                    self._lost = err if isinstance(err, SessionLostError) else SessionLostError(str(err))
+                    raise self._lost from None
+                frame = self._encode(msg)  # the resumed session may speak another codec
+
+    async def _receive(self, ws: ClientConnection, rid: Any) -> dict[str, Any]:
+        while True:
+            raw = await ws.recv()
+            if isinstance(raw, bytes):
+                try:
+                    msg = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+                except Exception as exc:
+                    raise ProtocolError(f"Invalid msgpack frame from the server: {exc}") from None
+            else:
+                try:
+                    msg = json.loads(raw)
+                except ValueError as exc:
+                    raise ProtocolError(f"Invalid JSON frame from the server: {exc}") from None
+            if not isinstance(msg, dict):
+                raise ProtocolError(f"Expected a JSON object frame from the server, got {type(msg).__name__}.")
+            if rid is not None:
+                got = msg.get("id")
+                # A stale reply (its request timed out earlier) is discarded by id; an id-less
+                # error is a server notice about the session and answers the pending request.
+                if got != rid and not (got is None and msg.get("type") == _wire.REPLY_ERROR):
+                    continue
+            return msg
+
+    async def _drop(self, reason: EnvHubError) -> None:
+        self._lost = reason
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            try:
+                await ws.close()
+            except Exception:
+                pass
+
+
+class SyncEnvClient:
+    """The blocking face of :class:`EnvClient`; every call runs on a shared background event loop.
+
+    >>> with EnvClient("http://localhost:8000").sync() as env:   # doctest: +SKIP
+    ...     env.reset(seed=1)
+    """
+
+    def __init__(self, client: EnvClient):
+        self.client = client
+        self._loop = BackgroundLoop.shared()
+
+    def connect(self) -> "SyncEnvClient":
+        self._loop.run(self.client.connect())
+        return self
+
+    def reset(self, **kwargs: Any) -> StepResult:
+        return self._loop.run(self.client.reset(**kwargs))
+
+    def step(self, action: Any) -> StepResult:
+        return self._loop.run(self.client.step(action))
+
+    def state(self) -> dict[str, Any]:
+        return self._loop.run(self.client.state())
+
+    def tools(self) -> list[ToolSpec]:
+        return self._loop.run(self.client.tools())
+
+    def close(self) -> None:
+        self._loop.run(self.client.close())
+
+    def __enter__(self) -> "SyncEnvClient":
+        return self.connect()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["EnvClient", "SyncEnvClient"]
