@@ -1,0 +1,240 @@
+"""Gomoku board rules (freestyle: five *or more* in a row wins), move parsing and legal random openings.
+
+Pure Python, no envhub imports. Coordinates are ``(row, col)``, zero-based, row 0 at the top.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+X, O, EMPTY = "X", "O", "."
+WIN_LENGTH = 5
+MIN_SIZE, MAX_SIZE = 5, 19
+DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
+
+Move = tuple[int, int]
+
+
+def other(stone: str) -> str:
+    """The opposing stone."""
+    return O if stone == X else X
+
+
+class Board:
+    """An N×N gomoku board.
+
+    >>> b = Board(5)
+    >>> for c in range(5): b.place(2, c, X)
+    >>> b.winner()
+    'X'
+    """
+
+    def __init__(self, size: int = 9):
+        if isinstance(size, bool) or not isinstance(size, int) or not MIN_SIZE <= size <= MAX_SIZE:
+            raise ValueError(f"Expected board_size to be an integer in {MIN_SIZE}..{MAX_SIZE}, got {size!r}.")
+        self.size = size
+        self.cells = [[EMPTY] * size for _ in range(size)]
+        self.moves: list[tuple[int, int, str]] = []  # (row, col, stone) in play order
+        self._winner: str | None = None
+
+    def copy(self) -> "Board":
+        """An independent copy (used by opponents to look ahead)."""
+        dup = Board(self.size)
+        dup.cells = [row[:] for row in self.cells]
+        dup.moves = list(self.moves)
+        dup._winner = self._winner
+        return dup
+
+    # -- queries ---------------------------------------------------------------------------
+    def in_bounds(self, row: int, col: int) -> bool:
+        return 0 <= row < self.size and 0 <= col < self.size
+
+    def is_empty(self, row: int, col: int) -> bool:
+        return self.cells[row][col] == EMPTY
+
+    def empty_cells(self) -> list[Move]:
+        """Every empty cell, in row-major order."""
+        return [(r, c) for r in range(self.size) for c in range(self.size) if self.cells[r][c] == EMPTY]
+
+    def is_full(self) -> bool:
+        return len(self.moves) == self.size * self.size
+
+    def count(self, stone: str) -> int:
+        return sum(row.count(stone) for row in self.cells)
+
+    def winner(self) -> str | None:
+        """The stone that made five or more in a row, if any."""
+        return self._winner
+
+    def run_length(self, row: int, col: int, stone: str, dr: int, dc: int) -> int:
+        """Length of the line of ``stone`` through (row, col) along one direction, counting (row, col) itself."""
+        total = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, col + sign * dc
+            while self.in_bounds(r, c) and self.cells[r][c] == stone:
+                total += 1
+                r, c = r + sign * dr, c + sign * dc
+        return total
+
+    def makes_five(self, row: int, col: int, stone: str) -> bool:
+        """Whether placing ``stone`` at the (empty or own) cell gives five or more in a row."""
+        return any(self.run_length(row, col, stone, dr, dc) >= WIN_LENGTH for dr, dc in DIRECTIONS)
+
+    def winning_cells(self, stone: str) -> list[Move]:
+        """Empty cells where ``stone`` would complete five or more in a row right now."""
+        return [(r, c) for r, c in self.empty_cells() if self.makes_five(r, c, stone)]
+
+    def line(self, row: int, col: int, dr: int, dc: int, stone: str, reach: int = 5) -> str:
+        """The cells within ``reach`` of (row, col) along a direction, seen from ``stone``.
+
+        Own stones read ``#``, empty cells ``.``, opponent stones and the edge ``|``; the centre is
+        index ``reach`` and reads ``#`` (as if ``stone`` were placed there).
+        """
+        out = []
+        for k in range(-reach, reach + 1):
+            r, c = row + k * dr, col + k * dc
+            if k == 0:
+                out.append("#")
+            elif not self.in_bounds(r, c):
+                out.append("|")
+            else:
+                cell = self.cells[r][c]
+                out.append("#" if cell == stone else "." if cell == EMPTY else "|")
+        return "".join(out)
+
+    # -- mutation --------------------------------------------------------------------------
+    def place(self, row: int, col: int, stone: str) -> None:
+        """Put a stone on an empty in-bounds cell (callers check legality first)."""
+        if stone not in (X, O):
+            raise ValueError(f"Expected stone 'X' or 'O', got {stone!r}.")
+        if not self.in_bounds(row, col) or not self.is_empty(row, col):
+            raise ValueError(f"Cell ({row},{col}) is not an empty cell of a {self.size}x{self.size} board.")
+        self.cells[row][col] = stone
+        self.moves.append((row, col, stone))
+        if self._winner is None and self.makes_five(row, col, stone):
+            self._winner = stone
+
+    # -- rendering -------------------------------------------------------------------------
+    def render(self) -> str:
+        """The board as text: a column header, then one numbered row per line; ``.`` is empty.
+
+        >>> print(Board(5).render())
+           0 1 2 3 4
+         0 . . . . .
+         1 . . . . .
+         2 . . . . .
+         3 . . . . .
+         4 . . . . .
+        """
+        width = len(str(self.size - 1))
+        header = " " * (width + 1) + " ".join(str(c).rjust(width) for c in range(self.size))
+        rows = [str(r).rjust(width + 1) + " " + " ".join(cell.rjust(width) for cell in self.cells[r])
+                for r in range(self.size)]
+        return "\n".join([header, *rows])
+
+    def rows(self) -> list[str]:
+        """The board as one string per row (for observation metadata)."""
+        return ["".join(row) for row in self.cells]
+
+
+# -- parsing model output ---------------------------------------------------------------------
+_MOVE_TAG = re.compile(r"<move>(.*?)</move>", re.IGNORECASE | re.DOTALL)
+_COORDS = re.compile(r"\(?\s*(\d+)\s*,\s*(\d+)\s*\)?")
+
+
+def parse_move(text: str | None) -> Move | None:
+    """The move in the LAST ``<move>row,col</move>`` tag of a model's text, or None if it is malformed.
+
+    Spaces and parentheses are tolerated; a negative number or anything else inside the tag is
+    malformed. Range is not checked here (out-of-bounds is a different error).
+
+    >>> parse_move("<move>1,1</move> no wait <move> 4 , 5 </move>")
+    (4, 5)
+    >>> parse_move("<move>-1,2</move>") is None
+    True
+    """
+    if not isinstance(text, str):
+        return None
+    tags = _MOVE_TAG.findall(text)
+    if not tags:
+        return None
+    match = _COORDS.fullmatch(tags[-1].strip())
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+def coerce_move(row: object, col: object) -> Move | None:
+    """Tool-call arguments as a move: ints, or strings of digits; anything else (bools, floats, text) is None."""
+    out = []
+    for value in (row, col):
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):
+            out.append(value)
+        elif isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+            out.append(int(value))
+        else:
+            return None
+    return out[0], out[1]
+
+
+# -- openings ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpeningConfig:
+    """How random openings are drawn: an empty board with ``empty_prob``, else up to ``max_stones`` stones."""
+
+    max_stones: int = 6
+    empty_prob: float = 0.2
+
+
+def random_opening(rng: random.Random, size: int, config: OpeningConfig = OpeningConfig()) -> list[Move]:
+    """A legal opening for X to move: alternating X, O from X, equal counts, no five, no five-threat.
+
+    A stone that would make five, or leave either side one move from five, is redrawn, so the
+    game never starts decided. Returns the moves in play order (X first).
+    """
+    if rng.random() < config.empty_prob or config.max_stones < 2:
+        return []
+    pairs = rng.randint(1, config.max_stones // 2)  # empty boards come only from empty_prob
+    board = Board(size)
+    for i in range(2 * pairs):
+        stone = X if i % 2 == 0 else O
+        cells = board.empty_cells()
+        rng.shuffle(cells)
+        for r, c in cells:
+            if board.makes_five(r, c, stone):
+                continue
+            board.place(r, c, stone)
+            if board.winning_cells(stone):  # a four on the board: undo and redraw
+                board.cells[r][c] = EMPTY
+                board.moves.pop()
+                continue
+            break
+        else:  # no safe cell for this stone (tiny crowded boards): stop here
+            break
+    moves = [(r, c) for r, c, _ in board.moves]
+    return moves[: len(moves) - len(moves) % 2]
+
+
+def board_from_moves(size: int, moves: list[Move]) -> Board:
+    """Replay moves alternately from X, checking that the result is a legal position with X to move.
+
+    Raises ``ValueError`` (saying what is wrong) for an odd number of moves, an out-of-bounds or
+    repeated cell, or a position that already has five in a row.
+    """
+    if len(moves) % 2:
+        raise ValueError(f"Expected an even number of opening moves (X and O alternate, X to move), got {len(moves)}.")
+    board = Board(size)
+    for i, move in enumerate(moves):
+        if not (isinstance(move, (list, tuple)) and len(move) == 2 and all(type(v) is int for v in move)):
+            raise ValueError(f"Expected opening move {i} to be [row, col] integers, got {move!r}.")
+        r, c = move
+        if not board.in_bounds(r, c) or not board.is_empty(r, c):
+            raise ValueError(f"Opening move {i} ({r},{c}) is off the {size}x{size} board or on an occupied cell.")
+        board.place(r, c, X if i % 2 == 0 else O)
+    if board.winner():
+        raise ValueError("The opening already has five in a row; pass a position where the game is still open.")
+    return board

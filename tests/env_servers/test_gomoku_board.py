@@ -1,0 +1,191 @@
+"""Gomoku domain rules: board, move parsing, openings, and the scripted opponents."""
+
+import random
+
+import pytest
+
+from env_servers.gomoku_env.board import (O, X, Board, OpeningConfig, board_from_moves, coerce_move, parse_move,
+                                          random_opening)
+from env_servers.gomoku_env.opponents import HeuristicOpponent, MixOpponent, RandomOpponent, make_opponent
+from env_servers.gomoku_env.render import render_png
+
+
+def board_with(size, xs=(), os=()):
+    board = Board(size)
+    for cell in xs:
+        board.place(*cell, X)
+    for cell in os:
+        board.place(*cell, O)
+    return board
+
+
+@pytest.mark.parametrize("cells", [
+    [(2, c) for c in range(5)],                     # row
+    [(r, 3) for r in range(1, 6)],                  # column
+    [(k, k) for k in range(5)],                     # diagonal
+    [(k, 6 - k) for k in range(2, 7)],              # anti-diagonal
+])
+def test_five_in_any_direction_wins(cells):
+    board = board_with(7, xs=cells[:4])
+    assert board.winner() is None
+    board.place(*cells[4], X)
+    assert board.winner() == X
+
+
+def test_overline_wins_and_four_does_not():
+    board = board_with(9, xs=[(0, 0), (0, 1), (0, 3), (0, 4), (0, 5)])
+    assert board.winner() is None  # a gap: no five yet
+    board.place(0, 2, X)  # six in a row: freestyle rules count it
+    assert board.winner() == X
+
+
+@pytest.mark.parametrize("size", [4, 20, 9.0, True])
+def test_board_size_is_validated(size):
+    with pytest.raises(ValueError, match="Expected board_size"):
+        Board(size)
+
+
+def test_render_numbers_rows_and_columns_on_big_boards():
+    board = board_with(12, xs=[(11, 10)], os=[(0, 0)])
+    lines = board.render().splitlines()
+    assert lines[0].split() == [str(c) for c in range(12)]
+    assert lines[1].split() == ["0", "O"] + ["."] * 11
+    assert lines[12].split()[0] == "11" and lines[12].split()[11] == "X"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<move>3,4</move>", (3, 4)),
+    ("<MOVE> 3 ,  4 </MOVE>", (3, 4)),
+    ("<move>(3, 4)</move>", (3, 4)),
+    ("<thinking>maybe <move>0,0</move></thinking> final <move>5,6</move>", (5, 6)),  # the LAST tag counts
+    ("<move>0,0</move> then <move>a,b</move>", None),  # the last tag is garbage
+    ("<move>-1,2</move>", None),
+    ("<move>3</move>", None),
+    ("<move>3,4,5</move>", None),
+    ("3,4", None),
+    ("", None),
+    (None, None),
+])
+def test_parse_move(text, expected):
+    assert parse_move(text) == expected
+
+
+def test_coerce_move_accepts_ints_and_digit_strings_only():
+    assert coerce_move(2, "3") == (2, 3)
+    assert coerce_move(-1, 0) == (-1, 0)  # in-range checks happen later: out of bounds
+    assert coerce_move(True, 1) is None and coerce_move(1.5, 2) is None and coerce_move("a", 1) is None
+
+
+def test_random_openings_are_legal_positions():
+    sizes = [5, 6, 9, 15]
+    empty = 0
+    for seed in range(400):
+        size = sizes[seed % len(sizes)]
+        moves = random_opening(random.Random(seed), size, OpeningConfig(max_stones=8, empty_prob=0.2))
+        board = board_from_moves(size, moves)  # raises on illegal positions
+        assert board.count(X) == board.count(O), "X must be to move: equal stone counts"
+        assert board.winner() is None
+        assert not board.winning_cells(X) and not board.winning_cells(O), "nobody starts one move from five"
+        empty += not moves
+    assert 40 <= empty <= 130  # about 20% empty boards
+
+
+def test_board_from_moves_rejects_illegal_openings():
+    with pytest.raises(ValueError, match="even number"):
+        board_from_moves(9, [(0, 0)])
+    with pytest.raises(ValueError, match="occupied"):
+        board_from_moves(9, [(0, 0), (0, 0)])
+    five = [m for k in range(5) for m in ((0, k), (5, k))][:9] + [(8, 8)]
+    with pytest.raises(ValueError, match="five in a row"):
+        board_from_moves(9, five)
+
+
+# -- opponents --------------------------------------------------------------------------------
+def test_heuristic_blocks_an_open_three_at_its_ends():
+    board = board_with(9, xs=[(4, 3), (4, 4), (4, 5)], os=[(0, 0), (8, 8), (0, 8)])
+    for seed in range(10):
+        assert HeuristicOpponent().choose(board, O, random.Random(seed)) in {(4, 2), (4, 6)}
+
+
+def test_heuristic_blocks_a_broken_three_in_its_gap():
+    board = board_with(9, xs=[(2, 2), (3, 3), (5, 5)], os=[(0, 8), (8, 0), (8, 7)])
+    assert HeuristicOpponent().choose(board, O, random.Random(0)) == (4, 4)
+
+
+def test_heuristic_blocks_open_and_closed_fours():
+    open_four = board_with(9, xs=[(4, 2), (4, 3), (4, 4), (4, 5)], os=[(0, 0), (8, 8), (0, 8), (8, 0)])
+    assert HeuristicOpponent().choose(open_four, O, random.Random(0)) in {(4, 1), (4, 6)}
+    broken_four = board_with(9, xs=[(1, 1), (2, 2), (4, 4), (5, 5)], os=[(0, 0), (8, 0), (0, 8), (7, 1)])
+    assert HeuristicOpponent().choose(broken_four, O, random.Random(0)) == (3, 3)
+
+
+def test_heuristic_extends_its_own_line_when_nothing_is_threatened():
+    board = board_with(9, xs=[(0, 0), (8, 8)], os=[(4, 3), (4, 4)])
+    assert HeuristicOpponent().choose(board, O, random.Random(0)) in {(4, 2), (4, 5)}
+
+
+def test_heuristic_makes_an_open_four_over_blocking_a_three():
+    # O can make an open four (a forced win); X's open three can wait.
+    board = board_with(11, xs=[(8, 3), (8, 4), (8, 5), (0, 0)], os=[(3, 3), (3, 4), (3, 5), (10, 10)])
+    assert HeuristicOpponent().choose(board, O, random.Random(0)) in {(3, 2), (3, 6)}
+
+
+def test_heuristic_never_misses_a_win_and_always_blocks_a_five():
+    rng = random.Random(123)
+    checked_wins = checked_blocks = 0
+    for _ in range(160):
+        board = Board(9)
+        for i in range(rng.randint(8, 30)):
+            cell = rng.choice(board.empty_cells())
+            stone = X if i % 2 == 0 else O
+            if board.makes_five(*cell, stone):
+                continue
+            board.place(*cell, stone)
+        if board.winner():
+            continue
+        move = HeuristicOpponent().choose(board, O, rng)
+        if board.winning_cells(O):
+            checked_wins += 1
+            assert board.makes_five(*move, O), "the heuristic missed a win"
+        elif board.winning_cells(X):
+            checked_blocks += 1
+            assert move in board.winning_cells(X), "the heuristic let X complete five"
+    assert checked_wins >= 10 and checked_blocks >= 10
+
+
+def test_heuristic_beats_random_play():
+    wins = 0
+    for seed in range(20):
+        rng, board, stone = random.Random(seed), Board(9), X
+        players = {X: RandomOpponent(), O: HeuristicOpponent()}
+        while board.winner() is None and not board.is_full():
+            board.place(*players[stone].choose(board, stone, rng), stone)
+            stone = O if stone == X else X
+        wins += board.winner() == O
+    assert wins == 20
+
+
+def test_mix_opponent_is_seeded_and_mixes():
+    board = board_with(9, xs=[(4, 3), (4, 4), (4, 5)], os=[(0, 0), (8, 8), (0, 8)])
+    picks = [MixOpponent(0.5).choose(board, O, random.Random(s)) for s in range(40)]
+    assert picks == [MixOpponent(0.5).choose(board, O, random.Random(s)) for s in range(40)]
+    blocks = sum(p in {(4, 2), (4, 6)} for p in picks)
+    assert 10 < blocks < 40  # some heuristic blocks, some random moves
+    with pytest.raises(ValueError, match="Expected opponent"):
+        make_opponent("minimax")
+
+
+def test_png_render_is_a_png_of_the_board_size():
+    from io import BytesIO
+
+    from PIL import Image
+
+    png = render_png(board_with(9, xs=[(4, 4)], os=[(3, 3)]), cell_px=20)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    image = Image.open(BytesIO(png))
+    assert image.size[0] == image.size[1] > 9 * 20
+    # the X stone is dark, an empty cell is not
+    def pixel(r, c):
+        return sum(image.getpixel((28 + c * 20 + 10, 28 + r * 20 + 10)))
+
+    assert pixel(4, 4) < 150 < pixel(0, 0) and pixel(3, 3) > 600  # X dark, O light, empty board colour
