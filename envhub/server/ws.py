@@ -1,0 +1,146 @@
+"""The ``/ws`` endpoint as a raw ASGI app: the thin I/O shell around :class:`~envhub.protocol.SessionProtocol`.
+
+Raw ASGI rather than Starlette's ``WebSocket`` wrapper: the per-frame path is one
+``receive``, one protocol call and one ``send``, with no wrapper state machine in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable
+from urllib.parse import parse_qs
+
+from envhub._wire import EXT_MSGPACK, encode
+from envhub.errors import AuthError, EnvHubError, ErrorCode
+from envhub.protocol import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_SESSION_LOST,
+                             CLOSE_TRY_AGAIN, Call, Close, Reply, error_envelope, negotiate)
+from envhub.server.hub import Hub
+from envhub.server.session import Attachment, Session
+
+log = logging.getLogger("envhub.server")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+_CLOSE_FOR_CODE = {ErrorCode.CAPACITY_REACHED: CLOSE_TRY_AGAIN, ErrorCode.FACTORY_ERROR: CLOSE_INTERNAL,
+                   ErrorCode.SHUTTING_DOWN: CLOSE_GOING_AWAY, ErrorCode.UNAUTHORIZED: CLOSE_POLICY,
+                   ErrorCode.SESSION_EXPIRED: CLOSE_SESSION_LOST}
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]], query: dict[str, list[str]] | None = None) -> str | None:
+    """The token from an ``Authorization: Bearer`` header, else from a ``?token=`` query parameter."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    if query and query.get("token"):
+        return query["token"][0]
+    return None
+
+
+class WebSocketEndpoint:
+    """ASGI app serving one session per connection (mounted at ``/ws``)."""
+
+    def __init__(self, hub: Hub):
+        self.hub = hub
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if (await receive())["type"] != "websocket.connect":
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        hub = self.hub
+        if not hub.check_token(bearer_token(scope.get("headers", []), query)):
+            return await self._reject(send, AuthError("Missing or wrong bearer token; send 'Authorization: "
+                                                      "Bearer <token>' or ?token=<token>."))
+        extensions = negotiate(query["ext"][0] if "ext" in query else None)
+        resumed = "resume" in query
+        if resumed:
+            session = hub.find_resumable(query["resume"][0], query.get("resume_token", [None])[0])
+            if session is None:
+                return await self._reject(send, EnvHubError(
+                    "Session is unknown or its resume grace period expired; start a new session.",
+                    code=ErrorCode.SESSION_EXPIRED))
+        else:
+            try:
+                session = await hub.open_session(extensions)
+            except EnvHubError as exc:
+                return await self._reject(send, exc)
+        await send({"type": "websocket.accept"})
+        attachment = self._attach(session, send)
+        hub.metrics.resumes_total += resumed
+        clean = False
+        try:
+            clean = await self._serve(session, attachment, receive, send, resumed)
+        finally:
+            hub.detach(session, attachment, clean=clean)
+
+    async def _reject(self, send: Send, exc: EnvHubError) -> None:
+        """Accept only to say why (an error frame, JSON), then close with the code the client maps."""
+        self.hub.metrics.error(exc.code)
+        try:
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.send", "text": encode(error_envelope(exc))})
+            await send({"type": "websocket.close", "code": _CLOSE_FOR_CODE.get(exc.code, CLOSE_INTERNAL),
+                        "reason": exc.code})
+        except OSError:
+            pass  # the client hung up first
+
+    def _attach(self, session: Session, send: Send) -> Attachment:
+        binary = EXT_MSGPACK in session.protocol.extensions
+
+        async def send_frame(frame: str | bytes) -> None:
+            await send({"type": "websocket.send", "bytes": frame} if binary else
+                       {"type": "websocket.send", "text": frame})
+
+        async def close(code: int, reason: str) -> None:
+            await send({"type": "websocket.close", "code": code, "reason": reason})
+
+        previous, session.attachment = session.attachment, Attachment(send_frame, close)
+        session.detached_at = None
+        if previous is not None:  # resumed while the old socket still looked alive: retire it
+            self.hub.spawn(_quiet(previous.close(CLOSE_GOING_AWAY, "session resumed on another connection")))
+        return session.attachment
+
+    async def _serve(self, session: Session, attachment: Attachment, receive: Receive, send: Send,
+                     resumed: bool) -> bool:
+        """The frame loop. Returns True when the session ended cleanly (``close`` or a normal close)."""
+        proto, hub = session.protocol, self.hub
+        while resumed and session.busy:  # the dropped connection's request finishes first
+            await asyncio.sleep(0.005)
+        hello = proto.hello(resumed=resumed)
+        if hello is not None:
+            await send({"type": "websocket.send", "text": encode(hello)})
+        send_frame = attachment.send
+        while True:
+            message = await receive()
+            if message["type"] != "websocket.receive":
+                return message.get("code", 1000) in (CLOSE_NORMAL, None) or session.closed
+            frame = message.get("text")
+            effect = proto.receive(frame if frame is not None else message.get("bytes") or b"")
+            if type(effect) is Call:
+                envelope = await session.execute(effect)
+            elif type(effect) is Reply:
+                envelope = effect.envelope
+                if envelope["type"] == "error":
+                    hub.metrics.error(envelope["data"]["code"])
+                session.last_active = time.monotonic()
+            else:
+                assert type(effect) is Close
+                await hub.close_session(session, effect.code, effect.reason)
+                return True
+            if session.attachment is not attachment:
+                return False  # closed by the reaper or taken over by a resume; the reply is cached
+            try:
+                await send_frame(proto.encode(envelope))
+            except OSError:
+                return False  # peer vanished mid-reply; a resume will replay it from the cache
+
+
+async def _quiet(coro: Awaitable[None]) -> None:
+    try:
+        await coro
+    except Exception:
+        pass
