@@ -1,0 +1,192 @@
+"""Training N steps == training k steps, saving, loading into fresh objects, training N-k steps — bit for bit."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from trainer.algos import sft_loss  # noqa: E402
+from trainer.checkpoint import export_hf, load_checkpoint, resolve_checkpoint, save_checkpoint  # noqa: E402
+
+N_STEPS, K_STEPS, BATCH, SEQ = 4, 2, 2, 12
+
+
+def tiny_qwen2(seed: int, *, lora: bool = False):
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=64, max_position_embeddings=64, attention_dropout=0.1,  # dropout makes the torch RNG matter
+    )
+    model = transformers.Qwen2ForCausalLM(config)
+    if lora:
+        lora_config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
+        model = peft.get_peft_model(model, lora_config)
+    model.train()
+    return model
+
+
+def make_optim(model):
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 3))
+    return optimizer, scheduler
+
+
+DATA = torch.randint(0, 64, (32, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def train_step(model, optimizer, scheduler, cursor: int) -> int:
+    """One SFT step whose batch and loss draw from the python, numpy and torch RNGs."""
+    batch_BT = DATA[cursor: cursor + BATCH].clone()
+    noise_BT = torch.randint(0, 64, batch_BT.shape)  # torch RNG: token corruption
+    corrupt_BT = torch.rand(batch_BT.shape) < 0.1
+    batch_BT = torch.where(corrupt_BT, noise_BT, batch_BT)
+    scale = 0.5 + random.random() + float(np.random.rand())  # python + numpy RNG
+    logits_BTV = model(input_ids=batch_BT).logits
+    loss, _ = sft_loss(logits_BTV[:, :-1], batch_BT[:, 1:], torch.ones(BATCH, SEQ - 1))
+    optimizer.zero_grad()
+    (loss * scale).backward()
+    optimizer.step()
+    scheduler.step()
+    return cursor + BATCH
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def trainable(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def run_straight(lora: bool):
+    model = tiny_qwen2(1, lora=lora)
+    optimizer, scheduler = make_optim(model)
+    seed_all(7)
+    cursor = 0
+    for _ in range(N_STEPS):
+        cursor = train_step(model, optimizer, scheduler, cursor)
+    return model, optimizer
+
+
+def run_resumed(lora: bool, run_dir):
+    model = tiny_qwen2(1, lora=lora)
+    optimizer, scheduler = make_optim(model)
+    seed_all(7)
+    cursor = 0
+    for step in range(K_STEPS):
+        cursor = train_step(model, optimizer, scheduler, cursor)
+    save_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler, step=K_STEPS,
+                    data_cursor=cursor, extra={"note": "halfway"})
+    del model, optimizer, scheduler
+    # a "new process": different initial weights (the base model is rebuilt identically, the adapter is
+    # not) and a different RNG state — loading must restore all of it
+    seed_all(12345)
+    model = tiny_qwen2(1 if lora else 99, lora=lora)
+    optimizer, scheduler = make_optim(model)
+    state = load_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert state == {"step": K_STEPS, "data_cursor": K_STEPS * BATCH, "extra": {"note": "halfway"}}
+    cursor = state["data_cursor"]
+    for _ in range(N_STEPS - K_STEPS):
+        cursor = train_step(model, optimizer, scheduler, cursor)
+    return model, optimizer
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resume_is_bit_for_bit(tmp_path, lora):
+    straight, straight_opt = run_straight(lora)
+    resumed, resumed_opt = run_resumed(lora, tmp_path)
+    a, b = trainable(straight), trainable(resumed)
+    assert a.keys() == b.keys() and len(a) > 0
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after resume"
+    # the Adam moments resumed too
+    for sa, sb in zip(straight_opt.state.values(), resumed_opt.state.values()):
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+
+
+def test_resume_without_restoring_rng_would_differ(tmp_path):
+    """Guards the test above: the training step really depends on the RNG, so the check has teeth."""
+    model = tiny_qwen2(1)
+    optimizer, scheduler = make_optim(model)
+    seed_all(7)
+    train_step(model, optimizer, scheduler, 0)
+    first = trainable(model)
+    model = tiny_qwen2(1)
+    optimizer, scheduler = make_optim(model)
+    seed_all(8)
+    train_step(model, optimizer, scheduler, 0)
+    assert any(not torch.equal(first[n], p) for n, p in trainable(model).items())
+
+
+def test_lora_checkpoint_holds_only_the_adapter(tmp_path):
+    model = tiny_qwen2(1, lora=True)
+    optimizer, _ = make_optim(model)
+    ckpt = save_checkpoint(tmp_path, model=model, optimizer=optimizer, step=3, data_cursor={"epoch": 0, "index": 6})
+    keys = torch.load(ckpt / "model.pt", weights_only=True).keys()
+    assert keys and all("lora_" in k for k in keys)
+    assert not (ckpt / "scheduler.pt").exists()
+
+
+def test_latest_pointer_atomic_layout_and_pruning(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, model=model, optimizer=optimizer, step=step, data_cursor=step * 10, keep_last=2)
+    assert (tmp_path / "latest").read_text().strip() == "step_00000003"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000002", "step_00000003"]
+    assert resolve_checkpoint(tmp_path) == tmp_path / "step_00000003"
+    assert json.loads((tmp_path / "step_00000003" / "meta.json").read_text())["data_cursor"] == 30
+    # an explicit older checkpoint directory loads too
+    assert load_checkpoint(tmp_path / "step_00000002", model=model, optimizer=optimizer)["step"] == 2
+
+
+def test_save_rejects_unserialisable_cursor_and_load_explains_missing_dir(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="JSON-serialisable"):
+        save_checkpoint(tmp_path, model=model, optimizer=optimizer, step=1, data_cursor=object())
+    assert not (tmp_path / "latest").exists()
+    with pytest.raises(FileNotFoundError, match="Expected a checkpoint directory"):
+        load_checkpoint(tmp_path, model=model, optimizer=optimizer)
+
+
+def _logits(model, ids_BT):
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=ids_BT).logits
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "adapter"])
+def test_export_hf_lora_reloads_with_same_outputs(tmp_path, merge):
+    model = tiny_qwen2(1, lora=True)
+    with torch.no_grad():  # a non-trivial adapter (LoRA B starts at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    ids_BT = DATA[:2]
+    expected = _logits(model, ids_BT)
+    out = export_hf(model, None, tmp_path / "hf", merge_lora=merge)
+    if merge:
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+        assert not (out / "adapter_config.json").exists()
+    else:
+        assert (out / "adapter_config.json").exists()
+        reloaded = peft.PeftModel.from_pretrained(tiny_qwen2(1), out)
+    assert torch.allclose(_logits(reloaded, ids_BT), expected, atol=1e-4)
+    assert any("lora_" in n for n, _ in model.named_parameters())  # the training model keeps its adapter
+
+
+def test_export_hf_full_model_round_trips(tmp_path):
+    model = tiny_qwen2(3)
+    out = export_hf(model, None, tmp_path / "hf")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert torch.equal(_logits(reloaded, DATA[:1]), _logits(model, DATA[:1]))

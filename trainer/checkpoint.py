@@ -1,0 +1,229 @@
+"""Checkpoints that resume exactly, and export to Hugging Face format.
+
+Layout of a run directory::
+
+    run_dir/
+      latest                 # text: name of the newest complete checkpoint
+      step_00000012/
+        model.pt             # full state dict, or only the LoRA adapter for a peft model
+        optimizer.pt
+        scheduler.pt         # when a scheduler was given
+        rng_rank0.pt ...     # python, numpy, torch CPU and CUDA generator states, one file per rank
+        meta.json            # step, data_cursor, extra, world_size
+
+A checkpoint is written into a hidden temporary directory and renamed into place, then ``latest`` is
+replaced atomically, so a crash mid-save leaves the previous checkpoint intact and ``latest`` valid.
+Under ``torchrun`` every rank calls :func:`save_checkpoint` (each saves its own RNG state); rank 0
+writes the rest. Models wrapped in DDP are unwrapped; FSDP-sharded models are not supported here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+LATEST = "latest"
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    data_cursor: Any,
+    extra: dict | None = None,
+    scheduler: Any = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Save everything needed to resume exactly into ``path/step_<step>``; returns that directory.
+
+    ``data_cursor`` and ``extra`` must be JSON-serialisable. ``keep_last`` deletes older checkpoints.
+    """
+    run_dir = Path(path)
+    rank, world_size = _rank_world()
+    meta = {"step": int(step), "data_cursor": data_cursor, "extra": extra or {}, "world_size": world_size}
+    meta_text = _json_or_raise(meta)
+    final = run_dir / f"step_{int(step):08d}"
+    tmp = run_dir / f".tmp_step_{int(step):08d}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    torch.save(_rng_state(), tmp / f"rng_rank{rank}.pt")
+    if rank == 0:
+        torch.save(_model_state(model), tmp / "model.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        (tmp / "meta.json").write_text(meta_text)
+    _barrier()
+    if rank == 0:
+        _publish(tmp, final, run_dir)
+        if keep_last:
+            _prune(run_dir, keep_last)
+    _barrier()
+    return final
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any = None
+) -> dict:
+    """Restore weights (or adapter), optimizer, scheduler and this rank's RNG states from a checkpoint.
+
+    ``path`` is a checkpoint directory or a run directory (its ``latest`` checkpoint is used).
+    Returns ``{"step", "data_cursor", "extra"}``.
+    """
+    ckpt = resolve_checkpoint(path)
+    rank, _ = _rank_world()
+    _load_model_state(model, torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True))
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
+    if scheduler is not None:
+        if not (ckpt / "scheduler.pt").exists():
+            raise FileNotFoundError(f"Expected {ckpt / 'scheduler.pt'}: this checkpoint was saved without a scheduler.")
+        scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
+    rng_file = ckpt / f"rng_rank{rank}.pt"
+    if not rng_file.exists():  # resuming on more ranks than were saved: fall back to rank 0's streams
+        rng_file = ckpt / "rng_rank0.pt"
+    _set_rng_state(torch.load(rng_file, weights_only=True))
+    meta = json.loads((ckpt / "meta.json").read_text())
+    return {"step": meta["step"], "data_cursor": meta["data_cursor"], "extra": meta["extra"]}
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint directory from a checkpoint or run directory; raises FileNotFoundError with the fix."""
+    path = Path(path)
+    if (path / "meta.json").exists():
+        return path
+    if (path / LATEST).exists():
+        return path / (path / LATEST).read_text().strip()
+    raise FileNotFoundError(
+        f"Expected a checkpoint directory (with meta.json) or a run directory (with a '{LATEST}' file), "
+        f"got {path}; pass the directory given to save_checkpoint."
+    )
+
+
+def export_hf(model: nn.Module, tokenizer: Any, path: str | os.PathLike, *, merge_lora: bool = True) -> Path:
+    """Write ``model`` (and ``tokenizer`` when it has ``save_pretrained``) in Hugging Face format.
+
+    For a peft model, ``merge_lora=True`` saves a plain model with the adapter folded into the
+    weights (on a copy: the training model keeps its adapter), ``merge_lora=False`` saves only the
+    adapter (``adapter_config.json`` + weights), loadable with ``PeftModel.from_pretrained``.
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model = _unwrap(model)
+    if _is_peft(model) and merge_lora:
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(out)
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # DistributedDataParallel keeps the real model in .module
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def _is_peft(model: nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _model_state(model: nn.Module) -> dict:
+    model = _unwrap(model)
+    if _is_peft(model):
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _load_model_state(model: nn.Module, state: dict) -> None:
+    model = _unwrap(model)
+    if _is_peft(model):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, state)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise KeyError(f"Expected adapter weights matching the model's LoRA config, got unknown keys {unexpected[:5]}.")
+        return
+    model.load_state_dict(state)
+
+
+def _rng_state() -> dict:
+    np_name, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        # torch.load(weights_only=True) refuses numpy arrays, so the key travels as a tensor
+        "numpy": (np_name, torch.from_numpy(np_key.astype(np.int64)), np_pos, np_has_gauss, np_gauss),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_name, np_key, np_pos, np_has_gauss, np_gauss = state["numpy"]
+    np.random.set_state((np_name, np_key.numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _publish(tmp: Path, final: Path, run_dir: Path) -> None:
+    if final.exists():  # re-saving the same step: move the old copy aside, then drop it
+        old = run_dir / f".old_{final.name}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    pointer_tmp = run_dir / f".{LATEST}.tmp"
+    pointer_tmp.write_text(final.name + "\n")
+    os.replace(pointer_tmp, run_dir / LATEST)
+
+
+def _prune(run_dir: Path, keep_last: int) -> None:
+    checkpoints = sorted(p for p in run_dir.glob("step_*") if p.is_dir())
+    for old in checkpoints[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _json_or_raise(meta: dict) -> str:
+    try:
+        return json.dumps(meta, indent=2)
+    except TypeError as exc:
+        raise TypeError(
+            f"Expected JSON-serialisable data_cursor and extra, got {exc}; store plain ints, strings, lists, dicts."
+        ) from exc
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
