@@ -1,0 +1,101 @@
+"""Grading of math answers: extraction, normalisation, sympy equivalence, hostile input."""
+
+import time
+
+import pytest
+
+from env_servers.math_env.expressions import ExpressionError, parse_expression, try_parse
+from env_servers.math_env.grading import (extract_boxed, grade, grade_answer, has_think_then_boxed, is_equiv,
+                                          last_boxed_only_string, strip_string)
+
+
+@pytest.mark.parametrize("text, expected", [
+    (r"The answer is \boxed{5}.", "5"),
+    (r"first \boxed{1} then \boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+    (r"nested \boxed{\frac{a}{\sqrt{b}}} done", r"\frac{a}{\sqrt{b}}"),
+    (r"so $\boxed 5$ is it", "5"),
+    (r"\fbox{7}", "7"),
+    (r"\boxed{(1, 2)}", "(1, 2)"),
+])
+def test_extract_boxed_takes_the_last_brace_matched_box(text, expected):
+    assert extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize("text", ["no box here", r"\boxed{unbalanced", r"empty \boxed{}", "", r"\boxed"])
+def test_extract_boxed_returns_none_without_a_usable_box(text):
+    assert extract_boxed(text) is None
+
+
+def test_last_boxed_keeps_the_command():
+    assert last_boxed_only_string(r"x \boxed{3} y") == r"\boxed{3}"
+
+
+@pytest.mark.parametrize("raw, normalised", [
+    (r"\dfrac{1}{2}", r"\frac{1}{2}"), (r"\tfrac12", r"\frac{1}{2}"), ("0.5", r"\frac{1}{2}"),
+    ("1/2", r"\frac{1}{2}"), (r"\left( 1, 2 \right)", "(1,2)"), (r"90^\circ", "90"), (r"\$5", "5"),
+    (r"50\%", "50"), ("x = 3", "3"), (r"\sqrt3", r"\sqrt{3}"), (r"12\text{ cm}", "12"), (".25", "0.25"),
+])
+def test_strip_string_applies_hendrycks_normalisation(raw, normalised):
+    assert strip_string(raw) == normalised
+
+
+@pytest.mark.parametrize("prediction, truth", [
+    (r"\frac{1}{2}", "0.5"), ("0.5", r"\frac{1}{2}"), ("1/2", r"\frac{1}{2}"), (r"50\%", r"\frac{1}{2}"),
+    (r"\dfrac12", "1/2"), ("x=3", "3"), ("(1, 2)", "(1,2)"), ("2, -3", "-3, 2"), (r"2\sqrt{2}", r"\sqrt{8}"),
+    (r"\frac{\sqrt{3}}{2}", r"\sqrt{3}/2"), (r"\frac{\pi}{2}", r"\pi/2"), ("1,000", "1000"), ("x^2+2x+1", "(x+1)^2"),
+    ("30^\\circ", "30"), ("12 cm", "12"), ("[0, 1)", "[0,1)"), (r"(-\infty, 3]", r"(-\infty,3]"), ("5.00", "5"),
+    ("1+2i", "2i+1"), (r"\text{(A)}", "(A)"),
+])
+def test_equivalent_notations_are_correct(prediction, truth):
+    assert is_equiv(prediction, truth)
+
+
+@pytest.mark.parametrize("prediction, truth", [
+    ("1", "10"), ("10", "1"), ("(2, 1)", "(1, 2)"), ("[0, 1]", "[0, 1)"), ("0.333", r"\frac{1}{3}"),
+    ("1.414", r"\sqrt{2}"), ("x+1", "x+2"), ("hello", "3"), ("", "3"), ("3", ""), ("2, 3", "2, 3, 4"),
+])
+def test_different_values_are_wrong(prediction, truth):
+    assert not is_equiv(prediction, truth)
+
+
+def test_relative_tolerance_accepts_rounded_decimals_only_when_asked():
+    assert not is_equiv("4.359", r"\sqrt{19}")
+    assert is_equiv("4.359", r"\sqrt{19}", rel_tol=1e-3)
+
+
+@pytest.mark.parametrize("hostile", [
+    "9^9^9^9", r"10^{10^{100}}", r"(2^{1000})^{1000}", "9" * 5000, "(" * 300 + "1" + ")" * 300,
+    "__import__('os').system('echo hi')", "().__class__.__bases__[0]", r"\exp(10^{50})", "2^" * 150 + "2",
+    "x^{10^{20}}", "lambda: 1", "[x for x in range(10**9)]",
+])
+def test_hostile_answers_are_graded_quickly_and_never_raise(hostile):
+    start = time.monotonic()
+    assert not is_equiv(hostile, "1")
+    assert grade(rf"\boxed{{{hostile}}}", "1").correct is False
+    assert time.monotonic() - start < 1.0
+
+
+def test_parse_expression_rejects_exponent_towers_with_a_reason():
+    with pytest.raises(ExpressionError, match="bits"):
+        parse_expression("9^9^9^9")
+    assert try_parse("9^9^9^9") is None
+    assert str(parse_expression(r"\frac{\sqrt{8}}{2}")) == "sqrt(2)"
+
+
+def test_grade_reports_the_parsed_answer():
+    verdict = grade(r"I think it's $\boxed{\dfrac{1}{2}}$.", "0.5")
+    assert verdict.correct and verdict.parsed == r"\dfrac{1}{2}"
+    assert grade("no box, just 0.5", "0.5") == grade("", "0.5")
+    assert not grade("no box, just 0.5", "0.5").has_answer
+
+
+def test_grade_answer_accepts_bare_or_boxed_answers():
+    assert grade_answer("x = 3", "3").correct
+    assert grade_answer(r"\boxed{3}", "3").correct
+    assert not grade_answer("   ", "3").has_answer
+
+
+def test_think_then_boxed_format():
+    assert has_think_then_boxed(r"<think>add them</think> so \boxed{8}")
+    assert not has_think_then_boxed(r"\boxed{8} <think>late</think>")
+    assert not has_think_then_boxed(r"<think>no answer</think>")

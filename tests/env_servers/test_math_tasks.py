@@ -1,0 +1,92 @@
+"""The built-in math task generator and the dataset loaders."""
+
+import json
+import random
+
+import pytest
+
+from env_servers.math_env import loaders
+from env_servers.math_env.grading import is_equiv
+from env_servers.math_env.tasks import DIFFICULTIES, KINDS, SPLITS, add_tasks, generate, split_of, task_at
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_family_produces_self_consistent_tasks_in_the_requested_split(kind):
+    rng = random.Random(7)
+    for difficulty in DIFFICULTIES:
+        for split in SPLITS:
+            task = generate(rng, split=split, kind=kind, difficulty=difficulty)
+            assert (task.kind, task.difficulty, task.split) == (kind, difficulty, split)
+            assert split_of(task.problem) == split
+            assert is_equiv(task.answer, task.answer), task
+
+
+def test_generator_answers_are_right():
+    rng = random.Random(3)
+    for _ in range(50):
+        task = generate(rng, kind="add", difficulty=2)
+        a, op, b = task.problem.removeprefix("What is ").rstrip("?").split()
+        assert int(task.answer) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+    for _ in range(50):
+        task = generate(rng, kind="linear", difficulty=1)  # "Solve for $x$: $x + a = b$."
+        a, b = [int(s) for s in task.problem.split("$x + ")[1].rstrip("$.").split(" = ")]
+        assert int(task.answer) == b - a
+
+
+def test_splits_are_disjoint():
+    by_split = {s: {t.problem for t in add_tasks(s, 2)} for s in SPLITS}
+    assert not by_split["train"] & by_split["validation"]
+    assert not by_split["train"] & by_split["test"]
+    assert not by_split["validation"] & by_split["test"]
+    sampled = {generate(random.Random(i), split="validation", kind="fraction").problem for i in range(200)}
+    assert not sampled & {generate(random.Random(i), split="train", kind="fraction").problem for i in range(400)}
+
+
+def test_tiny_model_family_is_short_and_big_enough():
+    train, validation = add_tasks("train", 1), add_tasks("validation", 1)
+    assert len(train) >= 100 and len(validation) >= 10
+    assert max(len(t.problem) for t in train + validation) <= 20
+    assert {t.problem for t in train}.isdisjoint(t.problem for t in validation)
+
+
+def test_task_at_is_deterministic_and_seeding_reproduces():
+    assert task_at(5, split="test", kind="word") == task_at(5, split="test", kind="word")
+    assert task_at(5, split="test") != task_at(6, split="test")
+    assert generate(random.Random(1)) == generate(random.Random(1))
+
+
+@pytest.mark.parametrize("bad", [dict(kind="calculus"), dict(difficulty=4), dict(split="dev")])
+def test_bad_choices_name_the_valid_ones(bad):
+    with pytest.raises(ValueError, match="Expected"):
+        generate(random.Random(0), **bad)
+
+
+def test_math_style_records_take_the_last_boxed_answer(tmp_path):
+    path = tmp_path / "math.jsonl"
+    records = [{"problem": "What is 1+1?", "solution": r"Clearly \boxed{1}... no, \boxed{2}.", "type": "Algebra",
+                "level": "Level 2"},
+               {"problem": "No answer", "solution": "none"}]
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    tasks = loaders.to_tasks(loaders.read_records(path), split="test")
+    assert len(tasks) == 1
+    assert (tasks[0].answer, tasks[0].kind, tasks[0].difficulty) == ("2", "Algebra", 2)
+
+
+def test_gsm8k_style_records_take_the_answer_after_hashes(tmp_path):
+    path = tmp_path / "gsm8k.json"
+    path.write_text(json.dumps([{"question": "Sum?", "answer": "3 + 4 = 7\n#### 1,007"}]))
+    (task,) = loaders.load_file(str(path), "train")
+    assert task.answer == "1007" and task.kind == "gsm8k"
+
+
+def test_parquet_records_are_read_when_pandas_is_available(tmp_path):
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "train.parquet"
+    pandas.DataFrame([{"problem": "2+2?", "solution": r"\boxed{4}"}]).to_parquet(path)
+    assert loaders.read_records(path)[0]["problem"] == "2+2?"
+
+
+def test_missing_file_says_where_it_looked(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        loaders.read_records(tmp_path / "nope.jsonl")
