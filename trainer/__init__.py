@@ -1,0 +1,1 @@
+"""trainer: the RL trainer, its rollout engine and the GPU scheduler."""

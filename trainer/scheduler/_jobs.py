@@ -1,0 +1,107 @@
+"""Job records: what a user asks for (:class:`JobRequest`) and what the scheduler keeps (:class:`Job`).
+
+States::
+
+    queued ──▶ running ──▶ succeeded   (exit code 0)
+       │          ├──────▶ failed      (non-zero exit, heartbeat lost, scheduler restarted/stopped)
+       │          └──────▶ cancelled   (a user cancelled it)
+       ├──────────────────▶ cancelled
+       └──────────────────▶ failed      (heartbeat lost while queued, launch error)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+JobKind = Literal["rl", "sft", "inference", "cmd"]
+JOB_KINDS: tuple[str, ...] = ("rl", "sft", "inference", "cmd")
+STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+ACTIVE_STATES = frozenset({"queued", "running"})
+
+
+class JobRequest(BaseModel):
+    """The body of ``POST /jobs``."""
+
+    model_config = {"extra": "forbid"}
+
+    command: list[str] = Field(min_length=1, description="argv of the job, run as given")
+    gpus: int = Field(default=0, ge=0)
+    kind: JobKind = "cmd"
+    name: str | None = Field(default=None, max_length=200)
+    priority: int = Field(default=0, description="higher runs first; FIFO within a priority")
+    heartbeat_timeout_s: float | None = Field(default=None, gt=0)
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    cwd: str | None = None
+    torchrun: bool = Field(default=False, description="rl/sft only: wrap in torchrun --nproc_per_node=<gpus>")
+    ports: int = Field(default=1, ge=0, le=64, description="TCP ports to reserve for the job")
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_blank(cls, command: list[str]) -> list[str]:
+        if not command[0].strip():
+            raise ValueError("Expected a command such as ['python', 'train.py'], got an empty program name")
+        return command
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in env if not k or "=" in k or "\0" in k]
+        if bad:
+            raise ValueError(f"Expected environment variable names without '=' or NUL, got {bad}")
+        return env
+
+
+@dataclass
+class Job:
+    """One job as the scheduler keeps it (and as the job store persists it)."""
+
+    id: str
+    user: str
+    command: list[str]
+    gpus_requested: int
+    kind: str = "cmd"
+    name: str = ""
+    priority: int = 0
+    heartbeat_timeout_s: float | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    torchrun: bool = False
+    n_ports: int = 1
+    state: str = "queued"
+    reason: str = ""
+    gpus: list[int] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    pid: int | None = None
+    pid_start_ticks: int | None = None
+    exit_code: int | None = None
+    log_path: str = ""
+    seq: int = 0  # submission order, for FIFO within a priority
+    submitted_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    ended_at: float | None = None
+    heartbeat_at: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    def launch_argv(self, master_port: int | None) -> list[str]:
+        """The argv actually started: the command, wrapped in torchrun when asked for."""
+        if self.torchrun and self.kind in ("rl", "sft"):
+            wrap = ["torchrun", f"--nproc_per_node={max(self.gpus_requested, 1)}"]
+            if master_port is not None:
+                wrap.append(f"--master_port={master_port}")
+            return wrap + list(self.command)
+        return list(self.command)
+
+    def public(self, advertise_host: str = "127.0.0.1") -> dict[str, Any]:
+        """The job as the API shows it: no environment values (they may hold secrets)."""
+        data = asdict(self)
+        data["env"] = sorted(self.env)  # names only
+        data["endpoints"] = [f"http://{advertise_host}:{p}" for p in self.ports]
+        data.pop("pid_start_ticks")
+        return data

@@ -1,0 +1,141 @@
+"""The scheduler's HTTP service: a FastAPI app over one :class:`Scheduler`, and ``serve``.
+
+Routes (JSON unless said otherwise; ``Authorization: Bearer <key>`` when auth is on)::
+
+    GET  /health                       liveness, GPU count, whether auth is on
+    GET  /gpus                         inventory and which job holds each GPU
+    POST /jobs                         submit (body: JobRequest) -> 201, the job
+    GET  /jobs[?all=false]             your jobs (an admin sees everyone's unless all=false)
+    GET  /jobs/{id}                    one job
+    POST /jobs/{id}/cancel             cancel; returns when the process tree is gone
+    POST /jobs/{id}/heartbeat          keep a job with heartbeat_timeout_s alive
+    GET  /jobs/{id}/logs[?tail=N&follow=true]   text/plain, streamed while following
+    GET  /                             a live page of GPUs and jobs
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+
+from trainer.scheduler._core import Scheduler
+from trainer.scheduler._jobs import JobRequest
+from trainer.scheduler._store import Principal
+from trainer.scheduler.errors import SchedulerAuthError, SchedulerError
+
+LOCAL_USER = Principal(user="local", admin=True)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (``127.0.0.1``, ``::1``, ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_auth(host: str, auth: bool | None, key_count: int) -> bool:
+    """Decide whether auth is on: ``auth=None`` means on when keys exist. Raises when unsafe.
+
+    Binding anything but loopback requires auth, and auth requires at least one key.
+    """
+    enabled = key_count > 0 if auth is None else auth
+    if enabled and key_count == 0:
+        raise SchedulerError("Expected at least one API key for --auth, found none; "
+                             "create one with `envhub-sched keys create --user NAME --admin`")
+    if not enabled and not is_loopback(host):
+        raise SchedulerError(f"Refusing to bind {host} without auth: any host that can reach it could run "
+                             "commands. Create a key (`envhub-sched keys create --user NAME`) and start with "
+                             "--auth, or bind 127.0.0.1")
+    return enabled
+
+
+def create_app(scheduler: Scheduler, *, auth: bool = False) -> FastAPI:
+    """The HTTP app. Starts the scheduler on startup if it is not started, and stops it after."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = not scheduler.started
+        if owned:
+            for note in await scheduler.start():
+                print(f"envhub-sched: {note}", flush=True)
+        yield
+        if owned:
+            await scheduler.stop()
+
+    app = FastAPI(title="envhub GPU scheduler", lifespan=lifespan)
+    host = scheduler.config.advertise_host
+
+    async def principal(authorization: str | None = Header(default=None)) -> Principal:
+        if not auth:
+            return LOCAL_USER
+        if not authorization or not authorization.startswith("Bearer "):
+            raise SchedulerAuthError("Expected an 'Authorization: Bearer <key>' header; "
+                                     "set ENVHUB_SCHEDULER_KEY for the CLI and client")
+        who = await scheduler.authenticate(authorization[len("Bearer "):].strip())
+        if who is None:
+            raise SchedulerAuthError("Unknown API key; create one with `envhub-sched keys create --user NAME`")
+        return who
+
+    @app.exception_handler(SchedulerError)
+    async def _scheduler_error(request: Request, exc: SchedulerError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=getattr(exc, "status_code", 500))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"ok": True, "gpus": scheduler.gpus.total, "auth": auth}
+
+    @app.get("/gpus")
+    async def gpus(who: Principal = Depends(principal)) -> list[dict[str, Any]]:
+        return scheduler.gpu_view()
+
+    @app.post("/jobs", status_code=201)
+    async def submit(request: JobRequest, who: Principal = Depends(principal)) -> dict[str, Any]:
+        return (await scheduler.submit(who, request)).public(host)
+
+    @app.get("/jobs")
+    async def list_jobs(all: bool = True, who: Principal = Depends(principal)) -> list[dict[str, Any]]:
+        return [job.public(host) for job in scheduler.list(who, all_users=all)]
+
+    @app.get("/jobs/{job_id}")
+    async def status(job_id: str, who: Principal = Depends(principal)) -> dict[str, Any]:
+        return scheduler.get(who, job_id).public(host)
+
+    @app.post("/jobs/{job_id}/cancel")
+    async def cancel(job_id: str, who: Principal = Depends(principal)) -> dict[str, Any]:
+        return (await scheduler.cancel(who, job_id)).public(host)
+
+    @app.post("/jobs/{job_id}/heartbeat")
+    async def heartbeat(job_id: str, who: Principal = Depends(principal)) -> dict[str, Any]:
+        return (await scheduler.heartbeat(who, job_id)).public(host)
+
+    @app.get("/jobs/{job_id}/logs")
+    async def logs(job_id: str, tail: int | None = Query(default=None, ge=0), follow: bool = False,
+                   who: Principal = Depends(principal)) -> StreamingResponse:
+        scheduler.get(who, job_id)
+        return StreamingResponse(scheduler.follow_log(job_id, tail, follow), media_type="text/plain")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> str:
+        return resources.files("trainer.scheduler").joinpath("_page.html").read_text()
+
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0 picks a free one; read it from ``getsockname``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.set_inheritable(False)  # jobs must not inherit the service's socket
+    return sock
