@@ -1,0 +1,56 @@
+"""Serve gomoku: ``python -m env_servers.gomoku_env --host 0.0.0.0 --port 8002 [--two-agent] [--board-size 9 ...]``.
+
+Gomoku flags become the env's ``GomokuConfig``; server settings (sessions, timeouts, token) come
+from ``ENVHUB_*`` variables or the flags below. ``--two-agent`` serves ``GomokuMatchEnv``, where
+two sessions play one match; it always runs one worker, because matches are coordinated inside
+one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from env_servers.gomoku_env.opponents import OPPONENTS
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m env_servers.gomoku_env", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default=None, help="interface to bind (default ENVHUB_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default ENVHUB_PORT or 8000; 0 picks one)")
+    parser.add_argument("--two-agent", action="store_true", help="serve GomokuMatchEnv (two sessions per match)")
+    parser.add_argument("--max-sessions", type=int, default=None, help="concurrent sessions (default 256)")
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (single-agent mode only)")
+    game = parser.add_argument_group("game (GomokuConfig)")
+    game.add_argument("--board-size", type=int, default=None)
+    game.add_argument("--opponent", choices=OPPONENTS, default=None)
+    game.add_argument("--opponent-random-prob", type=float, default=None)
+    game.add_argument("--max-invalid-moves", type=int, default=None)
+    game.add_argument("--max-moves", type=int, default=None)
+    game.add_argument("--opening-max-stones", type=int, default=None)
+    game.add_argument("--empty-board-prob", type=float, default=None)
+    game.add_argument("--render-image", action="store_true", default=None)
+    game.add_argument("--turn-timeout-s", type=float, default=None)
+    return parser.parse_args(argv)
+
+
+def env_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The GomokuConfig fields set on the command line."""
+    names = ("board_size", "opponent", "opponent_random_prob", "max_invalid_moves", "max_moves",
+             "opening_max_stones", "empty_board_prob", "render_image", "turn_timeout_s")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from envhub.server import serve
+
+    args = parse_args(argv)
+    target = ("env_servers.gomoku_env.match_env:GomokuMatchEnv" if args.two_agent
+              else "env_servers.gomoku_env.env:GomokuEnv")
+    settings: dict[str, Any] = {"max_sessions": args.max_sessions, "workers": 1 if args.two_agent else args.workers}
+    serve(target, host=args.host, port=args.port, env_config=env_config(args),
+          **{k: v for k, v in settings.items() if v is not None})
+
+
+if __name__ == "__main__":
+    main()

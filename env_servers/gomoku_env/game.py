@@ -1,0 +1,106 @@
+"""Gomoku game logic: judging one move, and a full single-agent game (agent X against a scripted O).
+
+Pure domain code (no envhub imports): ``GomokuGame.play`` takes a parsed move (or None when the
+model's output was malformed) and returns an ``Outcome`` with the event, the reward from the
+config's table, and whether the game ended.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from env_servers.gomoku_env.board import O, X, Board, Move, board_from_moves
+from env_servers.gomoku_env.config import GomokuConfig
+from env_servers.gomoku_env.opponents import make_opponent
+
+# Events an agent's step can produce; each names a field of GomokuRewards.
+VALID, WIN, LOSS, DRAW = "valid", "win", "loss", "draw"
+BAD_FORMAT, OUT_OF_BOUNDS, OCCUPIED = "bad_format", "out_of_bounds", "occupied"
+TOO_MANY_INVALID, STEP_LIMIT = "too_many_invalid", "step_limit"
+INVALID_EVENTS = (BAD_FORMAT, OUT_OF_BOUNDS, OCCUPIED)
+
+
+def judge(board: Board, move: Move | None) -> str:
+    """``valid``, or the kind of invalid move (``bad_format`` for None)."""
+    if move is None:
+        return BAD_FORMAT
+    if not board.in_bounds(*move):
+        return OUT_OF_BOUNDS
+    if not board.is_empty(*move):
+        return OCCUPIED
+    return VALID
+
+
+@dataclass
+class Outcome:
+    """The result of one agent step. ``move`` is what the agent asked for (even if invalid)."""
+
+    event: str
+    reward: float
+    done: bool = False
+    truncated: bool = False
+    move: Move | None = None
+    opponent_move: Move | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.done or self.truncated
+
+
+class GomokuGame:
+    """One game: the agent plays X and moves first; the scripted opponent answers each valid move.
+
+    >>> game = GomokuGame(GomokuConfig(board_size=5, opponent="random"), random.Random(0))
+    >>> game.play((2, 2)).event
+    'valid'
+    >>> game.play(None).event, game.invalid_streak
+    ('bad_format', 1)
+    """
+
+    def __init__(self, config: GomokuConfig, rng: random.Random, opening: list[Move] | None = None):
+        self.config = config
+        self.rng = rng
+        self.board = board_from_moves(config.board_size, list(opening or []))
+        self.opponent = make_opponent(config.opponent, config.opponent_random_prob)
+        self.invalid_streak = 0
+        self.agent_moves = 0
+        self.end_reason: str | None = None
+
+    @property
+    def over(self) -> bool:
+        return self.end_reason is not None
+
+    def play(self, move: Move | None) -> Outcome:
+        """Apply the agent's move and, if the game goes on, the opponent's reply."""
+        if self.over:
+            raise RuntimeError(f"The game is over ({self.end_reason}); start a new one.")
+        rewards = self.config.rewards
+        kind = judge(self.board, move)
+        if kind != VALID:
+            self.invalid_streak += 1
+            if self.invalid_streak >= self.config.max_invalid_moves:
+                return self._end(Outcome(TOO_MANY_INVALID, rewards.too_many_invalid, done=True, move=move))
+            return Outcome(kind, getattr(rewards, kind), move=move)
+        assert move is not None
+        self.invalid_streak = 0
+        self.agent_moves += 1
+        self.board.place(*move, X)
+        if self.board.winner() == X:
+            return self._end(Outcome(WIN, rewards.win, done=True, move=move))
+        if self.board.is_full():
+            return self._end(Outcome(DRAW, rewards.draw, done=True, move=move))
+        reply = self.opponent.choose(self.board, O, self.rng)
+        self.board.place(*reply, O)
+        if self.board.winner() == O:
+            return self._end(Outcome(LOSS, rewards.loss, done=True, move=move, opponent_move=reply))
+        if self.board.is_full():
+            return self._end(Outcome(DRAW, rewards.draw, done=True, move=move, opponent_move=reply))
+        if self.config.max_moves is not None and self.agent_moves >= self.config.max_moves:
+            return self._end(Outcome(STEP_LIMIT, rewards.step_limit, truncated=True, move=move,
+                                     opponent_move=reply))
+        return Outcome(VALID, rewards.valid, move=move, opponent_move=reply)
+
+    def _end(self, outcome: Outcome) -> Outcome:
+        self.end_reason = outcome.event
+        return outcome

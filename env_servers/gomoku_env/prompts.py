@@ -1,0 +1,89 @@
+"""The words the model reads: the system prompt, the first message, and the message after each move.
+
+Pure functions of the board and the event; the same texts serve the single-agent env (the model
+is always X) and two-agent matches (the model is X or O).
+"""
+
+from __future__ import annotations
+
+from env_servers.gomoku_env.board import Board, Move, other
+
+_REPLY_HINT = "Reply with your move as <move>row,col</move>."
+
+_EVENT_ERRORS = {
+    "bad_format": "Invalid move format. Expected <move>row,col</move> with two non-negative integers "
+                  "(or a place_stone(row, col) call).",
+    "out_of_bounds": "Position {move} is OUT OF BOUNDS: rows and columns go from 0 to {last}.",
+    "occupied": "Position {move} is OCCUPIED.",
+}
+
+
+def system_prompt(size: int, stone: str = "X", first: bool = True) -> str:
+    """The rules and the answer format, for ``Observation.metadata["system_prompt"]``."""
+    order = "You move first." if first else "Your opponent moves first."
+    return (
+        f"You are playing Gomoku (Five in a Row) on a {size}x{size} board. You play {stone}; your "
+        f"opponent plays {other(stone)}. {order} Players take turns placing one stone on an empty cell; "
+        "the first to get five or more stones in a row (horizontally, vertically or diagonally) wins. "
+        "A full board with no five is a draw. Rows and columns are numbered from 0 (top left) to "
+        f"{size - 1}. Empty cells are shown as '.'.\n"
+        "First think about the position inside <thinking></thinking>, then give exactly one move as "
+        "<move>row,col</move>, for example: <thinking>I take the centre.</thinking>"
+        f"<move>{size // 2},{size // 2}</move>. Only the last <move> tag counts. "
+        "You may instead call the place_stone(row, col) tool. An invalid move (bad format, off the "
+        "board, or an occupied cell) costs a penalty and you must move again; too many invalid moves in "
+        "a row lose the game."
+    )
+
+
+def first_message(board: Board, stone: str = "X", last_move: Move | None = None) -> str:
+    """The first observation: the rules in short, the board, and whose turn it is."""
+    intro = f"Game starts. You play {stone} on a {board.size}x{board.size} board; five or more in a row wins."
+    if last_move is not None:
+        intro += f" Your opponent placed {other(stone)} at {_fmt(last_move)}."
+    elif board.moves:
+        intro += " The game starts from this opening position."
+    return f"{intro}\n\n{board.render()}\n\nYour turn ({stone}). {_REPLY_HINT}"
+
+
+def invalid_message(event: str, board: Board, move: Move | None, stone: str, streak: int, limit: int) -> str:
+    """After an invalid move: what was wrong, how many invalid moves in a row so far, the board."""
+    error = _EVENT_ERRORS[event].format(move=_fmt(move) if move else "", last=board.size - 1)
+    return (f"ERROR: {error} Invalid moves in a row: {streak} of {limit} allowed.\n\n{board.render()}\n\n"
+            f"Your turn ({stone}). {_REPLY_HINT}")
+
+
+def move_message(board: Board, stone: str, move: Move, reply: Move | None) -> str:
+    """After a valid move when the game goes on: both moves, the board, the next turn."""
+    text = f"You placed {stone} at {_fmt(move)}."
+    if reply is not None:
+        text += f" Opponent placed {other(stone)} at {_fmt(reply)}."
+    return f"{text}\n\n{board.render()}\n\nYour turn ({stone}). {_REPLY_HINT}"
+
+
+def end_message(reason: str, board: Board, stone: str, move: Move | None = None,
+                reply: Move | None = None, detail: str = "") -> str:
+    """When the game ends for this player, for any reason."""
+    lines = []
+    if move is not None and reason not in ("too_many_invalid",):
+        lines.append(f"You placed {stone} at {_fmt(move)}.")
+    if reply is not None:
+        lines.append(f"Opponent placed {other(stone)} at {_fmt(reply)}.")
+    lines.append({
+        "win": "You made five in a row. You win!",
+        "loss": "Your opponent made five in a row. You lose.",
+        "draw": "The board is full with no five in a row: the game is a draw.",
+        "too_many_invalid": "Too many invalid moves in a row. Game over: you lose.",
+        "step_limit": "The move limit is reached. The game is stopped without a winner.",
+        "opponent_forfeit": "Your opponent made too many invalid moves in a row and forfeits. You win!",
+        "opponent_disconnected": "Your opponent disconnected. The match is over (no result).",
+        "opponent_timeout": "Your opponent did not move in time. The match is over (no result).",
+        "turn_timeout": "You did not move in time. The match is over (no result).",
+    }.get(reason, f"The game is over ({reason})."))
+    if detail:
+        lines.append(detail)
+    return " ".join(lines) + f"\n\n{board.render()}"
+
+
+def _fmt(move: Move | None) -> str:
+    return f"({move[0]},{move[1]})" if move else "(?)"

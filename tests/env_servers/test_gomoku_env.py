@@ -1,0 +1,211 @@
+"""GomokuEnv played through EnvRunner by scripted policies: results, rewards, every invalid path, images, seeds."""
+
+import asyncio
+import random
+from concurrent.futures import ThreadPoolExecutor
+from io import BytesIO
+
+import pytest
+
+from envhub import EnvRunner
+from envhub.errors import ActionValidationError
+from env_servers.gomoku_env import GomokuEnv
+from env_servers.gomoku_env.board import O, X, Board
+from env_servers.gomoku_env.opponents import HeuristicOpponent, RandomOpponent
+
+
+def board_of(result) -> Board:
+    rows = result.observation.metadata["board"]
+    board = Board(len(rows))
+    for r, row in enumerate(rows):
+        for c, cell in enumerate(row):
+            if cell != ".":
+                board.place(r, c, cell)
+    return board
+
+
+def strong_policy(result, rng):
+    """The heuristic, playing X: a scripted policy that wins against random play."""
+    r, c = HeuristicOpponent().choose(board_of(result), X, rng)
+    return {"text": f"<thinking>threats first</thinking><move>{r},{c}</move>"}
+
+
+def random_policy(result, rng):
+    r, c = RandomOpponent().choose(board_of(result), X, rng)
+    return {"tool_name": "place_stone", "arguments": {"row": r, "col": c}}
+
+
+async def play(runner, policy, seed=0, max_steps=200, **reset):
+    rng = random.Random(seed)
+    result = await runner.reset(seed=seed, **reset)
+    first, steps = result, []
+    while not result.ended and len(steps) < max_steps:
+        result = await runner.step(policy(result, rng))
+        steps.append(result)
+    return first, steps
+
+
+async def test_first_observation_carries_rules_board_and_system_prompt():
+    first = await EnvRunner(GomokuEnv()).reset(seed=5, opening=[])
+    assert "Your turn (X)" in first.observation.text and "<move>row,col</move>" in first.observation.text
+    assert " 0 1 2 3 4 5 6 7 8" in first.observation.text
+    prompt = first.observation.metadata["system_prompt"]
+    assert "9x9" in prompt and "five or more" in prompt and "place_stone" in prompt
+    assert first.observation.metadata["board"] == ["." * 9] * 9
+
+
+async def test_strong_policy_wins_against_random_opponent():
+    runner = EnvRunner(GomokuEnv(opponent="random"))
+    _, steps = await play(runner, strong_policy, seed=1)
+    last = steps[-1]
+    assert last.done and not last.truncated
+    assert last.info["end_reason"] == "win" and last.reward == 10.0
+    assert last.info["episode_reward"] == 10.0  # every earlier valid move earned 0
+    assert board_of(last).winner() == X
+    assert "You win" in last.observation.text
+
+
+async def test_random_policy_loses_against_heuristic():
+    runner = EnvRunner(GomokuEnv(opponent="heuristic"))
+    _, steps = await play(runner, random_policy, seed=2)
+    last = steps[-1]
+    assert last.done and last.info["end_reason"] == "loss" and last.reward == -10.0
+    assert last.info["opponent_move"] is not None and "You lose" in last.observation.text
+    assert all(s.reward == 0.0 for s in steps[:-1])
+
+
+# 5x5, no five anywhere when full:      X X O O X / O O X X O / X X O O X / O O X X O / X X O O X
+_DRAW_PATTERN = ["XXOOX", "OOXXO", "XXOOX", "OOXXO", "XXOOX"]
+
+
+def draw_opening(leave):
+    xs = [(r, c) for r in range(5) for c in range(5) if _DRAW_PATTERN[r][c] == X and (r, c) not in leave]
+    os = [(r, c) for r in range(5) for c in range(5) if _DRAW_PATTERN[r][c] == O and (r, c) not in leave]
+    return [list(m) for pair in zip(xs, os) for m in pair]
+
+
+async def test_draw_on_a_small_board():
+    runner = EnvRunner(GomokuEnv(board_size=5))
+    # three empty cells: X moves, the opponent fills one of the last two, X fills the other
+    first = await runner.reset(seed=0, opening=draw_opening({(0, 0), (4, 4), (3, 4)}))
+    assert first.observation.text.count(".") >= 3
+    step1 = await runner.step({"text": "<move>0,0</move>"})
+    assert step1.info["event"] == "valid" and tuple(step1.info["opponent_move"]) in {(4, 4), (3, 4)}
+    last_cell = ({(4, 4), (3, 4)} - {tuple(step1.info["opponent_move"])}).pop()
+    step2 = await runner.step({"tool_name": "place_stone", "arguments": {"row": last_cell[0], "col": last_cell[1]}})
+    assert step2.done and step2.info["end_reason"] == "draw" and step2.reward == 0.0
+    assert "draw" in step2.observation.text
+
+
+async def test_every_invalid_move_is_penalised_and_the_game_goes_on():
+    runner = EnvRunner(GomokuEnv())
+    await runner.reset(seed=0, opening=[[0, 0], [8, 8]])
+    cases = [
+        ({"text": "I think I'll play the centre"}, "bad_format"),
+        ({"text": "<move>-1,3</move>"}, "bad_format"),
+        ({"text": "<move>9,3</move>"}, "out_of_bounds"),
+        ({"tool_name": "place_stone", "arguments": {"row": 3, "col": 99}}, "out_of_bounds"),
+        ({"text": "<move>8,8</move>"}, "occupied"),
+        ({"tool_name": "place_stone", "arguments": {"row": 0, "col": 0}}, "occupied"),
+        ({"tool_name": "place_stone", "arguments": {"row": "x", "col": 0}}, "bad_format"),
+        ({"tool_name": "place_stone", "arguments": {"row": 1}}, "bad_format"),
+        ({"tool_name": "resign", "arguments": {}}, "bad_format"),
+    ]
+    for streak, (action, event) in enumerate(cases, start=1):
+        result = await runner.step(action)
+        assert (result.info["event"], result.reward, result.ended) == (event, -1.0, False), action
+        assert result.info["invalid_streak"] == streak
+        assert "ERROR" in result.observation.text and f"{streak} of 10" in result.observation.text
+    assert (await runner.state())["board"][0][0] == X  # nothing changed on the board
+    ok = await runner.step({"text": "<move>4,4</move>"})
+    assert ok.info["event"] == "valid" and ok.info["invalid_streak"] == 0
+    assert ok.info["episode_reward"] == -9.0
+
+
+async def test_too_many_invalid_moves_end_the_game():
+    runner = EnvRunner(GomokuEnv(max_invalid_moves=3, rewards={"too_many_invalid": -7.0}))
+    await runner.reset(seed=0)
+    results = [await runner.step({"text": "pass"}) for _ in range(3)]
+    assert [r.reward for r in results] == [-1.0, -1.0, -7.0]
+    assert results[-1].done and results[-1].info["end_reason"] == "too_many_invalid"
+    with pytest.raises(Exception, match="ended"):
+        await runner.step({"text": "<move>1,1</move>"})
+
+
+async def test_step_limit_counts_valid_moves_only():
+    runner = EnvRunner(GomokuEnv(max_moves=2, opponent="random"))
+    await runner.reset(seed=0, opening=[])
+    moves = [{"text": "<move>0,0</move>"}, {"text": "oops"}, {"text": "<move>0,0</move>"}]
+    results = [await runner.step(m) for m in moves]
+    assert not any(r.ended for r in results)  # one valid move and two invalid ones
+    free = next((r, c) for r in range(9) for c in range(9) if board_of(results[-1]).is_empty(r, c))
+    last = await runner.step({"text": f"<move>{free[0]},{free[1]}</move>"})
+    assert last.truncated and not last.done
+    assert last.info["end_reason"] == "step_limit" and last.reward == -20.0
+
+
+async def test_default_limits_let_every_game_finish():
+    runner = EnvRunner(GomokuEnv(board_size=5, opponent="random"))
+    for seed in range(5):
+        _, steps = await play(runner, random_policy, seed=seed, opening=[])
+        assert steps[-1].done and steps[-1].info["end_reason"] in {"win", "loss", "draw"}
+
+
+async def test_reset_options_and_validation():
+    runner = EnvRunner(GomokuEnv())
+    first = await runner.reset(seed=0, board_size=7, opponent="mix", opening=[])
+    assert first.observation.metadata["board_size"] == 7
+    for bad in ({"board_size": 30}, {"opponent": "alphazero"}, {"opening": [[0, 0]]}, {"opening": [[0, 0], [9, 9]]}):
+        with pytest.raises(ActionValidationError, match="Expected|off the"):
+            await runner.reset(seed=0, **bad)
+    with pytest.raises(ActionValidationError, match="Expected board_size"):
+        GomokuEnv(board_size=4)
+    with pytest.raises(TypeError, match="accepted"):
+        GomokuEnv(boardsize=9)
+
+
+async def test_png_render_on_request():
+    from PIL import Image
+
+    runner = EnvRunner(GomokuEnv())
+    plain = await runner.reset(seed=0)
+    assert plain.observation.images == []
+    first = await runner.reset(seed=0, render_image=True)
+    step = await runner.step({"text": "<move>4,4</move>"})
+    for result in (first, step):
+        (png,) = result.observation.images
+        assert Image.open(BytesIO(png)).format == "PNG"
+    wire = step.to_wire()["observation"]["images"][0]
+    assert isinstance(wire, str)  # base64 on JSON frames
+    always = EnvRunner(GomokuEnv(render_image=True))
+    assert len((await always.reset(seed=0)).observation.images) == 1
+
+
+async def test_a_seed_reproduces_a_game():
+    async def history(seed):
+        runner = EnvRunner(GomokuEnv(opponent="mix", opponent_random_prob=0.5))
+        first, steps = await play(runner, random_policy, seed=seed)
+        return first.observation.text, [s.observation.text for s in steps]
+
+    assert await history(11) == await history(11)
+    assert await history(11) != await history(12)
+
+
+async def test_tool_schema():
+    (spec,) = GomokuEnv.tools()
+    assert spec.name == "place_stone" and spec.parameters["required"] == ["row", "col"]
+    assert spec.parameters["properties"]["row"]["type"] == "integer"
+
+
+async def test_256_concurrent_sessions_in_one_process():
+    executor = ThreadPoolExecutor(8)
+    # The cheap opponent and a move cap keep this about sessions, not about the heuristic's speed.
+    runners = [EnvRunner(GomokuEnv(opponent="random", max_moves=8), executor=executor) for _ in range(256)]
+    try:
+        games = await asyncio.gather(*(play(r, random_policy, seed=i) for i, r in enumerate(runners)))
+    finally:
+        executor.shutdown()
+    assert all(steps[-1].ended for _, steps in games)
+    assert {steps[-1].info["end_reason"] for _, steps in games} <= {"win", "loss", "step_limit"}
+    # sessions are independent: different seeds, different games
+    assert len({tuple(steps[0].info["opponent_move"]) for _, steps in games}) > 20
