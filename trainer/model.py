@@ -1,0 +1,163 @@
+"""The policy: a Hugging Face causal LM (by name or local path) or a tiny Qwen2 built from a config, plus LoRA.
+
+``load_policy(ModelConfig(name="Qwen/Qwen2.5-0.5B-Instruct"))`` loads a real model from the local
+cache (nothing is downloaded unless ``local_files_only=False``); ``ModelConfig(name="tiny")``
+builds a randomly initialised Qwen2 of the same architecture with the shipped byte-level
+tokenizer, for CPU, tests and the quick start. Both go through ``AutoModelForCausalLM``.
+
+>>> model, tok = load_policy(ModelConfig(name="tiny", hidden_size=32, num_layers=1, num_heads=2))
+>>> type(model).__name__
+'Qwen2ForCausalLM'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+TINY = "tiny"
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to load and how to train it.
+
+    ``name``: ``"tiny"`` (local random Qwen2 + shipped tokenizer) or a Hugging Face name / path.
+    ``lora_rank`` 0 trains all parameters; > 0 wraps the model with a peft LoRA adapter.
+    ``dtype``: ``"auto"`` (bf16 on a GPU that supports it, else fp32), ``"bf16"``, ``"fp32"``.
+    """
+
+    name: str = TINY
+    dtype: str = "auto"
+    local_files_only: bool = True
+    lora_rank: int = 0
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: Any = "all-linear"
+    gradient_checkpointing: bool = False
+    # tiny model shape (ignored for real models)
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 2048
+    init_seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "bf16", "fp32", "fp16"):
+            raise ValueError(f"Expected model.dtype in auto|bf16|fp16|fp32, got {self.dtype!r}.")
+        if self.lora_rank < 0:
+            raise ValueError(f"Expected model.lora_rank >= 0 (0 = full parameters), got {self.lora_rank}.")
+        if self.name == TINY and self.hidden_size % self.num_heads:
+            raise ValueError(f"Expected hidden_size divisible by num_heads, got {self.hidden_size} "
+                             f"and {self.num_heads}.")
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """The torch dtype for a config string on this device (bf16 only where the hardware supports it)."""
+    device = torch.device(device)
+    if name == "fp32":
+        return torch.float32
+    if name == "fp16":
+        return torch.float16
+    if name == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_tiny_model(cfg: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> nn.Module:
+    """A randomly initialised ``Qwen2ForCausalLM`` with the shape from ``cfg`` (seeded by ``cfg.init_seed``)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+                         intermediate_size=cfg.intermediate_size,
+                         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+                         pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=None,
+                         use_cache=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.init_seed)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer for ``cfg``: the shipped byte-level one for ``tiny``, else ``AutoTokenizer``."""
+    if cfg.name == TINY:
+        from trainer.tokenizer import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(cfg.name, local_files_only=cfg.local_files_only)
+    except OSError as exc:
+        raise OSError(f"Could not load the tokenizer of {cfg.name!r} offline ({exc}). Download it once with "
+                      f"`huggingface-cli download {cfg.name}` or pass model.local_files_only=false.") from exc
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu"):
+    """``(model, tokenizer)`` for ``cfg`` on ``device``, with LoRA applied when ``cfg.lora_rank > 0``."""
+    tok = load_tokenizer(cfg)
+    dtype = resolve_dtype(cfg.dtype, device)
+    if cfg.name == TINY:
+        model = build_tiny_model(cfg, len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        model.to(dtype=dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cfg.name, dtype=dtype,
+                                                         local_files_only=cfg.local_files_only, **cfg.extra)
+        except OSError as exc:
+            raise OSError(f"Could not load {cfg.name!r} offline ({exc}). Download it once with "
+                          f"`huggingface-cli download {cfg.name}` or pass model.local_files_only=false.") from exc
+    # Qwen2.5 instruct ends an assistant turn with <|im_end|>: make generation stop there.
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if cfg.lora_rank > 0:
+        model = apply_lora(model, cfg)
+    return model.to(device), tok
+
+
+def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
+    """Wrap ``model`` with a peft LoRA adapter (rank ``cfg.lora_rank``); only adapter weights train."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def hidden_size_of(model: nn.Module) -> int:
+    """The hidden size of a (possibly peft-wrapped) causal LM."""
+    return int(unwrap(model).config.hidden_size)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The underlying HF model under DDP/FSDP/peft wrappers."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters that receive gradients (all of them, or the LoRA adapter's)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+__all__ = ["ModelConfig", "load_policy", "load_tokenizer", "build_tiny_model", "apply_lora",
+           "resolve_dtype", "unwrap", "hidden_size_of", "trainable_parameters", "TINY"]
