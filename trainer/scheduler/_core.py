@@ -108,6 +108,7 @@ class Scheduler:
 
     async def stop(self) -> None:
         """End every running job (failed: "scheduler stopped"), keep queued ones, close the store."""
+        self.started = False  # nothing new starts from here on
         for job in list(self.jobs.values()):
             if job.state == "running":
                 self._ending.setdefault(job.id, ("failed", "scheduler stopped"))
@@ -117,7 +118,6 @@ class Scheduler:
         self._heartbeat_timers.clear()
         self._db.shutdown(wait=True)
         self.store.close()
-        self.started = False
 
     # -- requests ---------------------------------------------------------------------------
     async def submit(self, who: Principal, request: JobRequest) -> Job:
@@ -250,8 +250,10 @@ class Scheduler:
         self.ports.release(job.id)
         self._runners.pop(job.id, None)
         self._ending.pop(job.id, None)
-        await self._close(job, state, reason)
-        self._schedule()
+        self._mark_ended(job, state, reason)
+        self._schedule()  # before the save: the queue moves on the moment the tree is gone
+        await self._save(job)
+        self._done[job.id].set()
 
     async def _spawn(self, job: Job) -> asyncio.subprocess.Process:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_SECRET_ENV_PREFIXES)}
@@ -289,17 +291,14 @@ class Scheduler:
         asyncio.get_running_loop().run_in_executor(
             None, _procs.end_job_tree, job.id, job.pid, job.pid, self.config.grace_s)
 
-    def _finish_queued(self, job: Job, state: str, reason: str) -> None:
+    def _mark_ended(self, job: Job, state: str, reason: str) -> None:
         job.state, job.reason, job.ended_at = state, reason, time.time()
         self._drop_heartbeat(job.id)
-        self._done[job.id].set()
-        self._db.submit(self.store.save, job)
 
-    async def _close(self, job: Job, state: str, reason: str) -> None:
-        job.state, job.reason, job.ended_at = state, reason, time.time()
-        self._drop_heartbeat(job.id)
-        await self._save(job)
+    def _finish_queued(self, job: Job, state: str, reason: str) -> None:
+        self._mark_ended(job, state, reason)
         self._done[job.id].set()
+        self._db.submit(self.store.save, job)  # ordered before any later write by the single db thread
 
     # -- heartbeats -------------------------------------------------------------------------
     def _arm_heartbeat(self, job: Job) -> None:
