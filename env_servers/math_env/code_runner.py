@@ -1,0 +1,149 @@
+"""Where the math tool env runs the model's Python: the code sandbox, or a plain local subprocess.
+
+``PythonRunner`` is the small interface the env needs (``await runner.run(code, timeout_s)``).
+``SandboxPythonRunner`` adapts the code sandbox package (``env_servers.code_env.sandbox``: a
+process-wide backend with namespaces, seccomp, cgroups). ``LocalSubprocessRunner`` only adds a
+wall-clock timeout and output caps around ``python -I``: it is **not isolation** and is meant for
+development and tests on machines without the sandbox. ``make_runner("auto")`` picks the sandbox
+when it is importable and works, else the local runner with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger("envhub.env_servers.math")
+
+RUNNER_KINDS = ("auto", "sandbox", "local-subprocess")
+_SANDBOX_FACTORIES = ("default_backend", "make_backend", "create_backend", "get_backend", "select_backend")
+
+
+@dataclass
+class RunOutput:
+    """What one run printed and how it ended."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    timed_out: bool = False
+
+    def as_observation(self, max_chars: int) -> str:
+        """The text the model sees: output, errors, or a note that there was none."""
+        if self.timed_out:
+            text = (self.stdout + self.stderr).strip()
+            return (text + "\n" if text else "") + "[Error: code execution timed out]"
+        text = (self.stdout + ("\n" if self.stdout and self.stderr else "") + self.stderr).strip()
+        if not text:
+            return "(Code executed successfully, no output)"
+        return text if len(text) <= max_chars else text[:max_chars] + f"\n[... output cut at {max_chars} characters]"
+
+
+class PythonRunner(Protocol):
+    """Runs Python source and returns its output; must be safe to call from many tasks at once."""
+
+    name: str
+
+    async def run(self, code: str, timeout_s: float) -> RunOutput: ...
+
+
+class LocalSubprocessRunner:
+    """``python -I -c code`` in a child process with a timeout and output cap. NOT a security boundary."""
+
+    name = "local-subprocess"
+
+    def __init__(self, max_output_bytes: int = 64 * 1024, max_concurrent: int = 4):
+        self.max_output_bytes = max_output_bytes
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+
+    async def run(self, code: str, timeout_s: float) -> RunOutput:
+        # A semaphore per event loop would not bound a multi-loop server; acquire a thread-safe one off-loop.
+        await asyncio.to_thread(self._slots.acquire)
+        try:
+            return await self._run(code, timeout_s)
+        finally:
+            self._slots.release()
+
+    async def _run(self, code: str, timeout_s: float) -> RunOutput:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONIOENCODING": "utf-8",
+               "OPENBLAS_NUM_THREADS": "1"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-c", code, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except asyncio.TimeoutError:
+            _kill_group(proc.pid)
+            await proc.wait()
+            return RunOutput("", "", None, timed_out=True)
+        cap = self.max_output_bytes
+        return RunOutput(out[:cap].decode("utf-8", "replace"), err[:cap].decode("utf-8", "replace"), proc.returncode)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class SandboxPythonRunner:
+    """Runs code through a code-sandbox backend (shared by every session of the process)."""
+
+    name = "sandbox"
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.name = f"sandbox:{getattr(backend, 'name', type(backend).__name__)}"
+
+    async def run(self, code: str, timeout_s: float) -> RunOutput:
+        limits_mod = importlib.import_module("env_servers.code_env.sandbox.limits")
+        result = await self.backend.run(code, limits=limits_mod.Limits(timeout_s=timeout_s))
+        return RunOutput(result.stdout, result.stderr, result.exit_code, timed_out=result.timed_out)
+
+
+_shared: dict[str, PythonRunner] = {}
+_shared_lock = threading.Lock()
+
+
+def _sandbox_backend() -> Any:
+    package = importlib.import_module("env_servers.code_env.sandbox")
+    for name in _SANDBOX_FACTORIES:
+        factory = getattr(package, name, None)
+        if callable(factory):
+            return factory()
+    raise ImportError("env_servers.code_env.sandbox has no backend factory "
+                      f"(looked for {', '.join(_SANDBOX_FACTORIES)}).")
+
+
+def make_runner(kind: str = "auto") -> PythonRunner:
+    """The process-wide runner of ``kind`` (``auto``, ``sandbox`` or ``local-subprocess``)."""
+    if kind not in RUNNER_KINDS:
+        raise ValueError(f"Expected the Python runner to be one of {RUNNER_KINDS}, got {kind!r}.")
+    with _shared_lock:
+        if kind in _shared:
+            return _shared[kind]
+        runner: PythonRunner
+        if kind == "local-subprocess":
+            runner = LocalSubprocessRunner()
+        else:
+            try:
+                runner = SandboxPythonRunner(_sandbox_backend())
+            except Exception as exc:
+                if kind == "sandbox":
+                    raise RuntimeError(f"The code sandbox is not available here: {exc}") from exc
+                log.warning("code sandbox unavailable (%s); running model code in a plain local subprocess "
+                            "(INSECURE: no isolation, only a timeout)", exc)
+                runner = LocalSubprocessRunner()
+        _shared[kind] = runner
+        return runner
+
+
+__all__ = ["RunOutput", "PythonRunner", "LocalSubprocessRunner", "SandboxPythonRunner", "make_runner",
+           "RUNNER_KINDS"]
