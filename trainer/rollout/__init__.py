@@ -1,0 +1,12 @@
+"""trainer.rollout: env sessions -> multi-turn episodes -> trajectories with exact token ids, masks and stop reasons."""
+
+from trainer.rollout.engine import RolloutConfig, RolloutEngine
+from trainer.rollout.envs import EnvPool, EnvSession, InProcessSession, load_env_class
+from trainer.rollout.groups import GroupedBatch, build_groups, make_tasks
+from trainer.rollout.render import ChatRenderer
+from trainer.rollout.sampler import HFSampler, Sampler, SamplingConfig
+from trainer.rollout.types import EpisodeState, GenRequest, GenResult, StopReason, Task, Trajectory
+
+__all__ = ["RolloutConfig", "RolloutEngine", "EnvPool", "EnvSession", "InProcessSession", "load_env_class",
+           "GroupedBatch", "build_groups", "make_tasks", "ChatRenderer", "HFSampler", "Sampler", "SamplingConfig",
+           "EpisodeState", "GenRequest", "GenResult", "StopReason", "Task", "Trajectory"]

@@ -1,0 +1,119 @@
+"""Where episodes run: one env session per episode, in process (``EnvRunner``) or over WebSocket (``EnvClient``).
+
+``EnvPool`` opens sessions. Over WebSocket it retries a refused connection until
+``connect_retry_s`` has passed, so a server that restarts costs only the episodes that were
+on it: later episodes reconnect on their own. The extensions an envhub server announces are
+read once per URL, not once per episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from typing import Any, Protocol
+
+from envhub import Env, EnvRunner, StepResult, ToolSpec
+from envhub.errors import AuthError, EnvConnectionError
+
+
+class EnvSession(Protocol):
+    """One episode's env: reset, step, tools, close (all async)."""
+
+    async def reset(self, **kwargs: Any) -> StepResult: ...
+
+    async def step(self, action: dict[str, Any]) -> StepResult: ...
+
+    async def tools(self) -> list[ToolSpec]: ...
+
+    async def close(self) -> None: ...
+
+
+class InProcessSession:
+    """An ``Env`` instance driven by ``EnvRunner`` on the rollout's own event loop (no transport)."""
+
+    def __init__(self, env: Env):
+        self.runner = EnvRunner(env)
+
+    async def reset(self, **kwargs: Any) -> StepResult:
+        return await self.runner.reset(**kwargs)
+
+    async def step(self, action: dict[str, Any]) -> StepResult:
+        return await self.runner.step(action)
+
+    async def tools(self) -> list[ToolSpec]:
+        return type(self.runner.env).tools()
+
+    async def close(self) -> None:
+        await self.runner.close()
+
+
+def load_env_class(path: str) -> type[Env]:
+    """``"package.module:ClassName"`` -> the class (for in-process envs named in a config)."""
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"Expected an env class path like 'my_pkg.my_env:MyEnv', got {path!r}.")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise ValueError(f"Expected {path!r} to name an envhub.Env subclass, got {cls!r}.")
+    return cls
+
+
+class EnvPool:
+    """Opens one session per episode: from env URLs (round-robin by task) or an in-process env class."""
+
+    def __init__(self, urls: list[str] | None = None, env_cls: type[Env] | None = None, *,
+                 connect_timeout_s: float = 10.0, connect_retry_s: float = 30.0,
+                 message_timeout_s: float | None = 120.0, step_timeout_s: float | None = None,
+                 token: str | None = None):
+        if bool(urls) == (env_cls is not None):
+            raise ValueError("Expected exactly one of env URLs or an in-process env class, got "
+                             f"urls={urls!r}, env_cls={env_cls!r}.")
+        self.urls = list(urls or [])
+        self.env_cls = env_cls
+        self.connect_timeout_s = connect_timeout_s
+        self.connect_retry_s = connect_retry_s
+        self.message_timeout_s = message_timeout_s
+        self.step_timeout_s = step_timeout_s
+        self.token = token
+        self._extensions: dict[str, tuple[str, ...]] = {}
+        self.reconnects = 0  # connections that succeeded only after a retry
+
+    def url_for(self, index: int) -> str | None:
+        return self.urls[index % len(self.urls)] if self.urls else None
+
+    async def open(self, url: str | None = None) -> EnvSession:
+        """A connected session (in process, or to ``url`` / the first URL)."""
+        if self.env_cls is not None:
+            return InProcessSession(self.env_cls())
+        return await self._connect(url or self.urls[0])
+
+    async def _connect(self, url: str) -> EnvSession:
+        from envhub.client import EnvClient
+
+        deadline = time.monotonic() + self.connect_retry_s
+        delay_s, attempt = 0.2, 0
+        while True:
+            ext = self._extensions.get(url, "auto")
+            client = EnvClient(url, token=self.token, connect_timeout_s=self.connect_timeout_s,
+                               message_timeout_s=self.message_timeout_s, step_timeout_s=self.step_timeout_s,
+                               extensions=ext, retries=0)
+            try:
+                await client.connect()
+            except AuthError:
+                raise
+            except (EnvConnectionError, OSError, asyncio.TimeoutError) as exc:
+                await client.close()
+                attempt += 1
+                if time.monotonic() + delay_s > deadline:
+                    raise EnvConnectionError(f"Could not connect to {url} for {self.connect_retry_s:.0f} s "
+                                             f"({attempt} attempts): {exc}") from exc
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 2.0)
+                continue
+            self.reconnects += attempt > 0
+            self._extensions.setdefault(url, tuple(sorted(client.extensions)))
+            return client
+
+
+__all__ = ["EnvSession", "InProcessSession", "EnvPool", "load_env_class"]

@@ -1,0 +1,126 @@
+"""What a rollout produces: trajectories with exact token ids, masks, log-probs, rewards and a stop reason."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EpisodeState(str, enum.Enum):
+    """The rollout state machine: PENDING -> GENERATING -> INTERACTING -> ... -> TERMINATED."""
+
+    PENDING = "pending"          # not connected / not reset yet
+    GENERATING = "generating"    # waiting for the sampler
+    INTERACTING = "interacting"  # waiting for the env (a step or tool calls)
+    TERMINATED = "terminated"
+
+
+class StopReason(str, enum.Enum):
+    """Why a trajectory stopped. The last three are infrastructure failures, excluded from the loss."""
+
+    DONE = "done"                  # the env ended the episode
+    TURN_LIMIT = "turn_limit"      # the engine's or the env's turn limit
+    TOKEN_LIMIT = "token_limit"    # the trajectory's total token budget (or the context) ran out
+    PARSE_ERROR = "parse_error"    # a malformed tool call / an action the env rejected, with stop_on_parse_error
+    ENV_ERROR = "env_error"        # the env server was unreachable, dropped, or crashed
+    TIMEOUT = "timeout"            # the episode ran past its deadline
+    CANCELLED = "cancelled"        # the run was interrupted
+
+    @property
+    def is_infra_failure(self) -> bool:
+        return self in (StopReason.ENV_ERROR, StopReason.TIMEOUT, StopReason.CANCELLED)
+
+
+@dataclass
+class GenRequest:
+    """One generation: continue ``prompt_ids`` for at most ``max_new_tokens`` tokens."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    greedy: bool = False
+
+
+@dataclass
+class GenResult:
+    """Sampled ids (ending with EOS when ``finish_reason == "stop"``) and their log-probs under the sampler."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+@dataclass
+class Task:
+    """One episode to run: the env's reset arguments and the group it belongs to."""
+
+    reset_kwargs: dict[str, Any]
+    group_id: int = 0
+    env_url: str | None = None
+
+
+@dataclass
+class Trajectory:
+    """One episode as the trainer sees it.
+
+    ``tokens`` is the whole conversation as the policy saw it; ``mask[i] == 1`` exactly on the ids
+    the sampler produced (whose sampler log-probs are ``logprobs[i]``; 0.0 elsewhere). ``turn_ends[t]``
+    is the index of the last policy token of turn ``t``, where ``turn_rewards[t]`` belongs.
+    """
+
+    task: Task
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+    turn_ends: list[int] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    stop_reason: StopReason | None = None
+    policy_version: int = 0
+    num_turns: int = 0
+    parse_errors: int = 0
+    tool_calls: int = 0
+    error: str | None = None
+    elapsed_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def group_id(self) -> int:
+        return self.task.group_id
+
+    @property
+    def infra_failed(self) -> bool:
+        """True when the env side failed: the trajectory says nothing about the policy."""
+        return self.stop_reason is not None and self.stop_reason.is_infra_failure
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(self.mask)
+
+    def append(self, ids: list[int], *, policy: bool, logprobs: list[float] | None = None) -> None:
+        """Append ids: policy ids carry their sampler log-probs and mask 1; others mask 0."""
+        self.tokens.extend(ids)
+        self.mask.extend([1 if policy else 0] * len(ids))
+        if policy:
+            if logprobs is None or len(logprobs) != len(ids):
+                raise ValueError(f"Expected one log-prob per sampled id, got {None if logprobs is None else len(logprobs)} "
+                                 f"for {len(ids)} ids.")
+            self.logprobs.extend(float(x) for x in logprobs)
+        else:
+            self.logprobs.extend([0.0] * len(ids))
+
+    def to_record(self, tokenizer: Any = None) -> dict[str, Any]:
+        """A JSON-ready record for the trajectories log (decoded text when a tokenizer is given)."""
+        rec = {"group_id": self.group_id, "task": self.task.reset_kwargs, "reward": self.reward,
+               "turn_rewards": self.turn_rewards, "stop_reason": self.stop_reason.value if self.stop_reason else None,
+               "policy_version": self.policy_version, "num_turns": self.num_turns, "prompt_len": self.prompt_len,
+               "parse_errors": self.parse_errors, "error": self.error, "tokens": self.tokens, "mask": self.mask,
+               "logprobs": [round(x, 5) for x in self.logprobs]}
+        if tokenizer is not None:
+            rec["text"] = tokenizer.decode(self.tokens)
+            rec["completion"] = tokenizer.decode([t for t, m in zip(self.tokens, self.mask) if m])
+        return rec
+
+
+__all__ = ["EpisodeState", "StopReason", "GenRequest", "GenResult", "Task", "Trajectory"]
