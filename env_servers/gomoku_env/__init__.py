@@ -2,5 +2,6 @@
 
 from env_servers.gomoku_env.config import GomokuConfig, GomokuRewards
 from env_servers.gomoku_env.env import GomokuEnv
+from env_servers.gomoku_env.match_env import GomokuMatchEnv
 
-__all__ = ["GomokuEnv", "GomokuConfig", "GomokuRewards"]
+__all__ = ["GomokuEnv", "GomokuMatchEnv", "GomokuConfig", "GomokuRewards"]

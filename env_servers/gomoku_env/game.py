@@ -104,3 +104,70 @@ class GomokuGame:
     def _end(self, outcome: Outcome) -> Outcome:
         self.end_reason = outcome.event
         return outcome
+
+
+# -- two players ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SeatEnd:
+    """How a finished game ends for one player: the reason, its final reward, and whether it was cut short."""
+
+    reason: str
+    reward: float
+    truncated: bool = False
+
+
+@dataclass
+class Ruling:
+    """The judgement on one move in a two-player game.
+
+    An illegal move (``legal`` False) leaves the turn with the mover. When ``ends`` is set the
+    game is over and it says how for each player (zero-sum for decisive games).
+    """
+
+    event: str
+    legal: bool
+    reward: float = 0.0
+    ends: dict[str, SeatEnd] | None = None
+
+
+class TwoPlayerGame:
+    """Gomoku between two agents, X moving first; the rules and rewards of ``GomokuConfig``, no opponent.
+
+    >>> game = TwoPlayerGame(GomokuConfig(board_size=5))
+    >>> game.play(X, (2, 2)).event, game.play(O, (2, 2)).event
+    ('valid', 'occupied')
+    """
+
+    players = (X, O)
+
+    def __init__(self, config: GomokuConfig, opening: list[Move] | None = None):
+        self.config = config
+        self.board = board_from_moves(config.board_size, list(opening or []))
+        self.invalid_streak = {X: 0, O: 0}
+        self.valid_moves = {X: 0, O: 0}
+
+    def play(self, stone: str, move: Move | None) -> Ruling:
+        """Judge and apply ``stone``'s move (the caller enforces turn order)."""
+        rewards = self.config.rewards
+        foe = O if stone == X else X
+        kind = judge(self.board, move)
+        if kind != VALID:
+            self.invalid_streak[stone] += 1
+            if self.invalid_streak[stone] >= self.config.max_invalid_moves:
+                return Ruling(TOO_MANY_INVALID, False, ends={
+                    stone: SeatEnd(TOO_MANY_INVALID, rewards.too_many_invalid),
+                    foe: SeatEnd("opponent_forfeit", rewards.win)})
+            return Ruling(kind, False, getattr(rewards, kind))
+        assert move is not None
+        self.invalid_streak[stone] = 0
+        self.valid_moves[stone] += 1
+        self.board.place(*move, stone)
+        if self.board.winner() == stone:
+            return Ruling(WIN, True, ends={stone: SeatEnd(WIN, rewards.win), foe: SeatEnd(LOSS, rewards.loss)})
+        if self.board.is_full():
+            return Ruling(DRAW, True, ends={stone: SeatEnd(DRAW, rewards.draw), foe: SeatEnd(DRAW, rewards.draw)})
+        limit = self.config.max_moves
+        if limit is not None and min(self.valid_moves.values()) >= limit:
+            end = SeatEnd(STEP_LIMIT, rewards.step_limit, truncated=True)
+            return Ruling(STEP_LIMIT, True, ends={stone: end, foe: end})
+        return Ruling(VALID, True, rewards.valid)

@@ -1,0 +1,187 @@
+"""``GomokuMatchEnv``: two agents play each other, one session per player, coordinated in-process.
+
+Serve it with ``python -m env_servers.gomoku_env --two-agent`` or
+``envhub serve env_servers.gomoku_env:GomokuMatchEnv`` (one worker: matches live in the process).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Annotated, Any, ClassVar
+
+from envhub import Action, Env, Observation, StepResult, tool
+from envhub.errors import ActionValidationError
+from env_servers.gomoku_env import prompts
+from env_servers.gomoku_env.board import Board, Move, OpeningConfig, coerce_move, other, parse_move, random_opening
+from env_servers.gomoku_env.config import GomokuConfig
+from env_servers.gomoku_env.coordinator import REGISTRY, Match, MatchRegistry, Report
+from env_servers.gomoku_env.game import INVALID_EVENTS, TwoPlayerGame
+from env_servers.gomoku_env.render import render_png
+
+
+class GomokuMatchEnv(Env):
+    """Gomoku between two agents: two sessions that reset with the same ``match_id`` play one match.
+
+    ``reset(match_id="m1", seat="X")`` joins (or creates) match ``m1``; ``seat`` (alias ``player``)
+    is ``"X"`` (moves first) or ``"O"``, or left out to take the free seat. ``match_id="auto"``
+    pairs a session with the next one that asked for ``"auto"``; no ``match_id`` opens a new match
+    whose id is in ``state()["match_id"]`` (and every step's ``info``). The O player's
+    reset returns once X has made its first move. Each ``step`` returns after the opponent replied,
+    so every result shows the opponent's move, and a game the opponent ends (its five, a full board)
+    ends this player's episode too, with the loss on its own result: rewards are zero-sum for
+    decisive games (``win`` to the winner, ``loss`` to the loser). An invalid move is penalised
+    at once and the turn stays. If the opponent disconnects, or does not move within
+    ``turn_timeout_s``, the episode ends with ``truncated=True``, reward 0 and
+    ``info["end_reason"]`` ``"opponent_disconnected"`` / ``"opponent_timeout"``. Clients must wait
+    longer than ``turn_timeout_s`` for a step reply (e.g. ``message_timeout_s``).
+
+    Settings are ``GomokuConfig`` fields (the opponent settings are unused); the session that
+    creates a match decides its board size and opening.
+    """
+
+    env_name = "gomoku_match"
+    #: where matches are found; one per process, shared by every session
+    registry: ClassVar[MatchRegistry] = REGISTRY
+
+    def __init__(self, config: GomokuConfig | None = None, **settings: Any):
+        try:
+            self.config = GomokuConfig.from_kwargs(config, **settings)
+        except ValueError as exc:
+            raise ActionValidationError(str(exc)) from None
+        self.rng = random.Random()
+        self.match: Match | None = None
+        self.seat: str | None = None
+        self.render_image = self.config.render_image
+
+    async def reset(self, seed: int | None = None, match_id: str | None = None, seat: str | None = None,
+                    player: str | None = None, board_size: int | None = None, opening: list[list[int]] | None = None,
+                    render_image: bool | None = None) -> Observation:
+        """Join a match (see the class docstring); returns when it is this player's turn."""
+        await self._leave()
+        if seed is not None:
+            self.rng = random.Random(seed)
+        if seat is not None and player is not None and seat != player:
+            raise ActionValidationError(f"Expected seat and player to agree (they are aliases), got {seat!r} and {player!r}.")
+        if match_id is not None and not isinstance(match_id, (str, int)):
+            raise ActionValidationError(f"Expected match_id to be a string, got {type(match_id).__name__}.")
+        config = self._episode_config(board_size, render_image)
+        self._check_joinable(None if match_id is None else str(match_id), board_size)
+
+        def create(mid: str) -> Match:
+            moves = opening if opening is not None else random_opening(
+                self.rng, config.board_size, OpeningConfig(config.opening_max_stones, config.empty_board_prob))
+            return Match(mid, TwoPlayerGame(config, [tuple(m) for m in moves]), config.turn_timeout_s)
+
+        try:
+            self.match, self.seat, _ = self.registry.join(None if match_id is None else str(match_id),
+                                                          seat or player, create)
+        except (ValueError, TypeError) as exc:
+            raise ActionValidationError(f"Cannot join the match: {exc}") from None
+        self.render_image = config.render_image
+        await self.match.wait_turn(self.seat)
+        return self._first_observation()
+
+    async def step(self, action: Action) -> StepResult:
+        """A text move (``<move>r,c</move>``) or a ``place_stone`` call; anything else is a bad-format move."""
+        if action.tool_name is None:
+            return await self._play(parse_move(action.text))
+        if action.tool_name != "place_stone" or set(action.arguments) != {"row", "col"}:
+            return await self._play(None)
+        return await self.place_stone(action.arguments["row"], action.arguments["col"])
+
+    @tool
+    async def place_stone(self, row: Annotated[int, "row, from 0 at the top"],
+                          col: Annotated[int, "column, from 0 at the left"]) -> StepResult:
+        """Place your stone on an empty cell of the board."""
+        return await self._play(coerce_move(row, col))
+
+    def state(self) -> dict[str, Any]:
+        match = self.match
+        if match is None:
+            return {}
+        return {"match_id": match.match_id, "seat": self.seat, "turn": match.turn, "agents": dict(match.status),
+                "board": match.game.board.rows(), "over": match.over,
+                "end_reason": match.ends[self.seat].reason if self.seat in match.ends else None}
+
+    async def close(self) -> None:
+        await self._leave()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _episode_config(self, board_size: int | None, render_image: bool | None) -> GomokuConfig:
+        changes = {k: v for k, v in (("board_size", board_size), ("render_image", render_image)) if v is not None}
+        try:
+            return self.config.replace(**changes)
+        except ValueError as exc:
+            raise ActionValidationError(f"Invalid gomoku reset: {exc}") from None
+
+    def _check_joinable(self, match_id: str | None, board_size: int | None) -> None:
+        existing = self.registry.get(match_id) if match_id is not None else None
+        if existing is not None and not existing.over and board_size is not None \
+                and board_size != existing.game.board.size:
+            raise ActionValidationError(f"Expected board_size={existing.game.board.size} for match {match_id!r} "
+                                        f"(set by the player who created it), got {board_size}; leave it out to join.")
+
+    async def _leave(self) -> None:
+        match, seat = self.match, self.seat
+        self.match = self.seat = None
+        if match is not None and seat is not None:
+            await match.leave(seat)
+            self.registry.discard(match)
+
+    async def _play(self, move: Move | None) -> StepResult:
+        if self.match is None or self.seat is None:
+            raise ActionValidationError("step before reset: call reset(match_id=...) to join a match.")
+        report = await self.match.play(self.seat, move)
+        return self._result(report)
+
+    def _first_observation(self) -> Observation:
+        match, seat = self.match, self.seat
+        assert match is not None and seat is not None
+        board = match.game.board
+        if match.over:
+            end = match.ends[seat]
+            text = prompts.end_message(end.reason, board, seat) + "\n\nSend any move to receive the result."
+            obs = self._observation(text, board, "match_over")
+        else:
+            obs = self._observation(prompts.first_message(board, seat, match.last_move.get(other(seat))), board, "start")
+        obs.metadata["system_prompt"] = prompts.system_prompt(board.size, seat, first=seat == match.game.players[0])
+        return obs
+
+    def _result(self, report: Report) -> StepResult:
+        match, seat = self.match, self.seat
+        assert match is not None and seat is not None
+        board, game = match.game.board, match.game
+        legal = report.event not in INVALID_EVENTS and report.event != "too_many_invalid"
+        reply = _reply(board, seat) if legal or report.end is not None else None
+        if report.end is not None:
+            text = prompts.end_message(report.end.reason, board, seat, report.move if legal else None, reply)
+        elif not legal:
+            text = prompts.invalid_message(report.event, board, report.move, seat, game.invalid_streak[seat],
+                                           game.config.max_invalid_moves)
+        else:
+            text = prompts.move_message(board, seat, report.move, reply)
+        info: dict[str, Any] = {"event": report.event, "valid": legal, "seat": seat, "match_id": match.match_id,
+                                "agents": dict(match.status), "invalid_streak": game.invalid_streak[seat],
+                                "move": list(report.move) if report.move else None,
+                                "opponent_move": list(reply) if reply else None}
+        end = report.end
+        if end is not None:
+            info["end_reason"] = end.reason
+        return StepResult(observation=self._observation(text, board, report.event), reward=report.reward,
+                          done=end is not None and not end.truncated, truncated=end is not None and end.truncated,
+                          info=info)
+
+    def _observation(self, text: str, board: Board, event: str) -> Observation:
+        obs = Observation(text=text, metadata={"board": board.rows(), "board_size": board.size, "stone": self.seat,
+                                               "event": event})
+        if self.render_image:
+            obs.images = [render_png(board)]
+        return obs
+
+
+def _reply(board: Board, seat: str) -> Move | None:
+    """The opponent's move if it is the last one on the board (it answered ours)."""
+    if board.moves and board.moves[-1][2] != seat:
+        r, c, _ = board.moves[-1]
+        return r, c
+    return None
