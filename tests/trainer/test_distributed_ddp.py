@@ -1,0 +1,192 @@
+"""Data parallelism: single-process fallbacks, and real multi-rank runs under torchrun.
+
+The multi-rank tests launch this very file with ``python -m torch.distributed.run``; run as a script it
+is the worker: each rank trains a tiny Qwen2 with the GRPO loss on its shard of a global batch, checks
+after every step that all ranks hold identical parameters, and rank 0 checks them against a copy of
+the model trained by one process on the full batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.distributed import (
+    DistInfo,
+    all_reduce_mean,
+    barrier,
+    broadcast_object,
+    cleanup,
+    init_distributed,
+    shard,
+    wrap_model,
+)
+
+GLOBAL_BATCH, GROUP, PROMPT, COMPLETION, STEPS, LR = 8, 4, 6, 6, 3, 1.0
+
+
+# ---------------------------------------------------------------- single process
+
+
+@pytest.fixture
+def no_torchrun_env(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_single_process_fallback(no_torchrun_env):
+    info = init_distributed("gloo")
+    assert info == DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), is_main=True)
+    model = torch.nn.Linear(2, 2)
+    assert wrap_model(model, "ddp", info) is model  # nothing to synchronise with
+    t = torch.tensor([1.0, 3.0])
+    assert all_reduce_mean(t) is t and t.tolist() == [1.0, 3.0]
+    assert broadcast_object({"seed": 3}) == {"seed": 3}
+    barrier()
+    cleanup()
+
+
+def test_shard_gives_each_rank_a_contiguous_slice():
+    items = list(range(8))
+    assert shard(items, DistInfo(rank=1, world_size=2, is_main=False)) == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="divisible by world_size=3"):
+        shard(items, DistInfo(rank=0, world_size=3))
+
+
+def test_bad_strategy_and_fsdp_without_cuda_are_explained(no_torchrun_env):
+    info = init_distributed("gloo")
+    with pytest.raises(ValueError, match="Expected strategy in"):
+        wrap_model(torch.nn.Linear(2, 2), "zero3", info)
+    with pytest.raises(RuntimeError, match="strategy='ddp' on CPU"):
+        wrap_model(torch.nn.Linear(2, 2), "fsdp", info)
+    with pytest.raises(ValueError, match="Expected backend in"):
+        init_distributed("mpi")
+
+
+# ---------------------------------------------------------------- torchrun launches
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp_path: Path, nproc: int, backend: str, strategy: str) -> list[dict]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           __file__, str(tmp_path), backend, strategy]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_stay_in_step_and_match_one_rank_on_the_full_batch(tmp_path):
+    results = _launch(tmp_path, 2, "gloo", "ddp")
+    for result in results:
+        assert result["world_size"] == 2 and result["device"] == "cpu"
+        assert result["rank_spread"] == [0.0] * STEPS  # bit-identical parameters on every rank, every step
+    assert results[0]["samples"] == [0, 1, 2, 3] and results[1]["samples"] == [4, 5, 6, 7]
+    # DDP averages gradients; with equal token counts per rank that is the full-batch token mean
+    assert all(diff < 1e-5 for diff in results[0]["vs_single_rank"]), results[0]["vs_single_rank"]
+    assert results[0]["moved"] > 1e-3  # the parameters really moved, far beyond the tolerance above
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_nccl_ranks_stay_in_step(tmp_path, strategy):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    nproc = min(2, torch.cuda.device_count())  # NCCL needs one GPU per rank
+    results = _launch(tmp_path, nproc, "nccl", strategy)
+    for result in results:
+        assert result["device"].startswith("cuda")
+        assert all(spread == 0.0 for spread in result["rank_spread"])
+    assert all(diff < 1e-4 for diff in results[0]["vs_single_rank"]), results[0]["vs_single_rank"]
+
+
+# ---------------------------------------------------------------- the worker
+
+
+def _tiny_model(device):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=64, max_position_embeddings=64,
+    )
+    return transformers.Qwen2ForCausalLM(config).to(device)
+
+
+def _grpo_loss(model, tokens_BT, advantages_B):
+    from trainer.algos import policy_loss, token_logprobs
+
+    logits_BTV = model(input_ids=tokens_BT).logits
+    logprobs_BT = token_logprobs(logits_BTV[:, PROMPT - 1:-1], tokens_BT[:, PROMPT:])
+    mask_BT = torch.ones_like(logprobs_BT)  # equal completion lengths: equal token counts per rank
+    loss, _ = policy_loss(logprobs_BT, logprobs_BT.detach(), advantages_B, mask_BT)
+    return loss
+
+
+def _flat(model) -> torch.Tensor:
+    # FSDP parameters are DTensors: full_tensor() gathers them (a collective: every rank calls it)
+    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1).float()
+                      for p in model.parameters()])
+
+
+def _worker(out_dir: str, backend: str, strategy: str) -> None:
+    import torch.distributed as dist
+
+    from trainer.algos import grpo_advantages
+
+    info = init_distributed(backend)
+    model = _tiny_model(info.device)
+    single = copy.deepcopy(model) if info.is_main else None
+    start = _flat(model).cpu()
+    wrapped = wrap_model(model, strategy, info)
+    # plain SGD: its update is proportional to the gradient, so a wrong gradient scale (sum instead of
+    # mean over ranks) shows up, where Adam would normalise it away
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=LR)
+    single_opt = torch.optim.SGD(single.parameters(), lr=LR) if single is not None else None
+    gen = torch.Generator().manual_seed(1)
+    report = {"rank_spread": [], "vs_single_rank": [], "world_size": info.world_size, "device": str(info.device)}
+    for _ in range(STEPS):
+        tokens_BT = torch.randint(0, 64, (GLOBAL_BATCH, PROMPT + COMPLETION), generator=gen)
+        rewards_BG = torch.randint(0, 2, (GLOBAL_BATCH // GROUP, GROUP), generator=gen).float()
+        advantages_B = grpo_advantages(rewards_BG).reshape(-1)
+        mine = shard(list(range(GLOBAL_BATCH)), info)
+        report["samples"] = mine
+        loss = _grpo_loss(wrapped, tokens_BT[mine].to(info.device), advantages_B[mine].to(info.device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        flat = _flat(wrapped)
+        gathered = [torch.zeros_like(flat) for _ in range(info.world_size)]
+        dist.all_gather(gathered, flat)
+        report["rank_spread"].append(max((g - flat).abs().max().item() for g in gathered))
+        if single is not None:
+            single_loss = _grpo_loss(single, tokens_BT.to(info.device), advantages_B.to(info.device))
+            single_opt.zero_grad()
+            single_loss.backward()
+            single_opt.step()
+            report["vs_single_rank"].append((_flat(single) - flat).abs().max().item())
+    report["moved"] = (flat.cpu() - start).abs().max().item()
+    Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps(report))
+    barrier()
+    cleanup()
+
+
+if __name__ == "__main__":
+    _worker(*sys.argv[1:4])

@@ -1,0 +1,140 @@
+"""Data-parallel plumbing over torch.distributed: process group set-up, model wrapping, collectives.
+
+Launched by ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment) it joins
+the process group — gloo on CPU, NCCL on CUDA. Started as a plain ``python`` process it runs as a
+single rank and every collective here is a no-op, so one code path serves both.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+T = TypeVar("T")
+BACKENDS = ("auto", "gloo", "nccl")
+STRATEGIES = ("ddp", "fsdp", "none")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: its rank among ``world_size``, its device, and whether it is rank 0."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    is_main: bool = True
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group with more than one rank is live."""
+        return self.world_size > 1
+
+
+def init_distributed(backend: str = "auto") -> DistInfo:
+    """Join the torchrun process group (or return a single-process DistInfo when not under torchrun).
+
+    ``backend="auto"`` picks NCCL when CUDA is available, gloo otherwise. Each CUDA rank is pinned to
+    ``cuda:LOCAL_RANK``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"Expected backend in {BACKENDS}, got {backend!r}.")
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("Expected a CUDA device for backend='nccl', found none; use backend='gloo' on CPU.")
+    launched = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # set by torchrun
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
+    rank = int(os.environ.get("RANK", "0")) if launched else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if launched else 0
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    # a torchrun world of one still gets a process group: FSDP needs one
+    if launched and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", rank=rank, world_size=world_size,
+                                device_id=device if use_cuda else None)
+    return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, is_main=rank == 0)
+
+
+def wrap_model(model: nn.Module, strategy: str, info: DistInfo) -> nn.Module:
+    """Wrap ``model`` for data parallelism: "ddp" (CPU or GPU), "fsdp" (CUDA only), "none".
+
+    On a single rank, "ddp" returns the model unchanged (there is nobody to synchronise with).
+    "fsdp" shards each decoder layer (``model._no_split_modules``, e.g. Qwen2DecoderLayer) and then
+    the root with ``fully_shard``.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"Expected strategy in {STRATEGIES}, got {strategy!r}.")
+    if strategy == "none":
+        return model
+    if strategy == "fsdp":
+        return _fsdp(model, info)
+    if not info.distributed:
+        return model
+    model = model.to(info.device)
+    device_ids = [info.local_rank] if info.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
+def _fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
+    if info.device.type != "cuda":
+        raise RuntimeError(
+            f"Expected a CUDA device for strategy='fsdp', got {info.device}; use strategy='ddp' on CPU "
+            "(FSDP over gloo is not supported here)."
+        )
+    from torch.distributed.fsdp import fully_shard
+
+    model = model.to(info.device)
+    layer_names = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in layer_names:
+            fully_shard(module)
+    fully_shard(model)
+    return model
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    """Average ``t`` across ranks in place (and return it); unchanged on a single rank."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t.div_(dist.get_world_size())
+    return t
+
+
+def barrier() -> None:
+    """Wait for every rank; a no-op on a single rank."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Return ``src``'s ``obj`` on every rank (any picklable object)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def shard(items: Sequence[T], info: DistInfo) -> list[T]:
+    """This rank's contiguous slice of ``items`` (contiguous, so GRPO groups laid out side by side stay whole
+    when the group size divides the per-rank count); ``len(items)`` must divide evenly by world_size.
+    """
+    if len(items) % info.world_size:
+        raise ValueError(
+            f"Expected a number of items divisible by world_size={info.world_size}, got {len(items)}; "
+            "make the global batch a multiple of the number of ranks."
+        )
+    per_rank = len(items) // info.world_size
+    return list(items[info.rank * per_rank: (info.rank + 1) * per_rank])
+
+
+def cleanup() -> None:
+    """Leave the process group (safe to call when none was joined)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
