@@ -1,0 +1,154 @@
+"""``docker``: one long-lived, locked-down container per slot running the same zygote (production).
+
+Each container: no network, read-only root, tmpfs ``/sandbox`` and ``/tmp``, user 65534, all
+capabilities dropped, no-new-privileges, pids and memory (= memory+swap) limits, private IPC,
+Docker's default seccomp profile, and the gVisor runtime when asked for. The zygote is pid 1 of
+the container, so its ``kill(-1)`` cleanup reaches every process of a run. The protocol runs
+over the container's attach socket; with ``tty=False`` Docker multiplexes it in 8-byte-header
+frames, demultiplexed here. The ``docker`` package is imported only when this backend is built.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import socket
+import struct
+import time
+from typing import Any
+
+from env_servers.code_env.sandbox.base import Slot, SlotBackend
+from env_servers.code_env.sandbox.limits import ExecResult, Limits, SandboxError, decode_output
+from env_servers.code_env.sandbox.zygote import DEFAULT_PRELOAD, WATCHDOG_EXTRA_S, ZYGOTE_SOURCE
+
+DEFAULT_IMAGE = "python:3.11-slim"
+
+
+class _Channel:
+    """Length-prefixed JSON over a Docker attach socket (stdout frames demultiplexed)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = bytearray()
+
+    def send(self, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        self.sock.sendall(struct.pack(">I", len(data)) + data)
+
+    def _fill(self, deadline: float) -> None:
+        header = self._recv_exact(8, deadline)
+        stream, size = header[0], struct.unpack(">I", header[4:8])[0]
+        payload = self._recv_exact(size, deadline)
+        if stream == 1:
+            self.buf += payload
+
+    def _recv_exact(self, n: int, deadline: float) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SandboxError("the docker sandbox worker did not answer before the watchdog deadline")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise SandboxError("the docker sandbox worker closed its stream")
+            out += chunk
+        return bytes(out)
+
+    def recv(self, deadline: float) -> dict:
+        while len(self.buf) < 4:
+            self._fill(deadline)
+        size = struct.unpack(">I", bytes(self.buf[:4]))[0]
+        while len(self.buf) < 4 + size:
+            self._fill(deadline)
+        msg = bytes(self.buf[4:4 + size])
+        del self.buf[:4 + size]
+        return json.loads(msg)
+
+
+class DockerBackend(SlotBackend):
+    """Zygote containers through the Docker engine; needs ``pip install docker`` and a reachable engine."""
+
+    name = "docker"
+    isolation = "container"
+
+    def __init__(self, slots: int | None = None, *, image: str = DEFAULT_IMAGE, limits: Limits = Limits(),
+                 gvisor: bool = False, preload: tuple[str, ...] = DEFAULT_PRELOAD, client: Any = None):
+        super().__init__(slots, use_cgroups=False)
+        if client is None:
+            import docker  # imported here: only deployments that use this backend need the package
+
+            client = docker.from_env()
+        self.client = client
+        self.image, self.worker_limits, self.gvisor, self.preload = image, limits, gvisor, tuple(preload)
+        self._containers: dict[int, tuple[Any, _Channel]] = {}
+
+    def info(self) -> dict:
+        return {**super().info(), "image": self.image, "runtime": "runsc" if self.gvisor else "runc"}
+
+    def _start(self, slot: Slot) -> tuple[Any, _Channel]:
+        from docker.types import Ulimit
+
+        lim = self.worker_limits
+        mem = f"{lim.mem_mb + 256}m"
+        tmpfs_opts = f"rw,size={lim.tmpfs_mb}m,mode=1777"
+        container = self.client.containers.run(
+            self.image, ["python3", "-B", "-E", "-s", "-c", ZYGOTE_SOURCE.decode(), *self.preload],
+            detach=True, stdin_open=True, tty=False, network_mode="none", read_only=True,
+            tmpfs={"/sandbox": tmpfs_opts, "/tmp": tmpfs_opts}, user="65534:65534", working_dir="/sandbox",
+            cap_drop=["ALL"], security_opt=["no-new-privileges:true"], pids_limit=lim.nproc + 16,
+            mem_limit=mem, memswap_limit=mem, nano_cpus=1_000_000_000, ipc_mode="private",
+            ulimits=[Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile), Ulimit(name="core", soft=0, hard=0)],
+            environment={"OPENBLAS_NUM_THREADS": "1", "HOME": "/sandbox"},
+            runtime="runsc" if self.gvisor else None, labels={"envhub.sandbox.slot": str(slot.index)})
+        raw = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+        channel = _Channel(getattr(raw, "_sock", raw))
+        hello = channel.recv(time.monotonic() + 60)
+        if not hello.get("ready"):
+            container.remove(force=True)
+            raise SandboxError(f"the docker sandbox worker did not start: {hello!r}")
+        return container, channel
+
+    def _run_slot(self, slot: Slot, code: str, stdin: bytes, files: dict[str, bytes], limits: Limits) -> ExecResult:
+        if slot.index not in self._containers:
+            self._containers[slot.index] = self._start(slot)
+        _, channel = self._containers[slot.index]
+        start = time.monotonic()
+        request = {"code": code, "stdin": base64.b64encode(stdin).decode(),
+                   "files": {k: base64.b64encode(v).decode() for k, v in files.items()}, "limits": limits.to_dict()}
+        try:
+            channel.send(request)
+            reply = channel.recv(start + limits.timeout_s + WATCHDOG_EXTRA_S)
+        except (OSError, SandboxError, ValueError) as exc:
+            self._close_slot(slot)
+            return ExecResult(stderr=f"[sandbox] {exc}", signal=signal.SIGKILL,
+                              timed_out=time.monotonic() - start >= limits.timeout_s, duration_s=time.monotonic() - start)
+        if "error" in reply or not reply.get("clean", True):
+            self._close_slot(slot)
+        if "error" in reply:
+            return ExecResult(stderr=f"[sandbox] {reply['error']}", signal=signal.SIGKILL,
+                              duration_s=time.monotonic() - start)
+        return ExecResult(stdout=decode_output(base64.b64decode(reply["stdout"])),
+                          stderr=decode_output(base64.b64decode(reply["stderr"])),
+                          exit_code=reply["exit_code"], signal=reply["signal"], timed_out=reply["timed_out"],
+                          output_truncated=reply["output_truncated"], duration_s=reply["duration_s"])
+
+    def _close_slot(self, slot: Slot) -> None:
+        entry = self._containers.pop(slot.index, None)
+        if entry is not None:
+            try:
+                entry[0].remove(force=True)
+            except Exception:  # the container may already be gone; nothing else to clean
+                pass
+
+
+def docker_available() -> bool:
+    """True when the ``docker`` package is installed and an engine answers a ping."""
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False

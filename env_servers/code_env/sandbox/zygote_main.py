@@ -1,0 +1,276 @@
+"""The zygote: a warm Python inside one slot's sandbox that forks once per request.
+
+Runs as pid 1 of its own bwrap sandbox under ``/usr/bin/python3`` (standard library only; the
+host passes this file in through a memfd). It pre-imports the modules named on its command
+line, makes itself non-dumpable (children cannot ptrace it or read its memory or fds through
+/proc) and, as the namespace's pid 1, cannot be killed from inside. Protocol on stdin/stdout:
+4-byte big-endian length + JSON, one request, one reply. After every run it SIGKILLs every
+other process in the namespace, reaps them all and wipes /sandbox, /tmp and /dev/shm.
+"""
+
+import atexit
+import base64
+import ctypes
+import importlib
+import json
+import os
+import random
+import resource
+import select
+import shutil
+import signal
+import struct
+import sys
+import threading
+import time
+import traceback
+import types
+
+SCRATCH = ("/sandbox", "/tmp", "/dev/shm")
+PROTO_IN, PROTO_OUT = 0, 1
+WAKE_R = -1
+
+
+def drain_wakeup():
+    try:
+        while os.read(WAKE_R, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def read_exact(fd, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def send(obj):
+    data = json.dumps(obj).encode()
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[os.write(PROTO_OUT, view):]
+
+
+def wipe():
+    clean = True
+    for top in SCRATCH:
+        try:
+            names = os.listdir(top)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(top, name)
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    for root, dirs, _ in os.walk(path):
+                        for d in dirs:
+                            os.chmod(os.path.join(root, d), 0o700)
+                    os.chmod(path, 0o700)
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+            except OSError:
+                clean = False
+    return clean
+
+
+def kill_all():
+    """SIGKILL and reap every other process in the namespace (setsid'd and double-forked ones too)."""
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def child(req, stdin_fd, out_w, err_w, base_as):
+    status = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        lim = req["limits"]
+        set_limit(resource.RLIMIT_AS, lim["mem_mb"] * 1024 * 1024 + base_as)
+        set_limit(resource.RLIMIT_CPU, int(lim["timeout_s"]) + 1)
+        set_limit(resource.RLIMIT_FSIZE, lim["fsize_mb"] * 1024 * 1024)
+        set_limit(resource.RLIMIT_NOFILE, lim["nofile"])
+        set_limit(resource.RLIMIT_CORE, 0)
+        os.dup2(stdin_fd, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 65536)
+        sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+        status = run_main(req["code"])
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        os._exit(status)
+
+
+def run_main(code):
+    os.chdir("/sandbox")
+    sys.argv, sys.path[0] = ["/sandbox/main.py"], "/sandbox"
+    random.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    main = types.ModuleType("__main__")
+    main.__file__, main.__builtins__ = "/sandbox/main.py", __builtins__
+    sys.modules["__main__"] = main
+    status = 0
+    try:
+        exec(compile(code, "/sandbox/main.py", "exec"), main.__dict__)
+        threading._shutdown()
+    except SystemExit as exc:
+        status = exit_status(exc.code)
+    except BaseException as exc:
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        status = 1
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    return status
+
+
+def exit_status(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def set_limit(kind, value):
+    _, hard = resource.getrlimit(kind)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(kind, (value, value))
+
+
+def collect(pid, out_r, err_r, lim, start):
+    bufs, total = {out_r: bytearray(), err_r: bytearray()}, 0
+    keep, kill_at = lim["max_output_bytes"], lim["kill_output_bytes"]
+    deadline = start + lim["timeout_s"]
+    status, timed_out, truncated, open_fds = None, False, False, [out_r, err_r]
+    while status is None:
+        ready, _, _ = select.select(open_fds + [WAKE_R], [], [], max(0.0, min(0.05, deadline - time.monotonic())))
+        for fd in ready:
+            if fd == WAKE_R:  # SIGCHLD arrived: fall through to waitpid
+                drain_wakeup()
+                continue
+            data = os.read(fd, 65536)
+            if not data:
+                open_fds.remove(fd)
+                continue
+            total += len(data)
+            truncated = truncated or len(bufs[fd]) + len(data) > keep
+            bufs[fd] += data[:max(0, keep - len(bufs[fd]))]
+        done_pid, st = os.waitpid(pid, os.WNOHANG)
+        if done_pid:
+            status = st
+        elif total > kill_at or time.monotonic() >= deadline:
+            timed_out = total <= kill_at
+            truncated = truncated or not timed_out
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            status = "killed"
+    kill_all()
+    for fd in open_fds:  # every writer is dead now: the rest is buffered in the pipe
+        while len(bufs[fd]) <= keep:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            truncated = truncated or len(bufs[fd]) + len(data) > keep
+            bufs[fd] += data[:max(0, keep - len(bufs[fd]))]
+    return bufs[out_r], bufs[err_r], status, timed_out, truncated
+
+
+def handle(req, base_as):
+    for name, data in req.get("files", {}).items():
+        path = os.path.join("/sandbox", name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+    with open("/sandbox/main.py", "w", encoding="utf-8", errors="surrogatepass") as f:
+        f.write(req["code"])
+    stdin_fd = os.memfd_create("stdin")
+    os.write(stdin_fd, base64.b64decode(req.get("stdin", "")))
+    os.lseek(stdin_fd, 0, os.SEEK_SET)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        child(req, stdin_fd, out_w, err_w, base_as)
+    for fd in (stdin_fd, out_w, err_w):
+        os.close(fd)
+    out, err, status, timed_out, truncated = collect(pid, out_r, err_r, req["limits"], start)
+    os.close(out_r)
+    os.close(err_r)
+    exit_code = sig = None
+    if status == "killed":
+        sig = signal.SIGKILL
+    elif os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+    else:
+        exit_code = os.WEXITSTATUS(status)
+    return {"stdout": base64.b64encode(out).decode(), "stderr": base64.b64encode(err).decode(),
+            "exit_code": exit_code, "signal": sig, "timed_out": timed_out or sig == signal.SIGXCPU,
+            "output_truncated": truncated, "duration_s": time.monotonic() - start}
+
+
+def main():
+    global WAKE_R
+    WAKE_R, wake_w = os.pipe()
+    os.set_blocking(WAKE_R, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() when the program exits
+    for name in sys.argv[1:]:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    with open("/proc/self/statm") as f:
+        base_as = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    send({"ready": True, "base_as": base_as})
+    while True:
+        try:
+            (n,) = struct.unpack(">I", read_exact(PROTO_IN, 4))
+            req = json.loads(read_exact(PROTO_IN, n))
+        except EOFError:
+            return
+        try:
+            reply = handle(req, base_as)
+        except OSError as exc:  # fork refused (pids limit), scratch full, ...
+            kill_all()
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        reply["clean"] = wipe()
+        send(reply)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Shared fixtures for the sandbox tests: one instance of every backend that works on this host."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from env_servers.code_env.sandbox import Limits, available_backends, make_backend, SandboxConfig
+
+_AVAILABLE = available_backends() if os.geteuid() == 0 else []
+LOCAL = [name for name in ("local-zygote", "local-bwrap", "local-rlimit") if name in _AVAILABLE]
+ISOLATING = [name for name in LOCAL if name != "local-rlimit"]
+SKIP_REASON = "needs root and a working bubblewrap (apt-get install -y bubblewrap) for the sandbox tests"
+FAST = Limits(timeout_s=1.0)
+
+
+def backend_params(names: list[str]) -> list:
+    if not names:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=SKIP_REASON))]
+    return [pytest.param(name, marks=pytest.mark.sandbox, id=name) for name in names]
+
+
+def build(name: str):
+    return make_backend(SandboxConfig(backend=name, slots=2, preload=()))
+
+
+def assert_healthy(backend) -> None:
+    """A contained attack must leave the backend serving clean, fast runs."""
+    result = backend.run_sync("import os; print('ok', sorted(os.listdir('.')))", limits=Limits(timeout_s=5))
+    assert result.ok, (result.summary(), result.stderr[-2000:])
+    assert result.stdout.startswith("ok ")
+    assert result.duration_s < 2.0
+
+
+@pytest.fixture(scope="module", params=backend_params(LOCAL))
+def backend(request):
+    b = build(request.param)
+    yield b
+    b.close()
+
+
+def test_limits_validate_with_the_fix_in_the_message():
+    with pytest.raises(ValueError, match="timeout_s"):
+        Limits(timeout_s=0)
+    with pytest.raises(ValueError, match="kill_output_bytes"):
+        Limits(max_output_bytes=10, kill_output_bytes=5)
+
+
+def test_config_rejects_unknown_backend_names():
+    with pytest.raises(ValueError, match="local-zygote"):
+        SandboxConfig(backend="chroot")
+    assert SandboxConfig.from_env({"ENVHUB_SANDBOX_BACKEND": "local-bwrap", "ENVHUB_SANDBOX_SLOTS": "3"}).slots == 3
+
+
+def test_runs_code_with_stdin_files_and_exit_status(backend):
+    result = backend.run_sync("import sys\nprint(sys.stdin.read().upper(), open('data/in.txt').read())\n"
+                              "print('warn', file=sys.stderr)\nsys.exit(3)",
+                              stdin=b"hello", files={"data/in.txt": b"file-content"})
+    assert result.stdout == "HELLO file-content\n"
+    assert result.stderr == "warn\n"
+    assert (result.exit_code, result.signal, result.timed_out) == (3, None, False)
+    assert result.backend == backend.name
+
+
+def test_a_traceback_points_at_the_users_code(backend):
+    result = backend.run_sync("x = 1\nraise ValueError('boom')")
+    assert result.exit_code == 1
+    assert 'File "/sandbox/main.py", line 2' in result.stderr or "main.py\", line 2" in result.stderr
+    assert result.stderr.rstrip().endswith("ValueError: boom")
+
+
+def test_runs_do_not_see_each_others_files(backend):
+    backend.run_sync("open('left.txt', 'w').write('x'); import tempfile; open(tempfile.gettempdir() + '/t', 'w')")
+    result = backend.run_sync("import os; print(os.path.exists('left.txt'))")
+    assert result.stdout == "False\n"
+
+
+def test_bad_file_names_are_rejected(backend):
+    with pytest.raises(ValueError, match="relative file name"):
+        backend.run_sync("print(1)", files={"../escape": b"x"})
+
+
+async def test_async_runs_are_concurrent_up_to_the_slot_count(backend):
+    import asyncio
+    import time
+
+    start = time.monotonic()
+    results = await asyncio.gather(*(backend.run("import time; time.sleep(0.3); print('done')") for _ in range(4)))
+    elapsed = time.monotonic() - start
+    assert [r.stdout for r in results] == ["done\n"] * 4
+    assert 0.55 < elapsed < 2.0  # 4 runs on 2 slots: two waves, not one, not four
+
+
+def test_info_names_the_backend(backend):
+    info = backend.info()
+    assert info["backend"] == backend.name and info["slots"] == 2
