@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sched_helpers import wait_for
+import pytest
+from sched_helpers import PY, wait_for
 from trainer.scheduler._jobs import Job, JobRequest
 from trainer.scheduler._store import Principal
 
@@ -72,10 +73,27 @@ async def test_a_command_that_cannot_start_fails_and_frees_its_gpus(sched, tmp_p
 
 
 def test_torchrun_wrapping_only_for_training_kinds():
-    job = Job(id="j1", user="u", command=["python", "train.py"], gpus_requested=2, kind="rl", torchrun=True)
-    assert job.launch_argv(29500) == ["torchrun", "--nproc_per_node=2", "--master_port=29500", "python", "train.py"]
-    job.torchrun = False
-    assert job.launch_argv(29500) == ["python", "train.py"]
+    job = Job(id="j1", user="u", command=["/venv/bin/python", "train.py", "--lr", "1"], gpus_requested=2,
+              kind="rl", torchrun=True)
+    assert job.launch_argv(29500) == ["/venv/bin/python", "-m", "torch.distributed.run", "--nproc_per_node=2",
+                                      "--master_port=29500", "train.py", "--lr", "1"]
+    job.command = ["./train.sh"]
+    assert job.launch_argv(29500) == ["torchrun", "--nproc_per_node=2", "--master_port=29500", "--no-python",
+                                      "./train.sh"]
+    job.kind = "inference"
+    assert job.launch_argv(29500) == ["./train.sh"]
+
+
+@pytest.mark.slow
+async def test_torchrun_job_starts_one_worker_per_gpu(sched, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text("import os\nprint(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT'],"
+                      " os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n")
+    job = await sched.submit(ME, JobRequest(command=[PY, str(script)], gpus=2, kind="sft", torchrun=True))
+    await sched.wait(job.id, timeout_s=60)
+    assert job.state == "succeeded", Path(job.log_path).read_text()
+    lines = sorted(line for line in Path(job.log_path).read_text().splitlines() if line[:1].isdigit())
+    assert lines == [f"{rank} 2 {job.ports[0]} {','.join(map(str, job.gpus))}" for rank in (0, 1)]
 
 
 async def test_public_record_hides_environment_values(sched, tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -90,13 +91,21 @@ class Job:
         return self.state in ACTIVE_STATES
 
     def launch_argv(self, master_port: int | None) -> list[str]:
-        """The argv actually started: the command, wrapped in torchrun when asked for."""
-        if self.torchrun and self.kind in ("rl", "sft"):
-            wrap = ["torchrun", f"--nproc_per_node={max(self.gpus_requested, 1)}"]
-            if master_port is not None:
-                wrap.append(f"--master_port={master_port}")
-            return wrap + list(self.command)
-        return list(self.command)
+        """The argv actually started: the command, wrapped in torchrun when asked for.
+
+        ``python train.py ...`` and ``python -m pkg ...`` become ``python -m torch.distributed.run
+        <opts> train.py ...`` with the job's own interpreter, so workers run in the job's
+        environment; any other program runs under ``torchrun --no-python``.
+        """
+        if not (self.torchrun and self.kind in ("rl", "sft")):
+            return list(self.command)
+        opts = [f"--nproc_per_node={max(self.gpus_requested, 1)}"]
+        if master_port is not None:
+            opts.append(f"--master_port={master_port}")
+        program, *args = self.command
+        if Path(program).name.startswith("python"):
+            return [program, "-m", "torch.distributed.run", *opts, *args]
+        return ["torchrun", *opts, "--no-python", program, *args]
 
     def public(self, advertise_host: str = "127.0.0.1") -> dict[str, Any]:
         """The job as the API shows it: no environment values (they may hold secrets)."""
