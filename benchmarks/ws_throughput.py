@@ -1,0 +1,287 @@
+"""WebSocket step throughput on loopback: envhub server + client vs openenv-core server + client vs a bare ceiling.
+
+One run, three servers, each in its own process (the clients run in this one):
+
+* ``envhub``   — ``envhub.server.serve(EchoEnv)`` driven by ``envhub.EnvClient`` (extensions negotiated)
+* ``openenv``  — openenv-core's ``create_app`` with its template echo env, driven by its ``GenericEnvClient``
+* ``ceiling``  — a bare ``websockets`` echo server and client exchanging the same JSON frames
+
+For 1 and 32 concurrent sessions: steps/s (aggregate) and per-step latency p50/p99 measured
+client-side, plus the CPU seconds the client and server processes burnt. Each scenario runs a
+bounded number of seconds after every session has connected and reset.
+
+    python benchmarks/ws_throughput.py --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+KINDS = ("envhub", "openenv", "ceiling")
+ACTION = {"message": "hello world"}
+
+
+# -- servers (run in child processes: `ws_throughput.py --serve KIND --port P`) ------------------------
+def _serve_envhub(port: int) -> None:
+    from envhub.server import serve
+    from envhub.testing import EchoEnv
+
+    serve(EchoEnv, host="127.0.0.1", port=port, max_sessions=256, log_level="warning")
+
+
+def _openenv_app() -> Any:
+    from typing import Optional
+
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+
+    class EchoAction(Action):
+        message: str
+
+    class EchoObservation(Observation):
+        echoed_message: str = ""
+        message_length: int = 0
+
+    class EchoEnvironment(Environment):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._state = State(episode_id="bench", step_count=0)
+
+        def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any):
+            self._state = State(episode_id=episode_id or "bench", step_count=0)
+            return EchoObservation(echoed_message="ready", reward=0.0)
+
+        def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any):
+            self._state.step_count += 1
+            return EchoObservation(echoed_message=action.message, message_length=len(action.message),
+                                   reward=len(action.message) * 0.1)
+
+        @property
+        def state(self) -> State:
+            return self._state
+
+    return create_app(EchoEnvironment, EchoAction, EchoObservation, max_concurrent_envs=256)
+
+
+def _serve_openenv(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(_openenv_app(), host="127.0.0.1", port=port, log_level="warning")
+
+
+def _serve_ceiling(port: int) -> None:
+    from websockets.asyncio.server import serve
+    from websockets.http11 import Response
+    from websockets.datastructures import Headers
+
+    reply = json.dumps({"type": "observation", "data": {"observation": {"echoed_message": "hello world",
+                                                                        "message_length": 11},
+                                                        "reward": 1.1, "done": False}})
+
+    async def echo(ws: Any) -> None:
+        async for msg in ws:
+            json.loads(msg)  # the minimum any server does with a frame: parse it, answer it
+            await ws.send(reply)
+
+    def health(conn: Any, request: Any) -> Any:
+        if request.path == "/health":
+            return Response(200, "OK", Headers([("Content-Length", "2")]), b"{}")
+        return None
+
+    async def main() -> None:
+        async with serve(echo, "127.0.0.1", port, compression=None, process_request=health, max_size=None):
+            await asyncio.Future()
+
+    asyncio.run(main())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(kind: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    # Server logs go to a file: openenv-core logs a harmless traceback for every client that closes first.
+    log = open(os.path.join(tempfile.gettempdir(), f"ws_throughput_{kind}.log"), "w")
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", kind, "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} server exited with code {proc.returncode}; see {log.name}")
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{kind} server did not become healthy in 60 s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds of a process, from /proc (0.0 where /proc is unavailable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+# -- clients ---------------------------------------------------------------------------------------
+Step = Callable[[], Awaitable[Any]]
+
+
+async def open_envhub(url: str) -> tuple[Step, Callable[[], Awaitable[None]]]:
+    from envhub.client import EnvClient
+
+    client = EnvClient(url)
+    await client.reset()
+    return (lambda: client.step(ACTION)), client.close
+
+
+async def open_openenv(url: str) -> tuple[Step, Callable[[], Awaitable[None]]]:
+    from openenv.core.generic_client import GenericEnvClient
+
+    client = GenericEnvClient(base_url=url)
+    await client.connect()
+    await client.reset()
+    return (lambda: client.step(ACTION)), client.close
+
+
+async def open_ceiling(url: str) -> tuple[Step, Callable[[], Awaitable[None]]]:
+    from websockets.asyncio.client import connect
+
+    ws = await connect(url.replace("http://", "ws://") + "/ws", compression=None, max_size=None, proxy=None)
+    frame = json.dumps({"type": "step", "data": ACTION})
+
+    async def step() -> Any:
+        await ws.send(frame)
+        return json.loads(await ws.recv())
+
+    return step, ws.close
+
+
+OPENERS = {"envhub": open_envhub, "openenv": open_openenv, "ceiling": open_ceiling}
+
+
+@dataclass
+class Figures:
+    kind: str
+    sessions: int
+    steps: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    client_cpu_s: float
+    server_cpu_s: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds
+
+
+async def run_scenario(kind: str, url: str, sessions: int, seconds: float, server_pid: int) -> Figures:
+    opened = await asyncio.gather(*(OPENERS[kind](url) for _ in range(sessions)))
+    for step, _ in opened:  # warm-up: first frames pay for lazy imports and allocations
+        for _ in range(20):
+            await step()
+    latencies: list[float] = []
+    clock = time.perf_counter
+    cpu0, srv0 = time.process_time(), cpu_seconds(server_pid)
+    start = clock()
+    stop_at = start + seconds
+
+    async def drive(step: Step) -> int:
+        n, record = 0, latencies.append
+        while True:
+            t = clock()
+            if t >= stop_at:
+                return n
+            await step()
+            record(clock() - t)
+            n += 1
+
+    counts = await asyncio.gather(*(drive(step) for step, _ in opened))
+    elapsed = clock() - start
+    cpu, srv = time.process_time() - cpu0, cpu_seconds(server_pid) - srv0
+    await asyncio.gather(*(close() for _, close in opened), return_exceptions=True)
+    latencies.sort()
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3  # noqa: E731
+    return Figures(kind, sessions, sum(counts), elapsed, pick(0.5), pick(0.99), cpu, srv)
+
+
+def report(results: list[Figures]) -> str:
+    lines = [f"{'server+client':<10} {'sessions':>8} {'steps/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
+             f"{'client CPU s':>12} {'server CPU s':>12}"]
+    for r in results:
+        lines.append(f"{r.kind:<10} {r.sessions:>8} {r.steps_per_s:>10,.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+                     f"{r.client_cpu_s:>12.2f} {r.server_cpu_s:>12.2f}")
+    by = {(r.kind, r.sessions): r.steps_per_s for r in results}
+    for n in sorted({r.sessions for r in results}):
+        hub = by.get(("envhub", n))
+        if hub is None:
+            continue
+        parts = [f"{n} session(s): "]
+        if ("openenv", n) in by:
+            parts.append(f"envhub/openenv = {hub / by[('openenv', n)]:.2f}x  ")
+        if ("ceiling", n) in by:
+            parts.append(f"envhub/ceiling = {hub / by[('ceiling', n)]:.0%}")
+        lines.append("".join(parts))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per scenario (default 5)")
+    ap.add_argument("--sessions", default="1,32", help="comma-separated concurrent session counts (default 1,32)")
+    ap.add_argument("--only", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}")
+    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        {"envhub": _serve_envhub, "openenv": _serve_openenv, "ceiling": _serve_ceiling}[args.serve](args.port)
+        return 0
+    kinds = [k for k in args.only.split(",") if k]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        ap.error(f"unknown kinds {sorted(unknown)}; expected some of {', '.join(KINDS)}")
+    counts = [int(n) for n in args.sessions.split(",") if n]
+    results: list[Figures] = []
+    for kind in kinds:
+        proc, url = start_server(kind)
+        try:
+            for n in counts:
+                fig = asyncio.run(run_scenario(kind, url, n, args.seconds, proc.pid))
+                print(f"  {kind:<8} {n:>3} session(s): {fig.steps_per_s:,.0f} steps/s", flush=True)
+                results.append(fig)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    print(report(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{**vars(r), "steps_per_s": r.steps_per_s} for r in results], f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
