@@ -1,0 +1,65 @@
+"""``python -m env_servers.code_env --host H --port P [--backend B] [--slots N] [env options]``.
+
+Env options are the fields of :class:`CodeEnvConfig` as flags (``--reward-mode all_or_nothing``,
+``--stateful true``, ``--tasks-path tasks.jsonl``...). The sandbox backend is probed at
+start-up (or forced with ``--backend``) and shown in ``/metadata``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import typing
+
+from env_servers.code_env.env import CodeEnv, CodeEnvConfig
+from env_servers.code_env.sandbox import BACKENDS, SandboxConfig, make_backend, set_default_backend
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"Expected true or false, got {text!r}.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m env_servers.code_env", description=CodeEnv.__doc__)
+    parser.add_argument("--host", default=None, help="bind address (default: ENVHUB_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: ENVHUB_PORT or 8000)")
+    parser.add_argument("--max-sessions", type=int, default=None, help="concurrent session cap")
+    parser.add_argument("--backend", choices=("auto", *BACKENDS), default=None,
+                        help="sandbox backend (default: ENVHUB_SANDBOX_BACKEND or auto)")
+    parser.add_argument("--slots", type=int, default=None, help="concurrent sandbox runs (default: CPU cores)")
+    group = parser.add_argument_group("environment options")
+    hints = typing.get_type_hints(CodeEnvConfig)
+    for field in dataclasses.fields(CodeEnvConfig):
+        hint = hints[field.name]
+        base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+        parse = {bool: _bool, int: int, float: float}.get(base, str)
+        group.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=parse, default=None,
+                           help=f"(default: {field.default!r})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    from envhub.server import serve
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.backend is not None or args.slots is not None:
+        env_config = SandboxConfig.from_env()
+        config = dataclasses.replace(env_config, backend=args.backend or env_config.backend,
+                                     slots=args.slots or env_config.slots)
+        set_default_backend(make_backend(config))
+    env_config = {f.name: getattr(args, f.name) for f in dataclasses.fields(CodeEnvConfig)
+                  if getattr(args, f.name) is not None}
+    CodeEnvConfig.build(env_config)  # fail fast, before the server starts
+    logging.getLogger("env_servers.code_env").info("sandbox: %s", CodeEnv.metadata()["sandbox"])
+    settings = {"max_sessions": args.max_sessions} if args.max_sessions is not None else {}
+    serve(CodeEnv, host=args.host, port=args.port, env_config=env_config, **settings)
+
+
+if __name__ == "__main__":
+    main()
