@@ -1,0 +1,260 @@
+r"""``GeometryEnv``: geometry problems with a rendered diagram, calculator tools and a verifier.
+
+Two modes (config ``mode``):
+
+* ``"tools"`` (default, multi-turn): the model may call ``calculate`` and the geometry helpers,
+  then ``submit_answer(answer)`` (or writes ``\boxed{}`` in a text turn). Each submission gets
+  the feedback ``Current parsed answer=… reward=…``; a wrong non-final attempt costs
+  ``wrong_attempt_reward`` (−0.05), the final attempt's reward is its correctness (1 or 0), and
+  the episode ends when an answer is right or ``max_attempts`` (3) are used. Episode returns:
+  1.0, 0.95, 0.9 or −0.1.
+* ``"single"``: one text turn, reward ``0.9 × accuracy + 0.1 × format`` where the format is
+  ``<think>…</think>`` followed by ``\boxed{}``.
+
+The first observation carries the statement and instruction (``text``), the diagram as PNG
+(``images[0]``) and the system prompt (``metadata["system_prompt"]``). Grading is
+:mod:`env_servers.math_env.grading`, the same code as the math env.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any
+
+from envhub import Env, Observation, StepResult, tool
+from envhub.errors import ActionValidationError
+from env_servers.geometry_env import calculator, loaders, problems
+from env_servers.geometry_env.calculator import CalculatorError
+from env_servers.geometry_env.problems import GeometryProblem
+from env_servers.geometry_env.render import render_png
+from env_servers.math_env.grading import extract_boxed, grade, grade_answer, has_think_then_boxed
+
+SINGLE_INSTRUCTION = ("You FIRST think about the reasoning process as an internal monologue and then provide the "
+                      "final answer. The reasoning process MUST BE enclosed within <think> </think> tags. "
+                      "The final answer MUST BE put in \\boxed{}.")
+TOOLS_INSTRUCTION = "Use the tools if they help, then submit your final answer with submit_answer."
+SINGLE_SYSTEM_PROMPT = "You are a geometry expert. You are given a geometry problem with a diagram. Solve it."
+TOOLS_SYSTEM_PROMPT = (
+    "You are a geometry expert. You are given a geometry problem with a diagram. Solve it step by step. "
+    "You can use the calculate tool and the geometry helpers (law_of_cosines, law_of_sines, triangle_area, "
+    "polygon_interior_angle, arc_length). Submit your answer with submit_answer (or write it in \\boxed{}). "
+    "If it is incorrect you will see the parsed answer and the reward, and you can try again.")
+MODES = ("tools", "single")
+
+
+@dataclass
+class GeometryConfig:
+    """Settings of :class:`GeometryEnv` (constructor keyword arguments)."""
+
+    mode: str = "tools"
+    max_attempts: int = 3
+    wrong_attempt_reward: float = -0.05
+    max_turns: int = 12
+    accuracy_weight: float = 0.9
+    format_weight: float = 0.1
+    image_size: int = 384
+    include_image: bool = True
+    data_files: dict[str, str] = field(default_factory=dict)  # split -> exported geometry3k file
+    data_dir: str | None = None  # the original geometry3k layout
+    dataset_rel_tol: float | None = 0.01  # geometry3k answers are rounded decimals
+    system_prompt: str | None = None  # None: the mode's default
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"Expected mode to be 'tools' or 'single', got {self.mode!r}.")
+        if self.max_attempts < 1 or self.max_turns < self.max_attempts:
+            raise ValueError(f"Expected 1 <= max_attempts <= max_turns, got {self.max_attempts} and {self.max_turns}.")
+        if not 64 <= self.image_size <= 2048:
+            raise ValueError(f"Expected 64 <= image_size <= 2048 pixels, got {self.image_size}.")
+
+    @classmethod
+    def build(cls, config: dict[str, Any]) -> "GeometryConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - names)
+        if unknown:
+            raise TypeError(f"Unknown {cls.__name__} option(s) {unknown}; expected some of {sorted(names)}.")
+        return cls(**config)
+
+
+class GeometryEnv(Env):
+    """Geometry problems with a diagram: calculator tools and up to 3 verified attempts (or single-turn)."""
+
+    env_name = "geometry"
+
+    def __init__(self, **config: Any):
+        self.config = GeometryConfig.build(config)
+        self.problem: GeometryProblem | None = None
+
+    # -- reset -------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, split: str = "train", kind: str | None = None,
+              difficulty: int | None = None, index: int | None = None, problem: str | None = None,
+              answer: str | None = None) -> Observation:
+        try:
+            self.problem = self._pick(split, kind, difficulty, index, problem, answer)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            raise ActionValidationError(f"reset(): {exc}") from None
+        self.attempts, self.turns = 0, 0
+        p, single = self.problem, self.config.mode == "single"
+        text = f"{p.statement} {SINGLE_INSTRUCTION if single else TOOLS_INSTRUCTION}"
+        images = []
+        if self.config.include_image:
+            png = p.image_png or (render_png(p.diagram, self.config.image_size) if p.diagram else None)
+            images = [png] if png else []
+        system = self.config.system_prompt or (SINGLE_SYSTEM_PROMPT if single else TOOLS_SYSTEM_PROMPT)
+        return Observation(text=text, images=images, metadata={
+            "system_prompt": system, "task_id": p.problem_id, "split": p.split, "kind": p.kind,
+            "difficulty": p.difficulty, "mode": self.config.mode})
+
+    def _pick(self, split: str, kind: str | None, difficulty: int | None, index: int | None,
+              statement: str | None, answer: str | None) -> GeometryProblem:
+        if statement is not None or answer is not None:
+            if not (isinstance(statement, str) and statement.strip() and isinstance(answer, str) and answer.strip()):
+                raise ValueError("Expected both 'problem' and 'answer' as non-empty strings for a custom problem.")
+            return GeometryProblem("custom", statement, answer, kind or "custom", difficulty, split)
+        source = self.config.data_dir or self.config.data_files.get(split)
+        if kind in problems.KINDS or not (self.config.data_dir or self.config.data_files):
+            if index is not None:
+                return problems.problem_at(index, split=split, kind=kind, difficulty=difficulty)
+            return problems.generate(self.rng, split=split, kind=kind, difficulty=difficulty)
+        if source is None:
+            raise ValueError(f"Expected split to be one of {sorted(self.config.data_files)} (from data_files), "
+                             f"got {split!r}.")
+        pool = loaders.load(str(source), split)
+        if index is None:
+            return self.rng.choice(pool)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(pool):
+            raise ValueError(f"Expected index in [0, {len(pool)}) for this split, got {index!r}.")
+        return pool[index]
+
+    @property
+    def _rel_tol(self) -> float | None:
+        return self.config.dataset_rel_tol if self.problem.kind == "geometry3k" else None
+
+    # -- single mode and text turns -------------------------------------------------------------
+    def on_text(self, text: str) -> StepResult:
+        if self.config.mode == "single":
+            verdict = grade(text, self.problem.answer, rel_tol=self._rel_tol)
+            accuracy, fmt = float(verdict.correct), float(has_think_then_boxed(text))
+            reward = self.config.accuracy_weight * accuracy + self.config.format_weight * fmt
+            self.done = True
+            return StepResult(observation=Observation(text=f"Current parsed answer={verdict.parsed} reward={reward:g}"),
+                              reward=reward, done=True,
+                              info={"parsed_answer": verdict.parsed, "correct": verdict.correct,
+                                    "ground_truth": self.problem.answer,
+                                    "rewards": {"accuracy": accuracy, "format": fmt}})
+        boxed = extract_boxed(text)
+        if boxed is not None:
+            return self.submit_answer(boxed)
+        return self._tool_turn("No answer found. Call a tool, or submit_answer(answer) / write \\boxed{answer}.")
+
+    # -- tools -----------------------------------------------------------------------------------
+    def _require_tools_mode(self) -> None:
+        if self.config.mode != "tools":
+            raise ActionValidationError("GeometryEnv(mode='single') takes one text answer; tools need mode='tools'.")
+
+    def _tool_turn(self, text: str) -> StepResult:
+        """A non-final turn; the turn limit truncates the episode (reward 0, no answer)."""
+        self.turns += 1
+        result = StepResult(observation=Observation(text=text))
+        if self.turns >= self.config.max_turns:
+            result.truncated = True
+            result.observation.text += "\n[Maximum turns reached.]"
+            result.info.update(correct=False, ground_truth=self.problem.answer, attempts=self.attempts)
+        return result
+
+    def _helper(self, fn: Any, *args: Any) -> StepResult:
+        self._require_tools_mode()
+        try:
+            text = calculator.format_value(fn(*args))
+        except CalculatorError as exc:
+            text = f"Error: {exc}"
+        return self._tool_turn(text)
+
+    @tool
+    def calculate(self, expression: Annotated[str, "e.g. sqrt(5^2 + 12^2), 180*(7-2)/7, 8*sind(30)"]) -> StepResult:
+        """Evaluate a math expression exactly (+ - * / ^, sqrt, pi, sin/cos/tan in radians, sind/cosd/tand in degrees)."""
+        self._require_tools_mode()
+        try:
+            text = calculator.calculate(expression)
+        except CalculatorError as exc:
+            text = f"Error: {exc}"
+        return self._tool_turn(text)
+
+    @tool
+    def law_of_cosines(self, a: float, b: float, angle_deg: float) -> StepResult:
+        """Third side of a triangle from two sides and the included angle (degrees).
+
+        Args:
+            a: first side
+            b: second side
+            angle_deg: the angle between a and b, in degrees
+        """
+        return self._helper(calculator.law_of_cosines, a, b, angle_deg)
+
+    @tool
+    def law_of_sines(self, side_a: float, angle_a_deg: float, angle_b_deg: float) -> StepResult:
+        """Side b opposite angle B, from side a and its opposite angle A (degrees).
+
+        Args:
+            side_a: the known side
+            angle_a_deg: the angle opposite side_a, in degrees
+            angle_b_deg: the angle opposite the wanted side, in degrees
+        """
+        return self._helper(calculator.law_of_sines, side_a, angle_a_deg, angle_b_deg)
+
+    @tool
+    def triangle_area(self, a: float, b: float, c: float) -> StepResult:
+        """Area of a triangle from its three sides (Heron's formula).
+
+        Args:
+            a: first side
+            b: second side
+            c: third side
+        """
+        return self._helper(calculator.triangle_area, a, b, c)
+
+    @tool
+    def polygon_interior_angle(self, n: Annotated[int, "number of sides (>= 3)"]) -> StepResult:
+        """Each interior angle of a regular polygon with n sides, in degrees."""
+        return self._helper(calculator.polygon_interior_angle, n)
+
+    @tool
+    def arc_length(self, radius: float, angle_deg: float) -> StepResult:
+        """Length of a circular arc from the radius and the central angle (degrees).
+
+        Args:
+            radius: the circle's radius
+            angle_deg: the central angle, in degrees
+        """
+        return self._helper(calculator.arc_length, radius, angle_deg)
+
+    @tool
+    def submit_answer(self, answer: Annotated[str, "your final answer, e.g. 2\\sqrt{13} or 65"]) -> StepResult:
+        """Submit an answer to the verifier; you get the parsed answer and its reward, and may retry if wrong."""
+        self._require_tools_mode()
+        self.attempts += 1
+        self.turns += 1
+        verdict = grade_answer(answer, self.problem.answer, rel_tol=self._rel_tol)
+        correctness = float(verdict.correct)
+        done = verdict.correct or self.attempts >= self.config.max_attempts
+        info: dict[str, Any] = {"parsed_answer": verdict.parsed, "correct": verdict.correct, "attempts": self.attempts}
+        if done:
+            info["ground_truth"] = self.problem.answer
+            self.done = True
+        reward = correctness if done else self.config.wrong_attempt_reward
+        text = f"Current parsed answer={verdict.parsed} reward={correctness:g}"
+        if not done:
+            text += f" ({self.config.max_attempts - self.attempts} attempt(s) left)"
+        truncated = not done and self.turns >= self.config.max_turns
+        if truncated:
+            info["ground_truth"] = self.problem.answer
+        return StepResult(observation=Observation(text=text), reward=reward, done=done, truncated=truncated, info=info)
+
+    def state(self) -> dict[str, Any]:
+        if self.problem is None:
+            return {}
+        return {"task_id": self.problem.problem_id, "attempts": self.attempts, "turns": self.turns,
+                "mode": self.config.mode}
+
+
+__all__ = ["GeometryEnv", "GeometryConfig"]

@@ -1,0 +1,138 @@
+"""GeometryEnv played by scripted policies: the tool flow, single mode, images, and over the wire."""
+
+import asyncio
+import io
+
+import pytest
+from PIL import Image
+
+from envhub import EnvRunner
+from envhub.client import EnvClient
+from envhub.errors import ActionValidationError
+from envhub.server import ServerThread, create_app
+from envhub.settings import Settings
+from envhub.testing import check_env
+from env_servers.geometry_env import GeometryEnv
+
+TRIANGLE = dict(problem="In triangle ABC, AB = 5, AC = 8 and angle A is 60 degrees. Find BC.", answer="7")
+
+
+async def start(**config):
+    runner = EnvRunner(GeometryEnv(**config))
+    return runner, await runner.reset(**TRIANGLE)
+
+
+def call(name, **arguments):
+    return {"tool_name": name, "arguments": arguments}
+
+
+def test_passes_check_env_in_both_modes():
+    check_env(GeometryEnv, sample_action=call("calculate", expression="1+1"))
+    check_env(GeometryEnv, sample_action={"text": r"<think>x</think>\boxed{1}"}, mode="single")
+
+
+async def test_first_observation_has_prompt_image_and_system_prompt():
+    first = (await EnvRunner(GeometryEnv()).reset(seed=1, kind="circle_arc")).observation
+    assert "radius" in first.text and "submit_answer" in first.text
+    image = Image.open(io.BytesIO(first.images[0]))
+    assert image.format == "PNG" and image.size == (384, 384)
+    assert "geometry expert" in first.metadata["system_prompt"]
+    assert first.metadata["kind"] == "circle_arc" and first.metadata["mode"] == "tools"
+
+
+async def test_tool_flow_to_a_correct_answer():
+    runner, _ = await start()
+    side = await runner.step(call("law_of_cosines", a=5, b=8, angle_deg=60))
+    assert side.observation.text == "7" and side.reward == 0.0 and not side.done
+    calc = await runner.step(call("calculate", expression="sqrt(5^2 + 8^2 - 2*5*8*cosd(60))"))
+    assert calc.observation.text == "7"
+    final = await runner.step(call("submit_answer", answer=side.observation.text))
+    assert final.done and final.reward == 1.0
+    assert final.observation.text == "Current parsed answer=7 reward=1"
+    assert final.info["ground_truth"] == "7" and final.info["episode_reward"] == 1.0
+
+
+async def test_tool_flow_to_an_incorrect_final_answer():
+    runner, _ = await start()
+    rewards = []
+    for guess in ["8", r"\sqrt{50}", "6.9"]:
+        result = await runner.step(call("submit_answer", answer=guess))
+        rewards.append(result.reward)
+        assert f"Current parsed answer={guess} reward=0" in result.observation.text
+    assert rewards == [-0.05, -0.05, 0.0] and result.done
+    assert result.info["episode_reward"] == pytest.approx(-0.1) and result.info["ground_truth"] == "7"
+    assert "ground_truth" not in (await EnvRunner(GeometryEnv()).reset(**TRIANGLE)).info
+
+
+async def test_second_attempt_right_and_boxed_text_counts_as_a_submission():
+    runner, _ = await start()
+    wrong = await runner.step({"text": r"I think \boxed{6}"})
+    assert wrong.reward == -0.05 and not wrong.done and "ground_truth" not in wrong.info
+    right = await runner.step({"text": r"Let me redo it: \boxed{7}"})
+    assert right.done and right.reward == 1.0 and right.info["episode_reward"] == pytest.approx(0.95)
+
+
+async def test_calculator_refuses_malicious_input_inside_an_episode():
+    runner, _ = await start()
+    result = await runner.step(call("calculate", expression="__import__('os').system('touch /tmp/pwned')"))
+    assert result.observation.text.startswith("Error: cannot evaluate") and not result.ended
+    result = await runner.step(call("calculate", expression="9^9^9^9"))
+    assert "bits" in result.observation.text
+
+
+async def test_bad_tool_arguments_come_back_as_messages():
+    runner, _ = await start()
+    result = await runner.step(call("triangle_area", a=1, b=2))
+    assert result.observation.text.startswith("Error:") and result.info.get("tool_error") == "invalid_arguments"
+    result = await runner.step(call("triangle_area", a=1, b=2, c=10))
+    assert "triangle inequality" in result.observation.text
+
+
+@pytest.mark.parametrize("response, reward", [
+    (r"<think>cosine rule</think> BC = \boxed{7}", 1.0), (r"BC = \boxed{7}", 0.9),
+    (r"<think>guess</think> \boxed{6}", 0.1), ("seven", 0.0),
+])
+async def test_single_mode_rewards_accuracy_and_format(response, reward):
+    runner = EnvRunner(GeometryEnv(mode="single"))
+    first = await runner.reset(**TRIANGLE)
+    assert "<think>" in first.observation.text
+    result = await runner.step({"text": response})
+    assert result.done and result.reward == pytest.approx(reward)
+
+
+async def test_single_mode_refuses_tool_calls():
+    runner = EnvRunner(GeometryEnv(mode="single"))
+    await runner.reset(**TRIANGLE)
+    with pytest.raises(ActionValidationError, match="mode='tools'"):
+        await runner.step(call("submit_answer", answer="7"))
+
+
+async def test_turn_limit_truncates():
+    runner, _ = await start(max_turns=3)
+    for i in range(3):
+        result = await runner.step(call("calculate", expression=f"{i}+1"))
+    assert result.truncated and result.info["correct"] is False
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_256_concurrent_sessions_over_websocket():
+    app = create_app(GeometryEnv, settings=Settings(max_sessions=300, idle_timeout_s=60))
+
+    async def episode(url, i):
+        async with EnvClient(url) as env:
+            first = await env.reset(seed=i, kind="triangle_angle")
+            assert first.observation.images and first.observation.images[0][:4] == b"\x89PNG"
+            angles = [int(w) for w in first.observation.text.split("Find")[0].split() if w.isdigit()]
+            answer = 180 - sum(angles) + (i % 2)  # odd sessions answer wrong once, then right
+            result = await env.step(call("submit_answer", answer=str(answer)))
+            if not result.done:
+                result = await env.step(call("submit_answer", answer=str(answer - 1)))
+            return result.info["episode_reward"]
+
+    async def run_all(url):
+        return await asyncio.gather(*(episode(url, i) for i in range(256)))
+
+    with ServerThread(app) as server:
+        returns = asyncio.run(run_all(server.url))
+    assert returns == [pytest.approx(1.0 if i % 2 == 0 else 0.95) for i in range(256)]
