@@ -115,7 +115,6 @@ async def test_turn_limit_truncates():
 
 
 @pytest.mark.live
-@pytest.mark.slow
 def test_256_concurrent_sessions_over_websocket():
     app = create_app(GeometryEnv, settings=Settings(max_sessions=300, idle_timeout_s=60))
 
