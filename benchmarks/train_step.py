@@ -1,0 +1,195 @@
+"""Tokens/s of one GRPO training step: envhub's loss + optimizer path against TRL's GRPOTrainer, on the CPU.
+
+Both sides train the same tiny Qwen2 (built from a config, no download) on the same batch: TRL
+generates one batch of completions once (fixed prompt and completion lengths: EOS is suppressed
+until ``--completion-len`` tokens), and then each side times only its training step on exactly those
+token ids and advantages — forward, log-probs, clipped GRPO loss, backward, AdamW step. Generation is
+excluded on both sides. TRL's step is ``trainer.compute_loss`` + ``accelerator.backward`` + its
+optimizer; ours is ``token_logprobs`` + ``policy_loss`` + ``torch.optim.AdamW``.
+
+    .venv/bin/python benchmarks/train_step.py                 # the tests' tiny model (hidden 32, 2 layers)
+    .venv/bin/python benchmarks/train_step.py --hidden-size 256 --layers 4
+
+Needs ``pip install trl datasets`` (the ``trl`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import string
+import tempfile
+import time
+import warnings
+
+import torch
+
+from trainer.algos import policy_loss, token_logprobs
+
+CHARS = string.ascii_letters + string.digits  # 62 characters + <pad> + <eos> = vocab 64
+
+
+def build_tokenizer():
+    """A character-level fast tokenizer, made in memory (nothing downloaded)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def build_model(args, tokenizer):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size, num_hidden_layers=args.layers,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tokenizer),
+        max_position_embeddings=args.prompt_len + args.completion_len + 8,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    return transformers.Qwen2ForCausalLM(config)
+
+
+def trl_trainer(args, model, tokenizer, out_dir):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    rng = random.Random(0)
+    prompts = ["".join(rng.choice(CHARS) for _ in range(args.prompt_len)) for _ in range(args.prompts)]
+
+    def random_reward(completions, **kwargs):
+        return [rng.random() for _ in completions]
+
+    config = GRPOConfig(
+        output_dir=out_dir, use_cpu=True, report_to="none", save_strategy="no", logging_steps=10**6,
+        per_device_train_batch_size=args.prompts * args.group, num_generations=args.group,
+        max_completion_length=args.completion_len, learning_rate=1e-5, beta=0.0, loss_type="grpo",
+        epsilon=0.2, temperature=1.0, seed=0, bf16=False, dataloader_num_workers=0,
+        generation_kwargs={"min_new_tokens": args.completion_len},
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=random_reward, args=config,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
+    trainer.create_optimizer()
+    trainer.current_gradient_accumulation_steps = 1  # normally set by Trainer.train(); one micro-batch per step
+    return trainer
+
+
+def trl_inputs(trainer):
+    """One generated and scored batch, through TRL's own generation path (not timed)."""
+    trainer.model.train()
+    batch = next(iter(trainer.get_train_dataloader()))
+    return trainer._prepare_inputs(batch)
+
+
+def time_interleaved(step_fns: list, steps: int, warmup: int) -> list[list[float]]:
+    """Seconds per step for each function, alternating between them so machine load hits both alike."""
+    for _ in range(warmup):
+        for fn in step_fns:
+            fn()
+    times: list[list[float]] = [[] for _ in step_fns]
+    for _ in range(steps):
+        for fn, out in zip(step_fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return times
+
+
+def trl_step_fn(trainer, inputs):
+    model, optimizer = trainer.model, trainer.optimizer
+
+    def step():
+        loss = trainer.compute_loss(model, inputs)
+        trainer.accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+def envhub_loss(model, inputs) -> torch.Tensor:
+    """Our GRPO loss on TRL's batch: per-sequence token mean then batch mean, as TRL's loss_type="grpo"."""
+    completion_ids = inputs["completion_ids"]
+    input_ids_BT = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+    attention_BT = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    C = completion_ids.shape[1]
+    # logits only for the positions that predict completion tokens (C + 1 kept, the last one dropped)
+    logits_BCV = model(input_ids=input_ids_BT, attention_mask=attention_BT, logits_to_keep=C + 1).logits[:, :-1]
+    logprobs_BC = token_logprobs(logits_BCV, completion_ids)
+    loss, _ = policy_loss(logprobs_BC, logprobs_BC.detach(), inputs["advantages"], inputs["completion_mask"],
+                          clip_eps=0.2, aggregation="seq_mean_token_mean")
+    return loss
+
+
+def envhub_step_fn(model, inputs):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model.train()
+
+    def step():
+        envhub_loss(model, inputs).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+def max_gradient_gap(model, trainer, inputs) -> tuple[float, float]:
+    """(largest |grad difference|, largest |grad|) of the two losses on the same weights and batch."""
+    model.train()
+    envhub_loss(model, inputs).backward()
+    trainer.compute_loss(trainer.model, inputs).backward()
+    pairs = list(zip(model.parameters(), trainer.model.parameters()))
+    gap = max((a.grad - b.grad).abs().max().item() for a, b in pairs)
+    scale = max(b.grad.abs().max().item() for _, b in pairs)
+    trainer.model.zero_grad(set_to_none=True)
+    return gap, scale
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hidden-size", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    parser.add_argument("--group", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--completion-len", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+
+    tokenizer = build_tokenizer()
+    base = build_model(args, tokenizer)
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = trl_trainer(args, copy.deepcopy(base), tokenizer, out_dir)
+        inputs = trl_inputs(trainer)
+        shape = (tuple(inputs["prompt_ids"].shape), tuple(inputs["completion_ids"].shape))
+        tokens = int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())
+        gap = max_gradient_gap(copy.deepcopy(base), trainer, inputs)
+        ours, theirs = time_interleaved(
+            [envhub_step_fn(copy.deepcopy(base), inputs), trl_step_fn(trainer, inputs)], args.steps, args.warmup
+        )
+    report(args, shape, tokens, ours, theirs, gap)
+
+
+def report(args, shape, tokens: int, ours: list[float], theirs: list[float], gap: tuple[float, float]) -> None:
+    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+    print(f"model: Qwen2 hidden={args.hidden_size} layers={args.layers} vocab=64 | torch threads={args.threads}")
+    print(f"batch: prompt_ids {shape[0]}, completion_ids {shape[1]}; {tokens} tokens per step; "
+          f"median of {args.steps} interleaved steps after {args.warmup} warm-up; generation excluded on both sides")
+    print(f"same objective: max |gradient difference| {gap[0]:.1e} (largest |gradient| {gap[1]:.1e})")
+    print(f"{'path':<20}{'step ms':>10}{'tokens/s':>12}")
+    print(f"{'envhub':<20}{1000 * ours_s:>10.1f}{tokens / ours_s:>12.0f}")
+    print(f"{'TRL GRPOTrainer':<20}{1000 * theirs_s:>10.1f}{tokens / theirs_s:>12.0f}")
+    print(f"ratio envhub / TRL tokens/s: {theirs_s / ours_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
