@@ -3,6 +3,8 @@
 import asyncio
 import io
 
+from pathlib import Path
+
 import pytest
 from PIL import Image
 
@@ -135,3 +137,12 @@ def test_256_concurrent_sessions_over_websocket():
     with ServerThread(app) as server:
         returns = asyncio.run(run_all(server.url))
     assert returns == [pytest.approx(1.0 if i % 2 == 0 else 0.95) for i in range(256)]
+
+
+@pytest.mark.live
+def test_geometry_agent_example_runs(capsys):
+    import runpy
+
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "geometry_agent.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.count("reward=1 | done=True") == 3 and "return=0.95" in out

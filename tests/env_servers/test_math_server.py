@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import pytest
 
 from envhub.client import EnvClient
@@ -106,3 +108,10 @@ def test_python_dash_m_serves_on_the_given_port(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_math_agent_example_runs(capsys):
+    import runpy
+
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "math_agent.py"), run_name="__main__")
+    assert "solved 4 of 5" in capsys.readouterr().out
