@@ -31,7 +31,8 @@ class LiveScheduler:
         self.auth = auth
         self.sock = bind_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.scheduler, auth=auth), log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.scheduler, auth=auth), log_level="warning",
+                                                    timeout_graceful_shutdown=3))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> LiveScheduler:

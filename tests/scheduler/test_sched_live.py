@@ -177,3 +177,29 @@ def test_web_page_renders_gpus_and_jobs_in_headless_chromium(live):
     assert "page-check" in row and '<td class="running">running</td>' in row and "<td>0,1</td>" in row
     for index, holder in [(0, job["id"]), (1, job["id"]), (2, "free"), (3, "free")]:
         assert f'<tr data-id="{index}"><td>{index}</td><td>declared</td><td>{holder}</td></tr>' in dom
+
+
+@pytest.mark.slow
+def test_sigterm_ends_log_streams_and_running_jobs_then_exits(tmp_path):
+    sched, url = _serve(tmp_path, "--gpus", "0,1")
+    with SchedulerClient(url) as client:
+        job = client.submit(["sh", "-c", "echo started; sleep 60"], gpus=1)
+        wait_for_sync(lambda: client.status(job["id"])["pid"], what="the job to start")
+        pid = client.status(job["id"])["pid"]
+        stream = client.logs(job["id"], follow=True)
+        assert next(stream) == "started\n"  # the stream is open and waiting for more
+        t0 = time.monotonic()
+        sched.send_signal(signal.SIGTERM)
+        rest = "".join(stream)
+    assert sched.wait(timeout=15) == 0 and time.monotonic() - t0 < 8
+    sched.stdout.close()
+    assert "the scheduler is shutting down" in rest and not alive(pid)
+    sched, url = _serve(tmp_path, "--gpus", "0,1")
+    try:
+        with SchedulerClient(url) as client:
+            assert (client.status(job["id"])["state"], client.status(job["id"])["reason"]) == (
+                "failed", "scheduler stopped")
+    finally:
+        sched.send_signal(signal.SIGTERM)
+        sched.wait(timeout=15)
+        sched.stdout.close()

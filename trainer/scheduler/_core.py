@@ -64,13 +64,15 @@ class Scheduler:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.gpus = GpuPool(config.gpus)
         self.ports = PortPool(config.port_first, config.port_last)
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, Job] = {}  # every job of the store: ids and order are decided here
+        self._last_seq = 0
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envhub-sched-db")
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._ending: dict[str, tuple[str, str]] = {}  # job id -> (final state, reason) once asked to end
         self._done: dict[str, asyncio.Event] = {}
         self._heartbeat_timers: dict[str, asyncio.TimerHandle] = {}
         self.started = False
+        self.closing = False  # set when shutdown begins: log streams end so connections can drain
 
     # -- life cycle -------------------------------------------------------------------------
     async def start(self) -> list[str]:
@@ -84,6 +86,7 @@ class Scheduler:
         notes = []
         for job in await self._in_db(self.store.load_all):
             self.jobs[job.id] = job
+            self._last_seq = max(self._last_seq, job.seq)
             self._done[job.id] = asyncio.Event()
             if job.state == "running":
                 notes.append(await self._recover_running(job))
@@ -109,6 +112,7 @@ class Scheduler:
     async def stop(self) -> None:
         """End every running job (failed: "scheduler stopped"), keep queued ones, close the store."""
         self.started = False  # nothing new starts from here on
+        self.closing = True
         for job in list(self.jobs.values()):
             if job.state == "running":
                 self._ending.setdefault(job.id, ("failed", "scheduler stopped"))
@@ -127,11 +131,12 @@ class Scheduler:
                                   f"got a request for {request.gpus}; ask for fewer GPUs")
         if request.torchrun and request.kind not in ("rl", "sft"):
             raise JobRequestError(f"Expected torchrun only for kind rl or sft, got kind {request.kind!r}")
-        job = Job(id=await self._new_id(), user=who.user, command=request.command,
+        self._last_seq += 1  # no await before this: concurrent submits get distinct, ordered numbers
+        job = Job(id=self._new_id(), user=who.user, command=request.command,
                   gpus_requested=request.gpus, kind=request.kind, name=request.name or Path(request.command[0]).name,
                   priority=request.priority, heartbeat_timeout_s=request.heartbeat_timeout_s, env=request.env,
                   cwd=request.cwd, torchrun=request.torchrun, n_ports=request.ports,
-                  seq=await self._in_db(self.store.next_seq))
+                  seq=self._last_seq)
         job.log_path = str(self.log_dir / f"{job.id}.log")
         self.jobs[job.id] = job
         self._done[job.id] = asyncio.Event()
@@ -198,6 +203,9 @@ class Scheduler:
             if chunk:
                 yield chunk
             elif finished or not follow:
+                return
+            elif self.closing:
+                yield b"\n[envhub-sched: the scheduler is shutting down]\n"
                 return
             else:  # files give no readiness events; a short wait, cut short by the job's end
                 try:
@@ -320,10 +328,10 @@ class Scheduler:
         asyncio.get_running_loop().create_task(self._end(job, "failed", reason))
 
     # -- helpers ----------------------------------------------------------------------------
-    async def _new_id(self) -> str:
+    def _new_id(self) -> str:
         while True:
             job_id = "j" + secrets.token_hex(4)
-            if job_id not in self.jobs and not await self._in_db(self.store.has_job, job_id):
+            if job_id not in self.jobs:
                 return job_id
 
     async def _save(self, job: Job) -> None:

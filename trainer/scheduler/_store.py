@@ -72,15 +72,6 @@ class JobStore:
             self._db.close()
 
     # -- jobs ---------------------------------------------------------------------------------
-    def next_seq(self) -> int:
-        with self._lock:
-            (seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()
-        return int(seq)
-
-    def has_job(self, job_id: str) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is not None
-
     def save(self, job: Job) -> None:
         """Insert or update ``job`` (one row; the record as JSON)."""
         data = json.dumps({k: v for k, v in vars(job).items() if k in _JSON_FIELDS})

@@ -89,11 +89,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from trainer.scheduler._core import Scheduler, SchedulerConfig
     from trainer.scheduler._resources import parse_gpus
-    from trainer.scheduler.server import bind_socket, create_app, resolve_auth
+    from trainer.scheduler.server import bind_socket, resolve_auth, run_server
 
     gpus, note = parse_gpus(args.gpus)
     wildcard = args.host in ("0.0.0.0", "::")
@@ -106,8 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     print(f"envhub-sched: {note}; auth {'on' if auth else 'off'}; db {config.db_path}; "
           f"serving on http://{args.host}:{port}", flush=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(scheduler, auth=auth), log_level="warning"))
-    server.run(sockets=[sock])
+    run_server(scheduler, sock, auth=auth)
     return 0
 
 

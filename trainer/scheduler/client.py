@@ -132,11 +132,15 @@ class SchedulerClient:
 
     def _follow(self, job_id: str, params: dict[str, Any]) -> Iterator[str]:
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)  # a quiet job is not an error
-        with self._http.stream("GET", f"/jobs/{job_id}/logs", params=params, timeout=timeout) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise _ERRORS.get(response.status_code, SchedulerError)(_detail(response))
-            yield from response.iter_text()
+        try:
+            with self._http.stream("GET", f"/jobs/{job_id}/logs", params=params, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _ERRORS.get(response.status_code, SchedulerError)(_detail(response))
+                yield from response.iter_text()
+        except httpx.TransportError as exc:
+            raise SchedulerUnavailableError(f"Lost the scheduler at {self.url} while following job {job_id}: "
+                                            f"{exc}") from exc
 
     def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.25) -> dict[str, Any]:
         """Poll until the job has ended; returns its final record."""
@@ -164,8 +168,11 @@ class SchedulerClient:
             yield handle
         finally:
             handle._stop_heartbeats()
-            if self.status(handle.id)["state"] in ("queued", "running"):
-                self.cancel(handle.id)
+            try:
+                if self.status(handle.id)["state"] in ("queued", "running"):
+                    self.cancel(handle.id)
+            except SchedulerUnavailableError:
+                pass  # the scheduler is gone; its heartbeat timeout ends the job if it comes back
 
 
 class JobHandle:

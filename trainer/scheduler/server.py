@@ -139,3 +139,20 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.listen(128)
     sock.set_inheritable(False)  # jobs must not inherit the service's socket
     return sock
+
+
+def run_server(scheduler: Scheduler, sock: socket.socket, *, auth: bool) -> None:
+    """Serve ``create_app(scheduler)`` on ``sock`` with uvicorn until SIGINT/SIGTERM.
+
+    On a signal, log streams end first (``scheduler.closing``) so open connections drain, then
+    the lifespan hook stops the scheduler, which ends the running jobs.
+    """
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            scheduler.closing = True
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(create_app(scheduler, auth=auth), log_level="warning", timeout_graceful_shutdown=5)
+    _Server(config).run(sockets=[sock])
