@@ -1,8 +1,9 @@
 """Where the math tool env runs the model's Python: the code sandbox, or a plain local subprocess.
 
 ``PythonRunner`` is the small interface the env needs (``await runner.run(code, timeout_s)``).
-``SandboxPythonRunner`` adapts the code sandbox package (``env_servers.code_env.sandbox``: a
-process-wide backend with namespaces, seccomp, cgroups). ``LocalSubprocessRunner`` only adds a
+``SandboxPythonRunner`` adapts the code sandbox package (``env_servers.code_env.sandbox``: its
+process-wide backend, bubblewrap namespaces + seccomp + cgroups, or docker; the sandbox
+interpreter has numpy but not necessarily sympy). ``LocalSubprocessRunner`` only adds a
 wall-clock timeout and output caps around ``python -I``: it is **not isolation** and is meant for
 development and tests on machines without the sandbox. ``make_runner("auto")`` picks the sandbox
 when it is importable and works, else the local runner with a warning.
@@ -11,18 +12,16 @@ when it is importable and works, else the local runner with a warning.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 log = logging.getLogger("envhub.env_servers.math")
 
 RUNNER_KINDS = ("auto", "sandbox", "local-subprocess")
-_SANDBOX_FACTORIES = ("default_backend", "make_backend", "create_backend", "get_backend", "select_backend")
 
 
 @dataclass
@@ -94,32 +93,23 @@ def _kill_group(pid: int) -> None:
 
 
 class SandboxPythonRunner:
-    """Runs code through a code-sandbox backend (shared by every session of the process)."""
+    """Runs code through the code sandbox's process-wide backend (shared by every session)."""
 
-    name = "sandbox"
+    def __init__(self) -> None:
+        from env_servers.code_env import sandbox
 
-    def __init__(self, backend: Any):
-        self.backend = backend
-        self.name = f"sandbox:{getattr(backend, 'name', type(backend).__name__)}"
+        self._sandbox = sandbox
+        self.backend = sandbox.get_default_backend()  # probes now, so "auto" can fall back at start-up
+        self.name = f"sandbox:{self.backend.info().get('backend', type(self.backend).__name__)}"
 
     async def run(self, code: str, timeout_s: float) -> RunOutput:
-        limits_mod = importlib.import_module("env_servers.code_env.sandbox.limits")
-        result = await self.backend.run(code, limits=limits_mod.Limits(timeout_s=timeout_s))
-        return RunOutput(result.stdout, result.stderr, result.exit_code, timed_out=result.timed_out)
+        result = await self.backend.run(code, limits=self._sandbox.Limits(timeout_s=timeout_s))
+        note = "\n[killed: out of memory]" if result.oom_killed else ""
+        return RunOutput(result.stdout, result.stderr + note, result.exit_code, timed_out=result.timed_out)
 
 
 _shared: dict[str, PythonRunner] = {}
 _shared_lock = threading.Lock()
-
-
-def _sandbox_backend() -> Any:
-    package = importlib.import_module("env_servers.code_env.sandbox")
-    for name in _SANDBOX_FACTORIES:
-        factory = getattr(package, name, None)
-        if callable(factory):
-            return factory()
-    raise ImportError("env_servers.code_env.sandbox has no backend factory "
-                      f"(looked for {', '.join(_SANDBOX_FACTORIES)}).")
 
 
 def make_runner(kind: str = "auto") -> PythonRunner:
@@ -134,7 +124,7 @@ def make_runner(kind: str = "auto") -> PythonRunner:
             runner = LocalSubprocessRunner()
         else:
             try:
-                runner = SandboxPythonRunner(_sandbox_backend())
+                runner = SandboxPythonRunner()
             except Exception as exc:
                 if kind == "sandbox":
                     raise RuntimeError(f"The code sandbox is not available here: {exc}") from exc

@@ -70,3 +70,18 @@ async def test_local_runner_caps_output():
 def test_runner_choice_is_validated():
     with pytest.raises(ValueError, match="local-subprocess"):
         make_runner("docker-magic")
+
+
+@pytest.mark.sandbox
+async def test_run_python_goes_through_the_code_sandbox():
+    sandbox = pytest.importorskip("env_servers.code_env.sandbox")
+    if not sandbox.available_backends():
+        pytest.skip("no code sandbox backend works on this host")
+    runner = EnvRunner(MathToolEnv(python_runner="sandbox"))
+    await runner.reset(problem="What is 123 * 456?", answer="56088")
+    out = await runner.step({"tool_name": "run_python", "arguments": {"code": "import os; print(123 * 456, os.getuid())"}})
+    product, uid = out.observation.text.split()
+    assert product == "56088" and uid != "0"
+    assert runner.env.runner.name.startswith("sandbox:")
+    final = await runner.step({"tool_name": "submit_answer", "arguments": {"answer": product}})
+    assert final.reward == 1.0
