@@ -31,6 +31,11 @@ from envhub._wire import (ALL_EXTENSIONS, DEFAULT_MAX_MESSAGE_BYTES, EXT_MSGPACK
 from envhub.errors import EnvHubError, ErrorCode, ProtocolError
 from envhub.types import StepResult, ToolSpec
 
+try:  # orjson encodes a reply ~10x faster than the stdlib; optional, same output
+    import orjson
+except ImportError:  # pragma: no cover - exercised where orjson is absent
+    orjson = None
+
 SERVER_NAME = "envhub/0.1.0"
 
 # WebSocket close codes the server uses (RFC 6455 plus one private code).
@@ -141,7 +146,12 @@ class SessionProtocol:
 
     def encode(self, envelope: dict[str, Any]) -> str | bytes:
         """Serialise an envelope for this session: msgpack bytes once negotiated, else JSON text."""
-        return encode(envelope, binary=self.binary)
+        if self.binary or orjson is None:
+            return encode(envelope, binary=self.binary)
+        try:
+            return orjson.dumps(envelope, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:  # integers beyond 64 bits and the like: the stdlib handles them
+            return encode(envelope)
 
     # -- inbound ---------------------------------------------------------------------------
     def receive(self, frame: str | bytes) -> Effect:

@@ -16,7 +16,7 @@ from envhub.server.app import create_app
 from envhub.settings import Settings
 
 #: the fastest WebSocket implementation shipped with uvicorn for our frame sizes (see benchmarks/server_profile.py)
-WS_IMPLEMENTATION = "websockets-sansio"
+WS_IMPLEMENTATION = "envhub.server.transport:LeanWebSocketProtocol"
 
 
 def load_target(target: str | type[Env]) -> type[Env]:

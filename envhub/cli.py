@@ -1,0 +1,130 @@
+"""The ``envhub`` command: ``serve`` an env, ``check`` an env class.
+
+Each subcommand is a ``(name, add_arguments, run)`` entry in :data:`COMMANDS`; adding one is
+a new entry and two small functions::
+
+    envhub serve my_env:GuessEnv --port 8000 --max-sessions 64 --set difficulty='"hard"'
+    envhub check my_env:GuessEnv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, NamedTuple
+
+from envhub.settings import Settings
+
+
+class Command(NamedTuple):
+    """One ``envhub`` subcommand."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def parse_set(pairs: list[str] | None) -> dict[str, Any]:
+    """``key=value`` strings to kwargs; values are JSON when they parse as JSON, else plain strings.
+
+    >>> parse_set(["size=9", "name=gomoku", "opts={\\"a\\": 1}"])
+    {'size': 9, 'name': 'gomoku', 'opts': {'a': 1}}
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"Expected --set key=value, got {pair!r}.")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="MODULE:CLASS", help="the env class, e.g. my_env:GuessEnv")
+    parser.add_argument("--set", dest="env_config", action="append", metavar="KEY=VALUE", default=[],
+                        help="env constructor argument (repeatable; VALUE parsed as JSON when possible)")
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_target(parser)
+    defaults = Settings()
+    parser.add_argument("--host", help=f"bind address (ENVHUB_HOST, default {defaults.host})")
+    parser.add_argument("--port", type=int, help=f"port, 0 = any free port (ENVHUB_PORT, default {defaults.port})")
+    parser.add_argument("--max-sessions", type=int, help="concurrent session cap; more get CAPACITY_REACHED "
+                        f"(ENVHUB_MAX_SESSIONS, default {defaults.max_sessions})")
+    parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /ws and every HTTP route but "
+                        "/health (ENVHUB_TOKEN)")
+    parser.add_argument("--step-timeout", type=float, dest="step_timeout_s",
+                        help="server-side deadline for one reset/step in seconds (ENVHUB_STEP_TIMEOUT_S, "
+                             "default none)")
+    parser.add_argument("--idle-timeout", type=float, dest="idle_timeout_s",
+                        help="close sessions idle this many seconds (ENVHUB_IDLE_TIMEOUT_S, default "
+                             f"{defaults.idle_timeout_s:g})")
+    parser.add_argument("--workers", type=int, help="uvicorn worker processes (ENVHUB_WORKERS, default 1)")
+    parser.add_argument("--log-level", help=f"uvicorn log level (ENVHUB_LOG_LEVEL, default {defaults.log_level})")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from envhub.server import serve
+
+    sys.path.insert(0, os.getcwd())  # `envhub serve my_env:Env` from the env's directory
+    serve(args.target, host=args.host, port=args.port, env_config=parse_set(args.env_config),
+          max_sessions=args.max_sessions, token=args.token, step_timeout_s=args.step_timeout_s,
+          idle_timeout_s=args.idle_timeout_s, workers=args.workers, log_level=args.log_level)
+    return 0
+
+
+def _check_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_target(parser)
+    parser.add_argument("--seed", type=int, default=0, help="reset seed used by the checks (default 0)")
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    from envhub.server import load_target
+    from envhub.testing import check_env
+
+    sys.path.insert(0, os.getcwd())
+    env_cls = load_target(args.target)
+    results = check_env(env_cls, raise_on_error=False, seed=args.seed, **parse_set(args.env_config))
+    for result in results:
+        print(result)
+    failed = sum(not r.passed for r in results)
+    print(f"{env_cls.__name__}: {len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+COMMANDS: list[Command] = [
+    Command("serve", "serve an env class over WebSocket and HTTP", _serve_arguments, _run_serve),
+    Command("check", "run check_env on an env class and print the results", _check_arguments, _run_check),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``envhub`` argument parser with one subparser per entry of :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(prog="envhub", description="envhub: serve and check RL environments.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        child = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(child)
+        child.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``envhub`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, ImportError, argparse.ArgumentTypeError) as exc:
+        print(f"envhub {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""The WebSocket transport: uvicorn's sans-I/O ``websockets`` protocol, minus a per-frame read pause.
+
+uvicorn's implementation pauses socket reads after every inbound frame and resumes them when
+the app receives it: two ``epoll_ctl`` system calls and a scheduling round per request. Here
+reads pause only when ``ws_max_queue`` frames are waiting (real backpressure), which
+measurably cuts per-step latency (benchmarks/server_profile.py).
+"""
+
+from __future__ import annotations
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+
+class LeanWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O websockets protocol that pauses reading only under backpressure."""
+
+    def send_receive_event_to_app(self) -> None:
+        paused = self.read_paused
+        self.read_paused = True  # makes the parent skip its unconditional pause_reading()
+        try:
+            super().send_receive_event_to_app()
+        finally:
+            self.read_paused = paused
+        if not paused and self.queue.qsize() >= self.config.ws_max_queue:
+            self.read_paused = True
+            self.transport.pause_reading()
