@@ -191,7 +191,7 @@ def test_sigterm_ends_log_streams_and_running_jobs_then_exits(tmp_path):
         t0 = time.monotonic()
         sched.send_signal(signal.SIGTERM)
         rest = "".join(stream)
-    assert sched.wait(timeout=15) == 0 and time.monotonic() - t0 < 8
+    assert sched.wait(timeout=15) in (0, -signal.SIGTERM) and time.monotonic() - t0 < 8  # uvicorn re-raises it
     sched.stdout.close()
     assert "the scheduler is shutting down" in rest and not alive(pid)
     sched, url = _serve(tmp_path, "--gpus", "0,1")
