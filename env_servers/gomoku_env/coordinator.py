@@ -132,7 +132,7 @@ class Match:
                 return Report(ruling.event, ruling.reward, move=move)
             self.last_move[player] = move
             self.turn = self.other(player)
-            self.status[player], self.status[self.turn] = PENDING, self._seat_status(self.turn)
+            self._refresh_status()
             self._cond.notify_all()
             await self._wait_locked(player)
             if self.over:
@@ -155,10 +155,11 @@ class Match:
         return None
 
     # -- internals -------------------------------------------------------------------------
-    def _seat_status(self, player: str) -> str:
-        if self.status.get(player) == LEFT:
-            return LEFT
-        return RUNNING if self.turn == player else PENDING
+    def _refresh_status(self) -> None:
+        # Only seated players have a status: a seat nobody joined yet must stay free.
+        for player, status in self.status.items():
+            if status not in (LEFT, DONE):
+                self.status[player] = RUNNING if self.turn == player else PENDING
 
     def _end(self, ends: dict[str, SeatEnd]) -> None:
         self.ends = dict(ends)

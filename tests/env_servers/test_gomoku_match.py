@@ -142,6 +142,21 @@ async def test_a_slow_opponent_times_out():
     assert (await o.state())["board"][3][3] == "."  # the late move was not played
 
 
+async def test_a_late_joiner_gets_the_free_seat_after_the_first_move():
+    mid = new_id()
+    x, o = EnvRunner(GomokuMatchEnv()), EnvRunner(GomokuMatchEnv())
+    await x.reset(match_id=mid, opening=[])
+    x_step = asyncio.create_task(x.step(mv(4, 4)))
+    await asyncio.sleep(0.01)  # X has moved and waits; O has not joined yet
+    assert (await x.state())["agents"] == {"X": "pending"}
+    o_first = await o.reset(match_id=mid)
+    assert o_first.observation.metadata["stone"] == "O" and "placed X at (4,4)" in o_first.observation.text
+    o_step = asyncio.create_task(o.step(mv(3, 3)))  # returns once X replies
+    assert tuple((await x_step).info["opponent_move"]) == (3, 3)
+    await x.close()
+    assert (await o_step).info["end_reason"] == "opponent_disconnected"
+
+
 async def test_an_opponent_that_never_joins_times_out():
     x = EnvRunner(GomokuMatchEnv(turn_timeout_s=0.2))
     await x.reset(match_id=new_id(), seat="X", opening=[])
