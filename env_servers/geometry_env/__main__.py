@@ -4,4 +4,4 @@ from env_servers.geometry_env.env import GeometryConfig, GeometryEnv
 from env_servers.math_env.cli import main
 
 if __name__ == "__main__":
-    main(GeometryEnv, GeometryConfig, prog="python -m env_servers.geometry_env")
+    main({"geometry": (GeometryEnv, GeometryConfig)}, prog="python -m env_servers.geometry_env")

@@ -83,11 +83,25 @@ def env_config_from_args(ns: argparse.Namespace, config_cls: type) -> dict[str, 
     return config
 
 
-def main(env_cls: type[Env], config_cls: type, argv: Sequence[str] | None = None, *, prog: str) -> None:
-    """Parse the command line and serve ``env_cls`` until SIGTERM/SIGINT."""
+def main(variants: dict[str, tuple[type[Env], type]], argv: Sequence[str] | None = None, *, prog: str) -> None:
+    """Parse the command line and serve the chosen env until SIGTERM/SIGINT.
+
+    ``variants`` maps ``--mode`` values to ``(env class, config class)``; the first is the default,
+    and a single variant means no ``--mode`` flag.
+    """
     from envhub.server import serve
 
+    names = list(variants)
+    pre = argparse.ArgumentParser(add_help=False)
+    if len(names) > 1:
+        pre.add_argument("--mode", choices=names, default=names[0])
+    known, _ = pre.parse_known_args(argv)
+    mode = getattr(known, "mode", names[0])
+    env_cls, config_cls = variants[mode]
     parser = build_parser(prog, config_cls, (env_cls.__doc__ or "").strip().split("\n")[0])
+    if len(names) > 1:
+        parser.add_argument("--mode", choices=names, default=names[0],
+                            help=f"which env to serve: {', '.join(f'{n}={v[0].__name__}' for n, v in variants.items())}")
     ns = parser.parse_args(argv)
     try:
         env_config = env_config_from_args(ns, config_cls)

@@ -146,3 +146,39 @@ def test_geometry_agent_example_runs(capsys):
     runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "geometry_agent.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert out.count("reward=1 | done=True") == 3 and "return=0.95" in out
+
+
+@pytest.mark.live
+def test_python_dash_m_serves_single_mode(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from envhub.errors import EnvConnectionError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "env_servers.geometry_env", "--port", str(port), "--mode", "single",
+                             "--max-sessions", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def play():
+        async with EnvClient(f"http://127.0.0.1:{port}") as env:
+            first = await env.reset(**TRIANGLE)
+            assert "<think>" in first.observation.text
+            return (await env.step({"text": r"<think>cosine rule</think>\boxed{7}"})).reward
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert asyncio.run(play()) == pytest.approx(1.0)
+                break
+            except (OSError, EnvConnectionError):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.3)
+    finally:
+        proc.terminate()
+        proc.wait(10)

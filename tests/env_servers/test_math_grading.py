@@ -66,7 +66,7 @@ def test_relative_tolerance_accepts_rounded_decimals_only_when_asked():
 @pytest.mark.parametrize("hostile", [
     "9^9^9^9", r"10^{10^{100}}", r"(2^{1000})^{1000}", "9" * 5000, "(" * 300 + "1" + ")" * 300,
     "__import__('os').system('echo hi')", "().__class__.__bases__[0]", r"\exp(10^{50})", "2^" * 150 + "2",
-    "x^{10^{20}}", "lambda: 1", "[x for x in range(10**9)]",
+    "x^{10^{20}}", "lambda: 1", "[x for x in range(10**9)]", ",".join(["1"] * 5000), "\\frac{" * 3000,
 ])
 def test_hostile_answers_are_graded_quickly_and_never_raise(hostile):
     start = time.monotonic()
