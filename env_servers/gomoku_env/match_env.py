@@ -95,7 +95,8 @@ class GomokuMatchEnv(Env):
         """Place your stone on an empty cell of the board."""
         return await self._play(coerce_move(row, col))
 
-    def state(self) -> dict[str, Any]:
+    async def state(self) -> dict[str, Any]:
+        # async: read on the event loop, where the coordinator mutates the match
         match = self.match
         if match is None:
             return {}

@@ -163,3 +163,11 @@ def test_python_dash_m_serves_on_the_given_port():
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.slow
+def test_example_agent_runs():
+    out = subprocess.run([sys.executable, "examples/gomoku_agent.py"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("tool game") == 2 and "two-agent match" in out.stdout
+    assert "costs -1" in out.stdout
