@@ -90,6 +90,11 @@ class Scheduler:
             self._done[job.id] = asyncio.Event()
             if job.state == "running":
                 notes.append(await self._recover_running(job))
+            elif job.state == "queued" and job.gpus_requested > self.gpus.total:
+                # it would hold the head of the queue forever
+                self._mark_ended(job, "failed", f"needs {job.gpus_requested} GPUs; the scheduler restarted "
+                                                f"with {self.gpus.total}")
+                await self._save(job)
             elif job.state == "queued":
                 self._arm_heartbeat(job)
             if not job.active:
@@ -116,10 +121,10 @@ class Scheduler:
         for job in list(self.jobs.values()):
             if job.state == "running":
                 self._ending.setdefault(job.id, ("failed", "scheduler stopped"))
-        await asyncio.gather(*(self._end_running(job_id) for job_id in list(self._runners)))
         for timer in self._heartbeat_timers.values():
             timer.cancel()
         self._heartbeat_timers.clear()
+        await asyncio.gather(*(self._end_running(job_id) for job_id in list(self._runners)))
         self._db.shutdown(wait=True)
         self.store.close()
 
@@ -243,7 +248,7 @@ class Scheduler:
             if job.id in self._ending:  # cancelled while it was being launched
                 self._kill_soon(job)
             exit_code = await proc.wait()
-        except OSError as exc:
+        except Exception as exc:  # whatever stops the launch (no program, bad cwd, NUL in argv) fails the job
             launch_error = f"launch failed: {exc}"
         await self._in_pool(_procs.end_job_tree, job.id, job.pid, job.pid, self.config.grace_s)
         if launch_error:
