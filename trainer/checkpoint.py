@@ -14,7 +14,8 @@ Layout of a run directory::
 A checkpoint is written into a hidden temporary directory and renamed into place, then ``latest`` is
 replaced atomically, so a crash mid-save leaves the previous checkpoint intact and ``latest`` valid.
 Under ``torchrun`` every rank calls :func:`save_checkpoint` (each saves its own RNG state); rank 0
-writes the rest. Models wrapped in DDP are unwrapped; FSDP-sharded models are not supported here.
+writes the rest. DDP models are unwrapped; FSDP (``fully_shard``) models are gathered into full
+weights on rank 0 (every rank must call) and re-sharded on load.
 """
 
 from __future__ import annotations
@@ -55,14 +56,16 @@ def save_checkpoint(
     meta_text = _json_or_raise(meta)
     final = run_dir / f"step_{int(step):08d}"
     tmp = run_dir / f".tmp_step_{int(step):08d}"
+    # gathering an FSDP model's full state is a collective: every rank takes part, rank 0 keeps it
+    model_state, optim_state = _model_state(model), _optimizer_state(model, optimizer)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
     torch.save(_rng_state(), tmp / f"rng_rank{rank}.pt")
     if rank == 0:
-        torch.save(_model_state(model), tmp / "model.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(model_state, tmp / "model.pt")
+        torch.save(optim_state, tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "meta.json").write_text(meta_text)
@@ -87,7 +90,13 @@ def load_checkpoint(
     rank, _ = _rank_world()
     _load_model_state(model, torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True))
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
+        optim_state = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+        if _is_fsdp(model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
+        else:
+            optimizer.load_state_dict(optim_state)
     if scheduler is not None:
         if not (ckpt / "scheduler.pt").exists():
             raise FileNotFoundError(f"Expected {ckpt / 'scheduler.pt'}: this checkpoint was saved without a scheduler.")
@@ -120,6 +129,11 @@ def export_hf(model: nn.Module, tokenizer: Any, path: str | os.PathLike, *, merg
     weights (on a copy: the training model keeps its adapter), ``merge_lora=False`` saves only the
     adapter (``adapter_config.json`` + weights), loadable with ``PeftModel.from_pretrained``.
     """
+    if _is_fsdp(model):
+        raise TypeError(
+            "Expected an unsharded model, got an FSDP-sharded one; load the checkpoint into a plain model "
+            "in one process (load_checkpoint(run_dir, model=model, optimizer=None)) and export that."
+        )
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     model = _unwrap(model)
@@ -144,7 +158,35 @@ def _is_peft(model: nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+def _is_fsdp(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def _full_state_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # whole (unsharded) tensors on CPU, materialised on rank 0 only
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=_full_state_options())
+    return optimizer.state_dict()
+
+
 def _model_state(model: nn.Module) -> dict:
+    """Full weights, or the LoRA adapter alone for a peft model (FSDP models: full weights, gathered)."""
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=_full_state_options())
     model = _unwrap(model)
     if _is_peft(model):
         from peft import get_peft_model_state_dict
@@ -154,6 +196,11 @@ def _model_state(model: nn.Module) -> dict:
 
 
 def _load_model_state(model: nn.Module, state: dict) -> None:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+        return
     model = _unwrap(model)
     if _is_peft(model):
         from peft import set_peft_model_state_dict

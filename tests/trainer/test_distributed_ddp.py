@@ -3,7 +3,8 @@
 The multi-rank tests launch this very file with ``python -m torch.distributed.run``; run as a script it
 is the worker: each rank trains a tiny Qwen2 with the GRPO loss on its shard of a global batch, checks
 after every step that all ranks hold identical parameters, and rank 0 checks them against a copy of
-the model trained by one process on the full batch.
+the model trained by one process on the full batch. Then checkpoints of a DDP and of an FSDP-sharded
+model are saved and loaded into fresh models on every rank, which must continue bit for bit.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ def test_two_gloo_ranks_stay_in_step_and_match_one_rank_on_the_full_batch(tmp_pa
     # DDP averages gradients; with equal token counts per rank that is the full-batch token mean
     assert all(diff < 1e-5 for diff in results[0]["vs_single_rank"]), results[0]["vs_single_rank"]
     assert results[0]["moved"] > 1e-3  # the parameters really moved, far beyond the tolerance above
+    _assert_resumed_exactly(results)
+
+
+def _assert_resumed_exactly(results: list[dict]) -> None:
+    rng_files = [f"rng_rank{r}.pt" for r in range(len(results))]
+    for result in results:
+        for strategy in ("ddp", "fsdp"):
+            resumed = result["resume"][strategy]
+            assert resumed == {"equal": True, "rng_restored": True, "step": 2, "rng_files": rng_files}, strategy
 
 
 @pytest.mark.gpu
@@ -114,15 +124,16 @@ def test_nccl_ranks_stay_in_step(tmp_path, strategy):
         assert result["device"].startswith("cuda")
         assert all(spread == 0.0 for spread in result["rank_spread"])
     assert all(diff < 1e-4 for diff in results[0]["vs_single_rank"]), results[0]["vs_single_rank"]
+    _assert_resumed_exactly(results)
 
 
 # ---------------------------------------------------------------- the worker
 
 
-def _tiny_model(device):
+def _tiny_model(device, seed: int = 0):
     import transformers
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = transformers.Qwen2Config(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=64, max_position_embeddings=64,
@@ -140,18 +151,31 @@ def _grpo_loss(model, tokens_BT, advantages_B):
     return loss
 
 
+def _global_batch(gen):
+    from trainer.algos import grpo_advantages
+
+    tokens_BT = torch.randint(0, 64, (GLOBAL_BATCH, PROMPT + COMPLETION), generator=gen)
+    rewards_BG = torch.randint(0, 2, (GLOBAL_BATCH // GROUP, GROUP), generator=gen).float()
+    return tokens_BT, grpo_advantages(rewards_BG).reshape(-1)
+
+
+def _step(model, optimizer, tokens_BT, advantages_B, device) -> None:
+    loss = _grpo_loss(model, tokens_BT.to(device), advantages_B.to(device))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
 def _flat(model) -> torch.Tensor:
     # FSDP parameters are DTensors: full_tensor() gathers them (a collective: every rank calls it)
     return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1).float()
                       for p in model.parameters()])
 
 
-def _worker(out_dir: str, backend: str, strategy: str) -> None:
+def _train_in_step(info, strategy: str) -> dict:
+    """Train on shards; record per step the spread across ranks and (rank 0) the gap to one full-batch rank."""
     import torch.distributed as dist
 
-    from trainer.algos import grpo_advantages
-
-    info = init_distributed(backend)
     model = _tiny_model(info.device)
     single = copy.deepcopy(model) if info.is_main else None
     start = _flat(model).cpu()
@@ -161,28 +185,67 @@ def _worker(out_dir: str, backend: str, strategy: str) -> None:
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=LR)
     single_opt = torch.optim.SGD(single.parameters(), lr=LR) if single is not None else None
     gen = torch.Generator().manual_seed(1)
-    report = {"rank_spread": [], "vs_single_rank": [], "world_size": info.world_size, "device": str(info.device)}
+    report = {"rank_spread": [], "vs_single_rank": [], "samples": shard(list(range(GLOBAL_BATCH)), info)}
     for _ in range(STEPS):
-        tokens_BT = torch.randint(0, 64, (GLOBAL_BATCH, PROMPT + COMPLETION), generator=gen)
-        rewards_BG = torch.randint(0, 2, (GLOBAL_BATCH // GROUP, GROUP), generator=gen).float()
-        advantages_B = grpo_advantages(rewards_BG).reshape(-1)
-        mine = shard(list(range(GLOBAL_BATCH)), info)
-        report["samples"] = mine
-        loss = _grpo_loss(wrapped, tokens_BT[mine].to(info.device), advantages_B[mine].to(info.device))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        tokens_BT, advantages_B = _global_batch(gen)
+        mine = report["samples"]
+        _step(wrapped, optimizer, tokens_BT[mine], advantages_B[mine], info.device)
         flat = _flat(wrapped)
         gathered = [torch.zeros_like(flat) for _ in range(info.world_size)]
         dist.all_gather(gathered, flat)
         report["rank_spread"].append(max((g - flat).abs().max().item() for g in gathered))
         if single is not None:
-            single_loss = _grpo_loss(single, tokens_BT.to(info.device), advantages_B.to(info.device))
-            single_opt.zero_grad()
-            single_loss.backward()
-            single_opt.step()
+            _step(single, single_opt, tokens_BT, advantages_B, info.device)
             report["vs_single_rank"].append((_flat(single) - flat).abs().max().item())
     report["moved"] = (flat.cpu() - start).abs().max().item()
+    return report
+
+
+def _fully_shard_any_device(model, info):
+    """FSDP2 sharding; wrap_model allows it on CUDA only, but checkpoint gathering is the same on CPU/gloo."""
+    if info.device.type == "cuda":
+        return wrap_model(model, "fsdp", info)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def _resume_round_trip(info, wrap, run_dir: Path) -> dict:
+    """2 steps, save, 1 step -> A ; fresh model (other init, other RNG), load, the same step -> B ; A == B?"""
+    from trainer.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+
+    gen = torch.Generator().manual_seed(2)
+    batches = [_global_batch(gen) for _ in range(3)]
+    mine = shard(list(range(GLOBAL_BATCH)), info)
+    model = wrap(_tiny_model(info.device))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for tokens_BT, advantages_B in batches[:2]:
+        _step(model, optimizer, tokens_BT[mine], advantages_B[mine], info.device)
+    torch.manual_seed(100 + info.rank)  # a different torch RNG stream on each rank
+    save_checkpoint(run_dir, model=model, optimizer=optimizer, step=2, data_cursor=2 * GLOBAL_BATCH)
+    rng_at_save = torch.get_rng_state()
+    _step(model, optimizer, batches[2][0][mine], batches[2][1][mine], info.device)
+    expected = _flat(model)
+    fresh = wrap(_tiny_model(info.device, seed=5))
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    torch.manual_seed(999)
+    state = load_checkpoint(run_dir, model=fresh, optimizer=fresh_optimizer)
+    rng_restored = torch.equal(torch.get_rng_state(), rng_at_save)
+    _step(fresh, fresh_optimizer, batches[2][0][mine], batches[2][1][mine], info.device)
+    return {"equal": torch.equal(_flat(fresh), expected), "rng_restored": rng_restored, "step": state["step"],
+            "rng_files": sorted(p.name for p in resolve_checkpoint(run_dir).glob("rng_rank*.pt"))}
+
+
+def _worker(out_dir: str, backend: str, strategy: str) -> None:
+    info = init_distributed(backend)
+    report = {"world_size": info.world_size, "device": str(info.device), **_train_in_step(info, strategy)}
+    report["resume"] = {
+        "ddp": _resume_round_trip(info, lambda m: wrap_model(m, "ddp", info), Path(out_dir, "ckpt_ddp")),
+        "fsdp": _resume_round_trip(info, lambda m: _fully_shard_any_device(m, info), Path(out_dir, "ckpt_fsdp")),
+    }
     Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps(report))
     barrier()
     cleanup()
