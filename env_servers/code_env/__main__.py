@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     env_config = {f.name: getattr(args, f.name) for f in dataclasses.fields(CodeEnvConfig)
                   if getattr(args, f.name) is not None}
     CodeEnvConfig.build(env_config)  # fail fast, before the server starts
-    logging.getLogger("env_servers.code_env").info("sandbox: %s", CodeEnv.metadata()["sandbox"])
+    backend = CodeEnv.backend()
+    if hasattr(backend, "warm"):
+        backend.warm()  # start every slot's zygote now rather than on the first episodes
+    logging.getLogger("env_servers.code_env").info("sandbox: %s", backend.info())
     settings = {"max_sessions": args.max_sessions} if args.max_sessions is not None else {}
     serve(CodeEnv, host=args.host, port=args.port, env_config=env_config, **settings)
 
