@@ -208,7 +208,10 @@ def _load_model_state(model: nn.Module, state: dict) -> None:
         result = set_peft_model_state_dict(model, state)
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
-            raise KeyError(f"Expected adapter weights matching the model's LoRA config, got unknown keys {unexpected[:5]}.")
+            raise KeyError(
+                f"Expected adapter weights matching the model's LoRA config, got unknown keys {unexpected[:5]}; "
+                "build the model with the LoRA config used when saving."
+            )
         return
     model.load_state_dict(state)
 

@@ -203,7 +203,8 @@ class Progress:
         rate = self.n / elapsed_s if elapsed_s > 0 else 0.0
         post = " ".join(f"{k}={_fmt(v)}" for k, v in self._postfix.items())
         prefix = f"{self.desc}: " if self.desc else ""
-        return f"{prefix}{100 * frac:5.1f}% |{bar}| {self.n}/{self.total} [{elapsed_s:.0f}s, {rate:.2f}it/s] {post}".rstrip()
+        counts = f"{self.n}/{self.total} [{elapsed_s:.0f}s, {rate:.2f}it/s]"
+        return f"{prefix}{100 * frac:5.1f}% |{bar}| {counts} {post}".rstrip()
 
     def __enter__(self) -> "Progress":
         return self
