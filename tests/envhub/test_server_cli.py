@@ -1,0 +1,137 @@
+"""``envhub serve`` / ``envhub check`` as a user runs them, settings from ``ENVHUB_*``, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+from websockets.exceptions import ConnectionClosed
+
+from envhub.cli import build_parser, main, parse_set
+from envhub.settings import Settings
+
+ENV_MODULE = textwrap.dedent('''
+    import time
+    from pathlib import Path
+    from envhub import Env, Observation, StepResult
+
+    class SlowEnv(Env):
+        """Steps sleep; close() leaves a marker file."""
+
+        def __init__(self, marker: str = "closed.txt", delay: float = 1.0):
+            self.marker, self.delay = marker, delay
+
+        def reset(self, seed=None):
+            return Observation(text="ready")
+
+        def on_text(self, text):
+            time.sleep(self.delay)
+            return StepResult(observation=Observation(text="slept " + text))
+
+        def close(self):
+            Path(self.marker).write_text("closed")
+''')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "server exited"
+        try:
+            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise AssertionError("server did not become healthy")
+
+
+def test_settings_from_env_with_overrides_and_validation():
+    env = {"ENVHUB_PORT": "9001", "ENVHUB_STEP_TIMEOUT_S": "2.5", "ENVHUB_IDLE_TIMEOUT_S": "none",
+           "ENVHUB_COMPRESSION": "true", "ENVHUB_TOKEN": "t"}
+    s = Settings.from_env(env)
+    assert (s.port, s.step_timeout_s, s.idle_timeout_s, s.compression, s.token) == (9001, 2.5, None, True, "t")
+    assert Settings.from_env(env, port=9002, max_sessions=None).port == 9002
+    with pytest.raises(ValueError, match="ENVHUB_PORT to be int"):
+        Settings.from_env({"ENVHUB_PORT": "eighty"})
+    with pytest.raises(ValueError, match="max_sessions"):
+        Settings(max_sessions=0)
+    with pytest.raises(TypeError, match="Unknown setting"):
+        Settings.from_env({}, colour="blue")
+
+
+def test_parse_set_reads_json_or_plain_strings():
+    assert parse_set(["n=3", "name=hard", "flags=[1, 2]", "empty="]) == {"n": 3, "name": "hard", "flags": [1, 2],
+                                                                        "empty": ""}
+
+
+def test_help_lists_subcommands_and_serve_flags(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--host", "--port", "--max-sessions", "--token", "--step-timeout", "--idle-timeout", "--set"):
+        assert flag in out
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    assert "check" in capsys.readouterr().out
+
+
+def test_check_command_reports_results(capsys):
+    assert main(["check", "envhub.testing:EchoEnv"]) == 0
+    out = capsys.readouterr().out
+    assert "[ok] reset returns an observation" in out and "7 passed, 0 failed" in out
+    assert main(["check", "envhub.testing:NoSuchEnv"]) == 2
+    assert "no attribute 'NoSuchEnv'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_serve_then_sigterm_finishes_the_in_flight_step_and_closes_envs(tmp_path: Path):
+    (tmp_path / "slow_env.py").write_text(ENV_MODULE)
+    port = free_port()
+    marker = tmp_path / "closed.txt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envhub", "serve", "slow_env:SlowEnv", "--port", str(port),
+         "--set", f"marker={json.dumps(str(marker))}", "--set", "delay=1.0", "--max-sessions", "4"],
+        cwd=tmp_path, stderr=subprocess.PIPE, env={**os.environ, "ENVHUB_LOG_LEVEL": "warning"})
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        assert httpx.get(f"http://127.0.0.1:{port}/metadata").json()["envhub"]["max_sessions"] == 4
+
+        async def session() -> tuple[dict, int]:
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+                await ws.send(json.dumps({"type": "reset"}))
+                await ws.recv()
+                await ws.send(json.dumps({"type": "step", "data": {"text": "zz"}}))
+                await asyncio.sleep(0.2)
+                proc.send_signal(signal.SIGTERM)
+                reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                with pytest.raises(ConnectionClosed) as info:
+                    await asyncio.wait_for(ws.recv(), 10)
+                return reply, info.value.rcvd.code
+
+        reply, code = asyncio.run(session())
+        assert reply["data"]["observation"]["text"] == "slept zz"  # the in-flight step finished
+        assert code == 1001
+        # uvicorn re-raises the captured SIGTERM once shutdown completed, so -SIGTERM is a clean exit too
+        assert proc.wait(15) in (0, -signal.SIGTERM)
+        assert marker.read_text() == "closed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
