@@ -86,22 +86,16 @@ class Board:
         """Empty cells where ``stone`` would complete five or more in a row right now."""
         return [(r, c) for r, c in self.empty_cells() if self.makes_five(r, c, stone)]
 
-    def line(self, row: int, col: int, dr: int, dc: int, stone: str, reach: int = 5) -> str:
-        """The cells within ``reach`` of (row, col) along a direction, seen from ``stone``.
+    def line(self, row: int, col: int, dr: int, dc: int, reach: int = 5) -> str:
+        """The cells within ``reach`` of (row, col) along a direction, centre at index ``reach``.
 
-        Own stones read ``#``, empty cells ``.``, opponent stones and the edge ``|``; the centre is
-        index ``reach`` and reads ``#`` (as if ``stone`` were placed there).
+        Cells read ``X``, ``O`` or ``.``; off the board reads ``|``. The centre cell is read as is.
         """
+        size, cells = self.size, self.cells
         out = []
         for k in range(-reach, reach + 1):
             r, c = row + k * dr, col + k * dc
-            if k == 0:
-                out.append("#")
-            elif not self.in_bounds(r, c):
-                out.append("|")
-            else:
-                cell = self.cells[r][c]
-                out.append("#" if cell == stone else "." if cell == EMPTY else "|")
+            out.append(cells[r][c] if 0 <= r < size and 0 <= c < size else "|")
         return "".join(out)
 
     # -- mutation --------------------------------------------------------------------------

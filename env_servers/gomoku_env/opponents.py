@@ -11,11 +11,12 @@ own lines and cuts the other side's, ties broken at random.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from env_servers.gomoku_env.board import DIRECTIONS, Board, Move, other
+from env_servers.gomoku_env.board import DIRECTIONS, O, X, Board, Move, other
 
 # Line patterns, seen from the side to move: '#' own stone, '.' empty, '|' opponent or edge.
 # The centre of each line is the stone just placed; a pattern counts only if it uses that stone.
@@ -43,8 +44,12 @@ def _covers(line: str, pattern: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def classify(line: str) -> str | None:
-    """The strongest shape the centre stone of ``line`` is part of, or None."""
+    """The strongest shape the centre stone of ``line`` is part of, or None.
+
+    Cached: lines repeat a lot (3^10 possible, far fewer seen), and this is the opponent's hot loop.
+    """
     for name, patterns in _PATTERNS:
         if any(_covers(line, p) for p in patterns):
             return name
@@ -75,9 +80,23 @@ class Threat:
         return base
 
 
+# A line seen from one side: own stones '#', the other side's stones and the edge '|'.
+_SEEN_BY = {X: str.maketrans({X: "#", O: "|"}), O: str.maketrans({O: "#", X: "|"})}
+
+
+def threats(board: Board, row: int, col: int) -> dict[str, Threat]:
+    """For each stone, the shapes it would make by playing at the empty cell (row, col)."""
+    lines = [board.line(row, col, dr, dc, _REACH) for dr, dc in DIRECTIONS]
+    out = {}
+    for stone, table in _SEEN_BY.items():
+        # the centre is empty on the board; seen from the mover it holds its own stone
+        out[stone] = Threat(tuple(classify(f"{ln[:_REACH]}#{ln[_REACH + 1:]}".translate(table)) for ln in lines))
+    return out
+
+
 def threat(board: Board, row: int, col: int, stone: str) -> Threat:
     """The shapes ``stone`` would make by playing at the empty cell (row, col)."""
-    return Threat(tuple(classify(board.line(row, col, dr, dc, stone, _REACH)) for dr, dc in DIRECTIONS))
+    return threats(board, row, col)[stone]
 
 
 def candidate_cells(board: Board, radius: int = 2) -> list[Move]:
@@ -122,8 +141,9 @@ class HeuristicOpponent:
     def choose(self, board: Board, stone: str, rng: random.Random) -> Move:
         foe = other(stone)
         cells = candidate_cells(board)
-        mine = {cell: threat(board, *cell, stone) for cell in cells}
-        theirs = {cell: threat(board, *cell, foe) for cell in cells}
+        both = {cell: threats(board, *cell) for cell in cells}
+        mine = {cell: t[stone] for cell, t in both.items()}
+        theirs = {cell: t[foe] for cell, t in both.items()}
         # The tiers below are in the order a strong player checks them; within a tier the best
         # combined score wins, so a block that also builds our own line is preferred.
         for tier in ([c for c in cells if mine[c].wins], [c for c in cells if theirs[c].wins],
