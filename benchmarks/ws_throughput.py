@@ -197,6 +197,10 @@ class Figures:
     def steps_per_s(self) -> float:
         return self.steps / self.seconds
 
+    def cpu_us_per_step(self, side: str) -> float:
+        """CPU microseconds per step: robust to other load on the machine, unlike steps/s."""
+        return (self.client_cpu_s if side == "client" else self.server_cpu_s) / max(self.steps, 1) * 1e6
+
 
 async def run_scenario(kind: str, url: str, sessions: int, seconds: float, server_pid: int) -> Figures:
     opened = await asyncio.gather(*(OPENERS[kind](url) for _ in range(sessions)))
@@ -229,11 +233,11 @@ async def run_scenario(kind: str, url: str, sessions: int, seconds: float, serve
 
 
 def report(results: list[Figures]) -> str:
-    lines = [f"{'server+client':<10} {'sessions':>8} {'steps/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
-             f"{'client CPU s':>12} {'server CPU s':>12}"]
+    lines = [f"{'server+client':<14}{'sessions':>8} {'steps/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+             f"{'client CPU us/step':>19} {'server CPU us/step':>19}"]
     for r in results:
-        lines.append(f"{r.kind:<10} {r.sessions:>8} {r.steps_per_s:>10,.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
-                     f"{r.client_cpu_s:>12.2f} {r.server_cpu_s:>12.2f}")
+        lines.append(f"{r.kind:<14}{r.sessions:>8} {r.steps_per_s:>9,.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
+                     f"{r.cpu_us_per_step('client'):>19.0f} {r.cpu_us_per_step('server'):>19.0f}")
     by = {(r.kind, r.sessions): r.steps_per_s for r in results}
     for n in sorted({r.sessions for r in results}):
         hub = by.get(("envhub", n))
@@ -248,11 +252,20 @@ def report(results: list[Figures]) -> str:
     return "\n".join(lines)
 
 
+def median_runs(runs: list[Figures]) -> list[Figures]:
+    """Per (kind, sessions), the run with the median throughput."""
+    groups: dict[tuple[str, int], list[Figures]] = {}
+    for r in runs:
+        groups.setdefault((r.kind, r.sessions), []).append(r)
+    return [sorted(g, key=lambda r: r.steps_per_s)[len(g) // 2] for g in groups.values()]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per scenario (default 5)")
     ap.add_argument("--sessions", default="1,32", help="comma-separated concurrent session counts (default 1,32)")
     ap.add_argument("--only", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds; the median run is reported (default 1)")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     ap.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -265,21 +278,27 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown kinds {sorted(unknown)}; expected some of {', '.join(KINDS)}")
     counts = [int(n) for n in args.sessions.split(",") if n]
-    results: list[Figures] = []
-    for kind in kinds:
-        proc, url = start_server(kind)
-        try:
-            for n in counts:
-                fig = asyncio.run(run_scenario(kind, url, n, args.seconds, proc.pid))
-                print(f"  {kind:<8} {n:>3} session(s): {fig.steps_per_s:,.0f} steps/s", flush=True)
-                results.append(fig)
-        finally:
+    servers = {kind: start_server(kind) for kind in kinds}
+    runs: list[Figures] = []
+    try:
+        # Rounds interleave the kinds so that load from other processes hits them alike.
+        for round_no in range(args.repeat):
+            for kind in kinds:
+                proc, url = servers[kind]
+                for n in counts:
+                    fig = asyncio.run(run_scenario(kind, url, n, args.seconds, proc.pid))
+                    print(f"  round {round_no + 1}: {kind:<8} {n:>3} session(s): {fig.steps_per_s:,.0f} steps/s",
+                          flush=True)
+                    runs.append(fig)
+    finally:
+        for proc, _ in servers.values():
             proc.terminate()
             proc.wait(10)
+    results = median_runs(runs)
     print(report(results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{**vars(r), "steps_per_s": r.steps_per_s} for r in results], f, indent=2)
+            json.dump([{**vars(r), "steps_per_s": r.steps_per_s} for r in runs], f, indent=2)
     return 0
 
 

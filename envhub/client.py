@@ -304,6 +304,11 @@ class EnvClient:
                     await self._drop(SessionLostError(f"session dropped after a timeout ({err}); "
                                                       "call reset() to start a new session."))
                 raise err from None
+            except asyncio.CancelledError:
+                if not self._ids:  # the caller gave up mid-request: its reply must not answer the next one
+                    self._abandon(SessionLostError("session dropped: a request was cancelled before its reply; "
+                                                   "call reset() to start a new session."))
+                raise
             except ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd is not None else 1006
                 can_resume = (_wire.EXT_RESUME in self.extensions and self._ids and self.session_id
@@ -342,6 +347,13 @@ class EnvClient:
                 if got != rid and not (got is None and msg.get("type") == _wire.REPLY_ERROR):
                     continue
             return msg
+
+    def _abandon(self, reason: EnvHubError) -> None:
+        """Drop the session without awaiting (usable while being cancelled)."""
+        self._lost = reason
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            ws.transport.abort()
 
     async def _drop(self, reason: EnvHubError) -> None:
         self._lost = reason

@@ -292,3 +292,19 @@ async def test_sync_client_same_api():
                 return out, env.state(), [t.name for t in env.tools()]
         out, state, tools = await asyncio.to_thread(run)
         assert out == ["m0", "m1", "m2"] and state == {"step_count": 3} and tools == ["echo"]
+
+
+@pytest.mark.parametrize("envhub", [False, True])
+async def test_cancelled_request_never_desynchronises(envhub):
+    async with FakeServer(envhub=envhub) as srv, EnvClient(srv.url) as env:
+        await env.reset()
+        pending = asyncio.ensure_future(env.step({"message": "sleep:0.3"}))
+        await asyncio.sleep(0.05)
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        if envhub:  # request ids: the session survives and the stale reply is skipped
+            assert (await env.step({"message": "next"})).observation.text == "next"
+        else:       # plain OpenEnv: the session is dropped rather than risk a shifted reply
+            with pytest.raises(SessionLostError):
+                await env.step({"message": "next"})
