@@ -61,14 +61,14 @@ async def test_a_process_ignoring_sigterm_is_killed_after_the_grace(sched, tmp_p
 
 
 async def test_lost_heartbeats_end_a_running_job(sched, tmp_path):
-    job = await sched.submit(ME, JobRequest(command=["sleep", "60"], gpus=2, heartbeat_timeout_s=0.4))
+    job = await sched.submit(ME, JobRequest(command=["sleep", "60"], gpus=2, heartbeat_timeout_s=0.8))
     await wait_for(lambda: job.pid is not None, what="the job to start")
-    for _ in range(4):  # heartbeats keep it alive past its timeout
+    for _ in range(7):  # heartbeats keep it alive past its timeout
         await sched.heartbeat(ME, job.id)
         await asyncio.sleep(0.15)
     assert job.state == "running"
     await sched.wait(job.id, timeout_s=5)
-    assert job.state == "failed" and job.reason == "heartbeat lost: no heartbeat for 0.4 s"
+    assert job.state == "failed" and job.reason == "heartbeat lost: no heartbeat for 0.8 s"
     assert not alive(job.pid) and sched.gpus.free_count() == 4
 
 
