@@ -100,7 +100,8 @@ def test_memory_spread_across_children_is_capped_by_the_cgroup(backend):
             "        time.sleep(30)\n        os._exit(0)\n    pids.append(pid)\nfor p in pids:\n    os.waitpid(p, 0)")
     result = backend.run_sync(code, limits=Limits(timeout_s=2.0, mem_mb=256))
     assert not result.ok
-    assert result.oom_killed or result.timed_out
+    if backend.info()["cgroups"] is not None:
+        assert result.oom_killed
 
 
 def test_output_flood_is_capped_and_killed_quickly(backend):

@@ -95,3 +95,49 @@ async def test_async_runs_are_concurrent_up_to_the_slot_count(backend):
 def test_info_names_the_backend(backend):
     info = backend.info()
     assert info["backend"] == backend.name and info["slots"] == 2
+
+
+@pytest.mark.docker
+def test_docker_backend_runs_code_without_network():
+    from env_servers.code_env.sandbox.docker_backend import DockerBackend, docker_available
+
+    if not docker_available():
+        pytest.skip("needs a reachable Docker engine and `pip install docker`")
+    with DockerBackend(slots=1) as b:
+        result = b.run_sync("import socket\nprint(1)\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
+                            limits=Limits(timeout_s=5))
+        assert result.stdout == "1\n" and result.exit_code == 1 and "Error" in result.stderr
+        assert b.run_sync("while True: pass", limits=FAST).timed_out
+        assert b.run_sync("import os; print(os.getuid())").stdout == "65534\n"
+
+
+@pytest.fixture
+def zygote():
+    if "local-zygote" not in LOCAL:
+        pytest.skip(SKIP_REASON)
+    from env_servers.code_env.sandbox.zygote import ZygoteBackend
+
+    with ZygoteBackend(slots=1, preload=(), max_runs=3) as b:
+        yield b
+
+
+@pytest.mark.sandbox
+def test_zygote_is_recycled_after_max_runs(zygote):
+    outputs = [zygote.run_sync("import os; print(os.getpid())").stdout for _ in range(7)]
+    # pids count up inside one zygote's namespace and start again at 2 in a fresh one
+    assert outputs == ["2\n", "3\n", "4\n", "2\n", "3\n", "4\n", "2\n"]
+    assert zygote.info()["workers_spawned"] == 3
+
+
+@pytest.mark.sandbox
+def test_zygote_killed_mid_run_is_reported_and_respawned(zygote):
+    import threading
+
+    zygote.run_sync("print('warm')")
+    slot = zygote._slots[0]
+    killer = threading.Timer(0.3, slot.cgroup.kill)  # what the OOM killer does to the slot's pid 1
+    killer.start()
+    result = zygote.run_sync("import time; time.sleep(3)", limits=Limits(timeout_s=5))
+    killer.join()
+    assert not result.ok and result.signal == 9 and "[sandbox]" in result.stderr
+    assert zygote.run_sync("print('back')").stdout == "back\n"
