@@ -15,8 +15,11 @@ from env_servers.gomoku_env import prompts
 from env_servers.gomoku_env.board import Board, Move, OpeningConfig, coerce_move, other, parse_move, random_opening
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.coordinator import REGISTRY, Match, MatchRegistry, Report
-from env_servers.gomoku_env.game import INVALID_EVENTS, TwoPlayerGame
+from env_servers.gomoku_env.game import DRAW, STEP_LIMIT, VALID, WIN, TwoPlayerGame
 from env_servers.gomoku_env.render import render_png
+
+
+PLAYED_EVENTS = frozenset({VALID, WIN, DRAW, STEP_LIMIT})
 
 
 class GomokuMatchEnv(Env):
@@ -152,7 +155,7 @@ class GomokuMatchEnv(Env):
         match, seat = self.match, self.seat
         assert match is not None and seat is not None
         board, game = match.game.board, match.game
-        legal = report.event not in INVALID_EVENTS and report.event != "too_many_invalid"
+        legal = report.event in PLAYED_EVENTS  # the move is on the board
         reply = _reply(board, seat) if legal or report.end is not None else None
         if report.end is not None:
             text = prompts.end_message(report.end.reason, board, seat, report.move if legal else None, reply)

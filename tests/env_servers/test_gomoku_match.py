@@ -126,6 +126,19 @@ async def test_disconnect_ends_the_match_for_the_other_player_as_truncated():
     assert mid not in REGISTRY._matches
 
 
+async def test_a_match_that_ends_during_reset_reports_on_the_first_step():
+    mid = new_id()
+    x, o = EnvRunner(GomokuMatchEnv()), EnvRunner(GomokuMatchEnv())
+    await x.reset(match_id=mid, seat="X", opening=[])
+    o_reset = asyncio.create_task(o.reset(match_id=mid, seat="O"))  # waits for X's first move
+    await asyncio.sleep(0.01)
+    await x.close()
+    first = await o_reset
+    assert first.observation.metadata["event"] == "match_over" and "disconnected" in first.observation.text
+    result = await o.step(mv(4, 4))
+    assert result.truncated and result.reward == 0.0 and result.info["end_reason"] == "opponent_disconnected"
+
+
 async def test_a_slow_opponent_times_out():
     mid = new_id()
     x, o = EnvRunner(GomokuMatchEnv(turn_timeout_s=0.3)), EnvRunner(GomokuMatchEnv(turn_timeout_s=0.3))
@@ -139,6 +152,7 @@ async def test_a_slow_opponent_times_out():
     assert result.truncated and result.reward == 0.0 and result.info["end_reason"] == "opponent_timeout"
     late = await o.step(mv(3, 3))
     assert late.truncated and late.reward == 0.0 and late.info["end_reason"] == "turn_timeout"
+    assert not late.info["valid"] and "You placed" not in late.observation.text
     assert (await o.state())["board"][3][3] == "."  # the late move was not played
 
 
