@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -204,3 +203,17 @@ def test_sigterm_ends_log_streams_and_running_jobs_then_exits(tmp_path):
         sched.send_signal(signal.SIGTERM)
         sched.wait(timeout=15)
         sched.stdout.close()
+
+
+def test_submit_self_streams_the_log_and_returns_the_exit_code(live, tmp_path, monkeypatch):
+    import io
+
+    from trainer.scheduler import submit_self
+
+    monkeypatch.chdir(tmp_path)  # the job runs where the caller stands
+    out = io.StringIO()
+    code = "import os; print('rank env', os.environ['CUDA_VISIBLE_DEVICES'], os.getcwd()); raise SystemExit(3)"
+    assert submit_self(live.url, [PY, "-c", code], gpus=2, kind="rl", out=out) == 3
+    assert out.getvalue() == f"rank env 0,1 {tmp_path}\n"
+    with SchedulerClient(live.url) as client:
+        assert [(j["state"], j["kind"], j["cwd"]) for j in client.list()] == [("failed", "rl", str(tmp_path))]
