@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import Any, Coroutine, TypeVar
 from urllib.parse import urlsplit
 
@@ -39,6 +40,37 @@ class BackgroundLoop:
             raise RuntimeError("A sync envhub client was called from its own event-loop thread; "
                                "use the async API (await client.step(...)) inside coroutines.")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+# (metadata URL, token) -> (expiry on the monotonic clock, metadata). Many sessions of one trainer dial
+# the same server; one GET per server every few seconds is enough (the hello frame is authoritative).
+_METADATA: dict[tuple[str, str | None], tuple[float, dict[str, Any]]] = {}
+METADATA_TTL_S = 10.0
+
+
+async def cached_metadata(base_url: str, token: str | None, timeout_s: float) -> dict[str, Any]:
+    """The server's ``/metadata`` (``{}`` for a server without one); raises ``AuthError`` on 401/403."""
+    from envhub import _wire
+    from envhub.errors import AuthError
+
+    url = _wire.http_url(base_url, "/metadata")
+    now = time.monotonic()
+    hit = _METADATA.get((url, token))
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    status, meta = await fetch_json(url, token, timeout_s)
+    if status in (401, 403):
+        raise AuthError(f"GET /metadata returned HTTP {status}: pass the server's token=...")
+    meta = meta if status == 200 and isinstance(meta, dict) else {}
+    _METADATA[(url, token)] = (now + METADATA_TTL_S, meta)
+    return meta
+
+
+def forget_metadata(base_url: str, token: str | None) -> None:
+    """Drop a cached ``/metadata`` (after a failed connect, the server may have changed)."""
+    from envhub import _wire
+
+    _METADATA.pop((_wire.http_url(base_url, "/metadata"), token), None)
 
 
 async def fetch_json(url: str, token: str | None, timeout_s: float) -> tuple[int, Any]:

@@ -24,7 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from envhub import _wire
-from envhub._client_io import BackgroundLoop, fetch_json
+from envhub._client_io import BackgroundLoop, cached_metadata, forget_metadata
 from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvHubError, ErrorCode,
                            MessageTooLargeError, ProtocolError, ServerError, SessionLostError, StepTimeoutError,
                            error_for_code)
@@ -201,16 +201,15 @@ class EnvClient:
                     raise AuthError(f"the server refused the token for {self.base_url} "
                                     f"(HTTP {exc.response.status_code}); pass token=...") from None
                 last = exc
+                if self._ext_mode == "auto":
+                    self.metadata = None
+                    forget_metadata(self.base_url, self.token)
         raise EnvConnectionError(f"Could not connect to {self.base_url} after {self.retries + 1} attempt(s): "
                                  f"{type(last).__name__}: {last}. Is the server running?") from last
 
     async def _open_once(self, *, resume: bool) -> None:
         if self._ext_mode == "auto" and self.metadata is None:
-            status, meta = await fetch_json(_wire.http_url(self.base_url, "/metadata"), self.token,
-                                            self.connect_timeout_s)
-            if status in (401, 403):
-                raise AuthError(f"GET /metadata returned HTTP {status}: pass the server's token=...")
-            self.metadata = meta if status == 200 and isinstance(meta, dict) else {}
+            self.metadata = await cached_metadata(self.base_url, self.token, self.connect_timeout_s)
         wanted = self._wanted_extensions()
         query: dict[str, Any] = {"ext": ",".join(wanted) if wanted else None}
         if resume:

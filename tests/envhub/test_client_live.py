@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import pytest
 
-from envhub import Env, Observation, StepResult, reward, tool
+from envhub import Env, Observation, reward, tool
 from envhub.client import EnvClient
 from envhub.env_tool import EnvTool, ToolManager
 from envhub.errors import (ActionValidationError, AuthError, CapacityError, EpisodeStateError, SessionLostError,
