@@ -248,3 +248,17 @@ def test_privilege_escalation_attempts_fail(backend):
     assert "setuid -1 setgid -1" in result.stdout
     if backend.name != "local-rlimit":  # the fallback cannot stop a (harmless) private user namespace
         assert "unshare -1" in result.stdout
+
+
+def test_seccomp_refuses_kernel_attack_surface(isolating):
+    code = ("import ctypes, errno, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "def sys_(nr, *a):\n    r = libc.syscall(nr, *a)\n    return errno.errorcode.get(ctypes.get_errno(), r) if r < 0 else r\n"
+            "print('bpf', sys_(321, 0, 0, 0), 'io_uring', sys_(425, 1, 0), 'perf', sys_(298, 0, 0, -1, -1, 0),\n"
+            "      'keyctl', sys_(250, 0), 'clone3', sys_(435, 0, 0), 'mount', sys_(165, 0, 0, 0, 0, 0))\n"
+            "for fam in (socket.AF_NETLINK, socket.AF_PACKET, socket.AF_INET):\n    try:\n        socket.socket(fam, socket.SOCK_RAW)\n"
+            "        print('OPENED', fam)\n    except OSError as e:\n        print(errno.errorcode[e.errno])\n"
+            "a, b = socket.socketpair()\na.send(b'unix ok')\nprint(b.recv(10).decode())")
+    result = isolating.run_sync(code, limits=FAST)
+    assert result.stdout.splitlines() == [
+        "bpf EPERM io_uring EPERM perf EPERM keyctl EPERM clone3 ENOSYS mount EPERM",
+        "EACCES", "EACCES", "EACCES", "unix ok"], result.stderr

@@ -88,6 +88,8 @@ class ExecResult:
             status = f"timed out after {self.duration_s:.2f}s"
         elif self.oom_killed:
             status = "killed: out of memory"
+        elif self.signal == 9 and self.output_truncated:
+            status = "killed: output limit exceeded"
         elif self.signal is not None:
             status = f"killed by signal {self.signal}"
         else:

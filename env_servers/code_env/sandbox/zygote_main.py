@@ -79,6 +79,20 @@ def wipe():
     return clean
 
 
+def remove_sysv_ipc():
+    """Runs of a slot share its IPC namespace: drop SysV shared memory, queues and semaphores between runs."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, remove in (("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
+                         ("sem", lambda i: libc.semctl(i, 0, 0))):
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            remove(int(row.split()[1]))  # IPC_RMID == 0
+
+
 def kill_all():
     """SIGKILL and reap every other process in the namespace (setsid'd and double-forked ones too)."""
     while True:
@@ -268,6 +282,7 @@ def main():
         except OSError as exc:  # fork refused (pids limit), scratch full, ...
             kill_all()
             reply = {"error": f"{type(exc).__name__}: {exc}"}
+        remove_sysv_ipc()
         reply["clean"] = wipe()
         send(reply)
 
