@@ -123,7 +123,7 @@ class Board:
          4 . . . . .
         """
         width = len(str(self.size - 1))
-        header = " " * (width + 1) + " ".join(str(c).rjust(width) for c in range(self.size))
+        header = " " * (width + 2) + " ".join(str(c).rjust(width) for c in range(self.size))
         rows = [str(r).rjust(width + 1) + " " + " ".join(cell.rjust(width) for cell in self.cells[r])
                 for r in range(self.size)]
         return "\n".join([header, *rows])

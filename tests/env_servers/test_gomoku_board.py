@@ -51,6 +51,9 @@ def test_render_numbers_rows_and_columns_on_big_boards():
     assert lines[0].split() == [str(c) for c in range(12)]
     assert lines[1].split() == ["0", "O"] + ["."] * 11
     assert lines[12].split()[0] == "11" and lines[12].split()[11] == "X"
+    assert lines[0].rindex("10") + 1 == lines[12].index("X")  # column numbers sit above their cells
+    small = board_with(5, xs=[(0, 4)]).render().splitlines()
+    assert small[0].index("4") == small[1].index("X")
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -189,3 +192,22 @@ def test_png_render_is_a_png_of_the_board_size():
         return sum(image.getpixel((28 + c * 20 + 10, 28 + r * 20 + 10)))
 
     assert pixel(4, 4) < 150 < pixel(0, 0) and pixel(3, 3) > 600  # X dark, O light, empty board colour
+
+
+def test_a_greedy_line_builder_cannot_exploit_the_heuristic():
+    # Extending the longest own line every move beats an opponent that never blocks threes and fours.
+    from env_servers.gomoku_env.board import DIRECTIONS
+
+    def longest_line_move(board, rng):
+        scored = [(max(board.run_length(r, c, X, dr, dc) for dr, dc in DIRECTIONS), (r, c))
+                  for r, c in board.empty_cells()]
+        best = max(s for s, _ in scored)
+        return rng.choice([cell for s, cell in scored if s == best])
+
+    for seed in range(8):
+        rng, board, stone = random.Random(seed), Board(9), X
+        while board.winner() is None and not board.is_full():
+            move = longest_line_move(board, rng) if stone == X else HeuristicOpponent().choose(board, O, rng)
+            board.place(*move, stone)
+            stone = O if stone == X else X
+        assert board.winner() != X, f"seed {seed}: the greedy builder won"
