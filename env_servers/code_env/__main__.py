@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import typing
+from typing import Any
 
 from env_servers.code_env.env import CodeEnv, CodeEnvConfig
 from env_servers.code_env.sandbox import BACKENDS, SandboxConfig, make_backend, set_default_backend
@@ -43,25 +44,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    from envhub.server import serve
-
+def parse(argv: list[str] | None = None) -> tuple[SandboxConfig | None, dict[str, Any], dict[str, Any]]:
+    """(sandbox config when ``--backend``/``--slots`` were given, env kwargs, server settings) from the flags."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sandbox = None
     if args.backend is not None or args.slots is not None:
-        env_config = SandboxConfig.from_env()
-        config = dataclasses.replace(env_config, backend=args.backend or env_config.backend,
-                                     slots=args.slots or env_config.slots)
-        set_default_backend(make_backend(config))
+        base = SandboxConfig.from_env()
+        sandbox = dataclasses.replace(base, backend=args.backend or base.backend, slots=args.slots or base.slots)
     env_config = {f.name: getattr(args, f.name) for f in dataclasses.fields(CodeEnvConfig)
                   if getattr(args, f.name) is not None}
     CodeEnvConfig.build(env_config)  # fail fast, before the server starts
+    settings = {"host": args.host, "port": args.port}
+    if args.max_sessions is not None:
+        settings["max_sessions"] = args.max_sessions
+    return sandbox, env_config, settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    from envhub.server import serve
+
+    sandbox, env_config, settings = parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if sandbox is not None:
+        set_default_backend(make_backend(sandbox))
     backend = CodeEnv.backend()
     if hasattr(backend, "warm"):
         backend.warm()  # start every slot's zygote now rather than on the first episodes
     logging.getLogger("env_servers.code_env").info("sandbox: %s", backend.info())
-    settings = {"max_sessions": args.max_sessions} if args.max_sessions is not None else {}
-    serve(CodeEnv, host=args.host, port=args.port, env_config=env_config, **settings)
+    serve(CodeEnv, env_config=env_config, **settings)
 
 
 if __name__ == "__main__":
