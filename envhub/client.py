@@ -309,6 +309,9 @@ class EnvClient:
                                                    "call reset() to start a new session."))
                 raise
             except ConnectionClosed as exc:
+                last_words = await self._buffered_reply(ws, rid)
+                if last_words is not None:  # e.g. CAPACITY_REACHED sent right before the close
+                    return last_words
                 code = exc.rcvd.code if exc.rcvd is not None else 1006
                 can_resume = (_wire.EXT_RESUME in self.extensions and self._ids and self.session_id
                               and code not in _NO_RESUME_CODES and resumes < max(self.retries, 1))
@@ -323,6 +326,13 @@ class EnvClient:
                     self._lost = err if isinstance(err, SessionLostError) else SessionLostError(str(err))
                     raise self._lost from None
                 frame = self._encode(msg)  # the resumed session may speak another codec
+
+    async def _buffered_reply(self, ws: ClientConnection, rid: Any) -> dict[str, Any] | None:
+        """A reply the server sent before closing, still queued on a closed socket (None if none)."""
+        try:
+            return await self._receive(ws, rid)
+        except (ConnectionClosed, ProtocolError):
+            return None
 
     async def _receive(self, ws: ClientConnection, rid: Any) -> dict[str, Any]:
         while True:

@@ -61,13 +61,13 @@ def observation_text(obs: Any) -> str:
 
 
 def _dict_text(d: dict[str, Any]) -> str:
-    if not d:
-        return ""
     for key in _TEXT_KEYS:
-        if d.get(key) is not None:
-            value = d[key]
+        value = d.get(key)
+        if value is not None and value != "":  # an envhub observation read as a dict has text=""
             return value if isinstance(value, str) else _to_json(value)
-    return _to_json({k: v for k, v in d.items() if k not in _HOISTED})
+    # Envhub's empty defaults (text, images) and the OpenEnv fields hoisted to the envelope are noise here.
+    rest = {k: v for k, v in d.items() if k not in _HOISTED and not (k in ("text", "images") and not v)}
+    return _to_json(rest) if rest else ""
 
 
 def _to_json(value: Any) -> str:

@@ -30,8 +30,8 @@ TOOLS = [{"type": "function", "function": {"name": "echo", "description": "Echo 
 class FakeServer:
     """A contract-following env server in ~100 lines, scripted through step messages."""
 
-    def __init__(self, extensions=ALL_EXT, token=None, envhub=True):
-        self.extensions, self.token, self.envhub = list(extensions), token, envhub
+    def __init__(self, extensions=ALL_EXT, token=None, envhub=True, reject=None):
+        self.extensions, self.token, self.envhub, self.reject = list(extensions), token, envhub, reject
         self.frames: list = []          # every request envelope received, decoded
         self.connections = 0
         self.sessions: dict = {}        # session_id -> {"token", "steps", "last_id", "last_reply"}
@@ -60,6 +60,10 @@ class FakeServer:
 
     async def _handle(self, ws):
         self.connections += 1
+        if self.reject:  # OpenEnv style: an error frame straight after accept, then close 1000
+            await ws.send(json.dumps({"type": "error", "data": {"code": self.reject, "message": "rejected"}}))
+            await ws.close(1000)
+            return
         q = {k: v[0] for k, v in parse_qs(urlsplit(ws.request.path).query).items()}
         ext = [e for e in q.get("ext", "").split(",") if e in self.extensions]
         if "resume" in q:
@@ -185,6 +189,13 @@ async def test_capacity_error_frame_in_openenv_mode():
         with pytest.raises(CapacityError):
             await env.step({"message": "error:CAPACITY_REACHED"})
         assert not env.connected  # a fatal code drops the session
+
+
+async def test_error_frame_sent_before_close_is_not_lost():
+    async with FakeServer(envhub=False, reject="CAPACITY_REACHED") as srv, EnvClient(srv.url) as env:
+        await asyncio.sleep(0.1)  # the error frame and the close arrive before the first request is sent
+        with pytest.raises(CapacityError):
+            await env.reset()
 
 
 async def test_timeout_with_request_ids_never_pairs_a_stale_reply():

@@ -149,3 +149,19 @@ async def test_capacity_reached_is_typed():
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+async def test_openenv_client_class_against_envhub_server():
+    from envhub.server import ServerThread, create_app
+    from envhub.settings import Settings
+    from envhub.testing import EchoEnv
+
+    with ServerThread(create_app(EchoEnv, settings=Settings(log_level="warning"))) as srv:
+        env = AsyncOpenEnv(srv.url, env_cls="openenv.core.generic_client.GenericEnvClient", action_mapper=to_text)
+        await env.reset()
+        r = await env.step("say", {"text": "hub"})
+        assert r.observation.text == '{"echoed_message": "hub", "message_length": 3}'
+        assert r.reward == pytest.approx(0.3)
+        with pytest.raises(KeyError):
+            await env.step("say", {"wrong": 1})  # a broken action_mapper is the caller's bug: it propagates
+        await env.close()

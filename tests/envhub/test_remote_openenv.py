@@ -36,6 +36,9 @@ class WithOutput(BaseModel):
     (Observation(content="from extras"), "from extras"),
     (Observation(echoed_message="x"), '{"echoed_message": "x"}'),
     (Observation(), ""),
+    ({"text": "", "images": [], "metadata": {}, "echoed_message": "e"}, '{"echoed_message": "e"}'),  # envhub via a dict
+    ({"text": "", "message": "m"}, "m"),
+    ({}, ""),
     (Typed(echoed_message="typed"), '{"echoed_message": "typed"}'),
     (WithOutput(output="o"), "o"),
 ])
