@@ -141,3 +141,15 @@ def test_zygote_killed_mid_run_is_reported_and_respawned(zygote):
     killer.join()
     assert not result.ok and result.signal == 9 and "[sandbox]" in result.stderr
     assert zygote.run_sync("print('back')").stdout == "back\n"
+
+
+def test_syntax_errors_are_reported_like_python_does(backend):
+    result = backend.run_sync("x = (1,\nprint(2)")
+    assert result.exit_code == 1
+    assert 'main.py", line 1' in result.stderr and result.stderr.rstrip().endswith("SyntaxError: '(' was never closed")
+    assert "zygote" not in result.stderr
+
+
+def test_random_streams_differ_between_runs(backend):
+    code = "import random\nprint(random.random())"
+    assert len({backend.run_sync(code).stdout for _ in range(3)}) == 3
