@@ -146,3 +146,13 @@ def test_openapi_lists_the_stateful_routes_for_openenv_validate():
 def test_create_app_refuses_non_env_classes():
     with pytest.raises(TypeError, match="Expected an envhub.Env subclass"):
         create_app(dict)
+
+
+def test_idle_http_sessions_are_reaped():
+    import time
+    with client(idle_timeout_s=0.2) as c:
+        sid = c.post("/reset", json={}).json()["session_id"]
+        time.sleep(0.6)
+        gone = c.post("/step", json={"session_id": sid, "action": {"text": "x"}})
+        assert gone.status_code == 404 and gone.json()["code"] == "SESSION_EXPIRED"
+        assert "envhub_sessions_active 0" in c.get("/metrics").text

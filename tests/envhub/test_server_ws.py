@@ -208,3 +208,71 @@ async def test_frame_limits_message_too_large_then_1009(serve_env):
         assert (await ask(ws, {"type": "step", "data": {"message": "small"}}))["type"] == "observation"
         await ws.send(json.dumps({"type": "step", "data": {"message": "x" * 200_000}}))
         assert await closed_with(ws) == 1009
+
+
+class AsyncEnv(Env):
+    """Async methods run on the event loop; ``wait:S`` awaits S seconds."""
+
+    closed: list[str] = []
+
+    async def reset(self, seed=None):
+        return Observation(text="async ready")
+
+    async def on_text(self, text: str):
+        if text.startswith("wait:"):
+            await asyncio.sleep(float(text[5:]))
+        return Observation(text=text.upper())
+
+    async def close(self) -> None:
+        AsyncEnv.closed.append("closed")
+
+
+async def test_slow_sync_step_does_not_stall_other_sessions(serve_env):
+    srv = serve_env(CounterEnv)
+    async with websockets.connect(srv.ws_url) as slow, websockets.connect(srv.ws_url) as fast:
+        await ask(slow, {"type": "reset"})
+        await ask(fast, {"type": "reset"})
+        await slow.send(json.dumps({"type": "step", "data": {"text": "sleep:0.8"}}))
+        started = time.monotonic()
+        for _ in range(20):
+            await ask(fast, {"type": "step", "data": {"text": "x"}})
+        assert time.monotonic() - started < 0.6  # served while the other session's thread sleeps
+        assert json.loads(await slow.recv())["data"]["observation"]["text"] == "1"
+
+
+async def test_async_env_timeout_cancels_and_closes_the_instance(serve_env):
+    AsyncEnv.closed.clear()
+    srv = serve_env(AsyncEnv)
+    async with websockets.connect(srv.ws_url) as ws:
+        assert (await ask(ws, {"type": "reset"}))["data"]["observation"]["text"] == "async ready"
+        assert (await ask(ws, {"type": "step", "data": {"text": "hi"}}))["data"]["observation"]["text"] == "HI"
+        reply = await ask(ws, {"type": "step", "data": {"text": "wait:30"}, "timeout_s": 0.1})
+        assert reply["data"]["code"] == "STEP_TIMEOUT"
+        for _ in range(40):
+            if AsyncEnv.closed:
+                break
+            await asyncio.sleep(0.05)
+        assert AsyncEnv.closed == ["closed"]
+        assert (await ask(ws, {"type": "reset"}))["type"] == "observation"
+
+
+async def test_mcp_over_websocket_uses_the_session_env(serve_env):
+    srv = serve_env(EchoEnv)
+    async with websockets.connect(srv.ws_url) as ws:
+        listed = await ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "method": "tools/list", "id": 1}})
+        assert listed == {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "result": {"tools": []}}}
+        bad = await ask(ws, {"type": "mcp", "data": [1]})
+        assert bad["data"]["error"]["code"] == -32600
+
+
+async def test_metrics_follow_websocket_sessions(serve_env):
+    import httpx
+    srv = serve_env(EchoEnv)
+    async with websockets.connect(srv.ws_url) as ws:
+        await ask(ws, {"type": "reset"})
+        await ask(ws, {"type": "step", "data": {"message": "a"}})
+        await ask(ws, "garbage")
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(srv.url + "/metrics")).text
+    assert "envhub_sessions_active 1" in text and "envhub_steps_total 1" in text
+    assert 'envhub_errors_total{code="INVALID_JSON"} 1' in text
