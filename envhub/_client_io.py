@@ -7,12 +7,50 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
-from typing import Any, Coroutine, TypeVar
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Coroutine, TypeVar
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
+
+if sys.version_info >= (3, 11):
+    deadline = asyncio.timeout  # no task per call: this sits on every request's hot path
+else:  # pragma: no cover - Python 3.10
+    @asynccontextmanager
+    async def deadline(delay: float | None) -> AsyncIterator[None]:
+        """``asyncio.timeout`` for 3.10: TimeoutError when ``delay`` passes, other cancellations untouched."""
+        if delay is None:
+            yield
+            return
+        task, fired = asyncio.current_task(), []
+        handle = asyncio.get_running_loop().call_later(delay, lambda: (fired.append(1), task.cancel()))
+        try:
+            yield
+        except asyncio.CancelledError:
+            if fired:
+                raise TimeoutError from None
+            raise
+        finally:
+            handle.cancel()
+
+
+def closed_error(exc: Any, *, during: str) -> Any:
+    """The typed error for a WebSocket close (``websockets.ConnectionClosed``), as the contract maps codes."""
+    from envhub.errors import AuthError, CapacityError, MessageTooLargeError, SessionLostError
+
+    code = exc.rcvd.code if exc.rcvd is not None else 1006
+    reason = exc.rcvd.reason if exc.rcvd is not None else "no close frame"
+    text = f"connection closed during {during} (code {code}: {reason or 'no reason'})"
+    if code == 1008:
+        return AuthError(text)
+    if code == 1013:
+        return CapacityError(text)
+    if code == 1009:
+        return MessageTooLargeError(text)
+    return SessionLostError(text + "; call reset() to start a new session.")
 
 
 class BackgroundLoop:
@@ -93,16 +131,8 @@ async def fetch_json(url: str, token: str | None, timeout_s: float) -> tuple[int
             return resp.status_code, resp.json()
         except ValueError:
             return resp.status_code, None
-    async with asyncio.timeout(timeout_s) if hasattr(asyncio, "timeout") else _nullcontext():
+    async with deadline(timeout_s):
         return await _raw_get(parts, token)
-
-
-class _nullcontext:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: Any) -> None:
-        return None
 
 
 async def _raw_get(parts: Any, token: str | None) -> tuple[int, Any]:

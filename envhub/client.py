@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from typing import Any, Iterable
 
 import msgpack
@@ -24,9 +23,9 @@ from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from envhub import _wire
-from envhub._client_io import BackgroundLoop, cached_metadata, forget_metadata
+from envhub._client_io import BackgroundLoop, cached_metadata, closed_error, deadline, forget_metadata
 from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvHubError, ErrorCode,
-                           MessageTooLargeError, ProtocolError, ServerError, SessionLostError, StepTimeoutError,
+                           ProtocolError, ServerError, SessionLostError, StepTimeoutError,
                            error_for_code)
 from envhub.types import StepResult, ToolSpec
 
@@ -34,37 +33,6 @@ MiB = 1024 * 1024
 _WANTED = (_wire.EXT_REQUEST_ID, _wire.EXT_MSGPACK, _wire.EXT_TOOLS, _wire.EXT_RESUME, _wire.EXT_STEP_TIMEOUT)
 # Close codes after which the server deliberately ended the session: resuming cannot help.
 _NO_RESUME_CODES = {1000, 1001, 1008, 1009, 1013, 4404}
-
-if sys.version_info >= (3, 11):
-    _deadline = asyncio.timeout
-else:  # pragma: no cover - 3.10 fallback (wait_for spawns a task; fine off the hot path)
-    from contextlib import asynccontextmanager
-
-    @asynccontextmanager
-    async def _deadline(delay):
-        task = asyncio.current_task()
-        handle = asyncio.get_running_loop().call_later(delay, task.cancel) if delay is not None else None
-        try:
-            yield
-        except asyncio.CancelledError:
-            raise TimeoutError from None
-        finally:
-            if handle is not None:
-                handle.cancel()
-
-def _closed_error(exc: ConnectionClosed, *, during: str) -> EnvConnectionError:
-    """Map a WebSocket close to the typed error the contract names."""
-    code = exc.rcvd.code if exc.rcvd is not None else 1006
-    reason = exc.rcvd.reason if exc.rcvd is not None else "no close frame"
-    text = f"connection closed during {during} (code {code}: {reason or 'no reason'})"
-    if code == 1008:
-        return AuthError(text)
-    if code == 1013:
-        return CapacityError(text)
-    if code == 1009:
-        return MessageTooLargeError(text)  # type: ignore[return-value]
-    return SessionLostError(text + "; call reset() to start a new session.")
-
 
 class EnvClient:
     """An async client for one env session over ``/ws``; connects lazily on the first call.
@@ -236,10 +204,10 @@ class EnvClient:
 
     async def _read_hello(self, ws: ClientConnection, resume: bool) -> None:
         try:
-            async with _deadline(self.connect_timeout_s):
+            async with deadline(self.connect_timeout_s):
                 msg = _wire.decode(await ws.recv(), binary_ok=True, max_bytes=self.max_message_bytes)
         except ConnectionClosed as exc:
-            raise _closed_error(exc, during="the handshake") from None
+            raise closed_error(exc, during="the handshake") from None
         if msg.get("type") == _wire.REPLY_ERROR:
             await ws.close()
             raise error_for_code(msg.get("data") or {})
@@ -292,7 +260,7 @@ class EnvClient:
             ws = self._ws
             assert ws is not None
             try:
-                async with _deadline(self.message_timeout_s):
+                async with deadline(self.message_timeout_s):
                     await ws.send(frame)
                     return await self._receive(ws, rid)
             except TimeoutError:
@@ -316,7 +284,7 @@ class EnvClient:
                 can_resume = (_wire.EXT_RESUME in self.extensions and self._ids and self.session_id
                               and code not in _NO_RESUME_CODES and resumes < max(self.retries, 1))
                 if not can_resume:
-                    await self._drop(_closed_error(exc, during=repr(msg["type"])))
+                    await self._drop(closed_error(exc, during=repr(msg["type"])))
                     raise self._lost from None  # type: ignore[misc]
                 resumes += 1
                 self._ws = None
