@@ -1,4 +1,4 @@
-"""The ``envhub`` command: ``serve`` an env, ``check`` an env class.
+"""The ``envhub`` command: ``serve`` an env, ``check`` an env class, run the ``fleet``.
 
 Each subcommand is a ``(name, add_arguments, run)`` entry in :data:`COMMANDS`; adding one is
 a new entry and two small functions::
@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any, Callable, NamedTuple
 
+from envhub import fleet
 from envhub.settings import Settings
 
 
@@ -102,6 +103,8 @@ def _run_check(args: argparse.Namespace) -> int:
 COMMANDS: list[Command] = [
     Command("serve", "serve an env class over WebSocket and HTTP", _serve_arguments, _run_serve),
     Command("check", "run check_env on an env class and print the results", _check_arguments, _run_check),
+    Command("fleet", "run the env fleet of a compose file as local processes (up, down, status, logs)",
+            fleet.add_arguments, fleet.run_cli),
 ]
 
 
