@@ -193,7 +193,11 @@ class EnvClient:
         self._ids = self._binary = False
         self.extensions = frozenset()
         if wanted:
-            await self._read_hello(ws, resume)
+            try:
+                await self._read_hello(ws, resume)
+            except BaseException:
+                ws.transport.abort()  # no hello, no session: never leave the socket behind
+                raise
         self._ws = ws
 
     def _wanted_extensions(self) -> tuple[str, ...]:
@@ -209,14 +213,11 @@ class EnvClient:
         except ConnectionClosed as exc:
             raise closed_error(exc, during="the handshake") from None
         if msg.get("type") == _wire.REPLY_ERROR:
-            await ws.close()
             raise error_for_code(msg.get("data") or {})
         data = msg.get("data") or {}
         if msg.get("type") != _wire.REPLY_HELLO:
-            await ws.close()
             raise ProtocolError(f"Expected a hello frame after opting into extensions, got {msg.get('type')!r}.")
         if resume and not data.get("resumed"):
-            await ws.close()
             raise SessionLostError("the server did not resume the session; call reset() to start a new one.")
         self.extensions = frozenset(data.get("extensions") or ())
         self.session_id = data.get("session_id")
@@ -248,7 +249,7 @@ class EnvClient:
             reply = await self._exchange(msg, rid)
         if reply.get("type") == _wire.REPLY_ERROR:
             err = error_for_code(reply.get("data") or {})
-            if err.code in ErrorCode.FATAL:
+            if err.code in ErrorCode.FATAL or isinstance(err, EnvConnectionError):
                 await self._drop(err)
             raise err
         return reply

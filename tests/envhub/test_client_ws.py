@@ -164,6 +164,14 @@ async def test_explicit_extension_list_skips_metadata():
             assert (await env.step({"message": "x"})).observation.text == "x"
 
 
+async def test_forced_extensions_against_plain_server_fail_fast_and_clean():
+    async with FakeServer(envhub=False, extensions=[]) as srv:
+        env = EnvClient(srv.url, extensions=["request_id"], connect_timeout_s=0.2, retries=1, backoff_s=0.01)
+        with pytest.raises(EnvConnectionError, match="2 attempt"):
+            await env.reset()
+        assert srv.connections == 2 and not env.connected
+
+
 async def test_client_is_lazy():
     async with FakeServer() as srv:
         env = EnvClient(srv.url)
