@@ -134,9 +134,19 @@ class WebSocketEndpoint:
             if session.attachment is not attachment:
                 return False  # closed by the reaper or taken over by a resume; the reply is cached
             try:
-                await send_frame(proto.encode(envelope))
+                await send_frame(_encode(proto, envelope))
             except OSError:
                 return False  # peer vanished mid-reply; a resume will replay it from the cache
+
+
+def _encode(proto: Any, envelope: dict[str, Any]) -> str | bytes:
+    """Encode a reply; an env value the codec cannot carry fails this request only."""
+    try:
+        return proto.encode(envelope)
+    except Exception as exc:
+        err = EnvHubError(f"The reply could not be serialised ({type(exc).__name__}: {exc}); return JSON-friendly "
+                          "values (str, numbers, lists, dicts, bytes) from the env.", code=ErrorCode.EXECUTION_ERROR)
+        return proto.encode(error_envelope(err, envelope.get("id")))
 
 
 async def _quiet(coro: Awaitable[None]) -> None:

@@ -276,3 +276,19 @@ async def test_metrics_follow_websocket_sessions(serve_env):
             text = (await http.get(srv.url + "/metrics")).text
     assert "envhub_sessions_active 1" in text and "envhub_steps_total 1" in text
     assert 'envhub_errors_total{code="INVALID_JSON"} 1' in text
+
+
+class CircularInfoEnv(Env):
+    def reset(self, seed=None):
+        info: dict = {"big": 2 ** 80}
+        info["loop"] = info if seed == 1 else None
+        return StepResult(observation=Observation(text="x"), info=info)
+
+
+async def test_unserialisable_reply_fails_only_that_request(serve_env):
+    srv = serve_env(CircularInfoEnv)
+    async with websockets.connect(srv.ws_url) as ws:
+        reply = await ask(ws, {"type": "reset", "data": {"seed": 1}})
+        assert reply["data"]["code"] == "EXECUTION_ERROR" and "serialised" in reply["data"]["message"]
+        ok = await ask(ws, {"type": "reset", "data": {"seed": 2}})
+        assert ok["data"]["info"]["big"] == 2 ** 80  # beyond 64 bits still encodes
