@@ -21,8 +21,7 @@ import json
 import re
 from typing import Any, Callable, Literal
 
-from envhub._client_io import BackgroundLoop, fetch_json
-from envhub import _wire
+from envhub._client_io import BackgroundLoop, cached_metadata
 from envhub.client import EnvClient
 from envhub.errors import (ActionValidationError, EnvConnectionError, EnvHubError, SessionLostError,
                            StepTimeoutError, error_for_code)
@@ -156,8 +155,10 @@ class AsyncOpenEnv:
             raw = await _maybe_await(client.reset, **task)
         except Exception as exc:
             return await self._failed(exc, "reset")
-        self.last_result = self._convert(raw)
-        return self.last_result
+        result = self._convert(raw)
+        result.info["episode_reward"] = 0.0
+        self.last_result = result
+        return result
 
     async def step(self, tool_name: str, arguments: dict[str, Any] | None = None) -> StepResult:
         """Send one tool call (through ``action_mapper`` when set) and return the result."""
@@ -185,16 +186,14 @@ class AsyncOpenEnv:
         """``tool_schema`` if given, else the server's tools (tools extension, /metadata or MCP), else []."""
         if self.tool_schema is not None:
             return list(self.tool_schema)
-        client = await self._ensure()
-        if self._envhub:
-            return await client.tools()
-        token = self.env_kwargs.get("token")
-        try:
-            status, meta = await fetch_json(_wire.http_url(self.base_url, "/metadata"), token, 10.0)
+        if _resolve(self.env_cls) is None or self._envhub:
+            return await (await self._ensure()).tools()
+        try:  # an OpenEnv-style client has no tool listing: ask /metadata (envhub servers publish tools there)
+            meta = await cached_metadata(self.base_url, self.env_kwargs.get("token"), 10.0)
         except (OSError, TimeoutError) as exc:
-            raise EnvConnectionError(f"GET /metadata failed: {exc}") from exc
-        hub = meta.get("envhub") if status == 200 and isinstance(meta, dict) else None
-        return [ToolSpec.from_openai(t) for t in (hub or {}).get("tools") or []]
+            raise EnvConnectionError(f"GET /metadata of {self.base_url} failed: {exc}") from exc
+        hub = meta.get("envhub")
+        return [ToolSpec.from_openai(t) for t in (hub.get("tools") if isinstance(hub, dict) else None) or []]
 
     async def close(self) -> None:
         """Close the session (never raises: the session may already be gone)."""

@@ -178,3 +178,29 @@ def test_sync_client_against_real_server(guess_url):
         env.reset(secret=5)
         texts = [env.step(call("guess", number=n)).observation.text for n in (1, 9, 5)]
         assert texts == ["Higher.", "Lower.", "Correct!"]
+
+
+class BlockingPlainClient:
+    """An OpenEnv-style client class with blocking methods (no extensions), as older clients are."""
+
+    def __init__(self, base_url: str):
+        self.client = EnvClient(base_url, extensions=()).sync()
+
+    def reset(self, **kwargs: Any):
+        return self.client.reset(**kwargs)
+
+    def step(self, action: dict):
+        return self.client.step(action)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+async def test_openenv_with_a_blocking_client_class(guess_url):
+    from envhub.remote import AsyncOpenEnv
+
+    async with AsyncOpenEnv(guess_url, env_cls=BlockingPlainClient) as env:
+        assert [t.name for t in await env.tools()] == ["guess", "slow", "picture"]  # from /metadata
+        await env.reset(secret=2)
+        r = await env.step("guess", {"number": 2})
+        assert (r.observation.text, r.done, r.info["episode_reward"]) == ("Correct!", True, 1.0)
