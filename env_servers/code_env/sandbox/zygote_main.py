@@ -30,6 +30,7 @@ import types
 SCRATCH = ("/sandbox", "/tmp", "/dev/shm")
 PROTO_IN, PROTO_OUT = 0, 1
 WAKE_R = -1
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def drain_wakeup():
@@ -82,7 +83,7 @@ def wipe():
 
 def remove_sysv_ipc():
     """Runs of a slot share its IPC namespace: drop SysV shared memory, queues and semaphores between runs."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = LIBC
     for kind, remove in (("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
                          ("sem", lambda i: libc.semctl(i, 0, 0))):
         try:
@@ -279,7 +280,7 @@ def main():
             pass
     # children never collect the preloaded heap: a full GC would copy every page of it on write
     gc.freeze()
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     with open("/proc/self/statm") as f:
