@@ -16,6 +16,22 @@ from envhub.server.ws import WebSocketEndpoint
 from envhub.settings import Settings
 
 
+class EnvApp(FastAPI):
+    """FastAPI for HTTP; ``/ws`` frames go straight to the session endpoint.
+
+    Starlette and FastAPI middleware wrap ``send`` and ``receive`` of every connection, which
+    costs a few calls per frame for nothing a WebSocket session uses; the endpoint does its own
+    auth and error handling, so ``/ws`` skips that stack.
+    """
+
+    ws_endpoint: WebSocketEndpoint
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and scope["path"] in ("/ws", scope.get("root_path", "") + "/ws"):
+            return await self.ws_endpoint(scope, receive, send)
+        await super().__call__(scope, receive, send)
+
+
 def create_app(env_cls: type[Env], *, settings: Settings | None = None, **env_config: Any) -> FastAPI:
     """A FastAPI app serving ``env_cls``: one ``env_cls(**env_config)`` instance per session.
 
@@ -38,10 +54,11 @@ def create_app(env_cls: type[Env], *, settings: Settings | None = None, **env_co
         await hub.drain(settings.shutdown_grace_s)
 
     meta = env_cls.metadata()
-    app = FastAPI(title=meta["name"], description=meta["description"], version=__version__, lifespan=lifespan)
+    app = EnvApp(title=meta["name"], description=meta["description"], version=__version__, lifespan=lifespan)
     app.state.hub = hub
     app.include_router(build_router(hub))
-    app.router.routes.append(WebSocketRoute("/ws", WebSocketEndpoint(hub)))
+    app.ws_endpoint = WebSocketEndpoint(hub)
+    app.router.routes.append(WebSocketRoute("/ws", app.ws_endpoint))  # for apps mounted under another router
     if settings.token is not None:
         app.add_middleware(BearerAuthMiddleware, hub=hub)
     return app
