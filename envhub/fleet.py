@@ -3,7 +3,9 @@
 The compose file is the single source of truth: each service's ``command``, ``environment``,
 ``ports`` (host side) and healthcheck port are read from it, so ``docker compose up`` and
 ``envhub fleet up`` start the same servers. Locally, ``--host`` replaces the container's
-``0.0.0.0`` (loopback by default) and ``--port`` takes the published host port.
+``0.0.0.0`` (loopback by default) and ``--port`` takes the published host port. A service's
+``x-envhub-local: {environment: {...}}`` (an extension key docker compose ignores) overrides its
+environment for the local process only.
 
 State lives in ``--state-dir`` (default ``.envhub/fleet``): one JSON record per started process
 (pid, process start time, URL, log file), so ``down`` ends exactly the processes ``up`` started,
@@ -84,6 +86,16 @@ def interpolate(value: str, env: dict[str, str]) -> str:
     return _VAR.sub(sub, value.replace("$$", "\0")).replace("\0", "$")
 
 
+def _interpolate_tree(node: Any, env: dict[str, str]) -> Any:
+    if isinstance(node, str):
+        return interpolate(node, env)
+    if isinstance(node, dict):
+        return {k: _interpolate_tree(v, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate_tree(v, env) for v in node]
+    return node
+
+
 def _dotenv(path: Path) -> dict[str, str]:
     values: dict[str, str] = {}
     if path.is_file():
@@ -101,7 +113,8 @@ def load_services(compose_file: str | Path, only: list[str] | None = None) -> li
     if not path.is_file():
         raise FleetError(f"compose file not found: {path} (pass -f/--file)")
     env = {**_dotenv(path.parent / ".env"), **os.environ}
-    doc = yaml.safe_load(interpolate(path.read_text(), env)) or {}
+    # Like compose: parse first, then interpolate string values (a value never changes the YAML structure).
+    doc = _interpolate_tree(yaml.safe_load(path.read_text()) or {}, env)
     services = doc.get("services") or {}
     if only:
         missing = [n for n in only if n not in services]
@@ -124,11 +137,19 @@ def _service(name: str, spec: dict[str, Any]) -> Service:
     if not ports:
         raise FleetError(f"service {name!r} publishes no port; add `ports: [\"HOST:CONTAINER\"]`")
     host_port = str(ports[0]).split(":")[-2] if ":" in str(ports[0]) else str(ports[0])
-    environment = spec.get("environment") or {}
-    if isinstance(environment, list):
-        environment = dict(item.split("=", 1) for item in environment if "=" in item)
+    environment = _mapping(spec.get("environment"))
+    # What differs for a local process (ignored by docker compose), e.g. the sandbox backend.
+    local = spec.get("x-envhub-local") or {}
+    environment.update(_mapping(local.get("environment")))
     return Service(name=name, argv=argv, port=int(host_port),
                    env={str(k): str(v) for k, v in environment.items() if v is not None})
+
+
+def _mapping(environment: Any) -> dict[str, Any]:
+    """A compose ``environment`` (mapping or ``KEY=VALUE`` list) as a dict."""
+    if isinstance(environment, list):
+        return dict(item.split("=", 1) for item in environment if "=" in item)
+    return dict(environment or {})
 
 
 def local_argv(service: Service, host: str) -> list[str]:
