@@ -13,6 +13,7 @@ import uvicorn
 
 from envhub.env import Env
 from envhub.server.app import create_app
+from envhub.server.transport import install_log_redaction
 from envhub.settings import Settings
 
 #: the fastest WebSocket implementation shipped with uvicorn for our frame sizes (see benchmarks/server_profile.py)
@@ -49,7 +50,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
 def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """A ``uvicorn.Config`` for ``app`` under ``settings`` (``overrides`` win)."""
-    return uvicorn.Config(app, **{**uvicorn_options(settings), **overrides})
+    config = uvicorn.Config(app, **{**uvicorn_options(settings), **overrides})
+    install_log_redaction()  # after Config, which (re)configures uvicorn's loggers
+    return config
 
 
 class DrainingServer(uvicorn.Server):

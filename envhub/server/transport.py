@@ -8,6 +8,9 @@ measurably cuts per-step latency (benchmarks/server_profile.py).
 
 from __future__ import annotations
 
+import logging
+import re
+
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 
@@ -24,3 +27,22 @@ class LeanWebSocketProtocol(WebSocketsSansIOProtocol):
         if not paused and self.queue.qsize() >= self.config.ws_max_queue:
             self.read_paused = True
             self.transport.pause_reading()
+
+
+_SECRET_QUERY = re.compile(r"((?:^|[?&])(?:token|resume_token)=)[^&\s\"']*")
+
+
+class RedactSecrets(logging.Filter):
+    """Masks ``token=`` and ``resume_token=`` query values in uvicorn's connection log lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_SECRET_QUERY.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def install_log_redaction() -> None:
+    """Attach :class:`RedactSecrets` to uvicorn's logger once (WebSocket URLs may carry secrets)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, RedactSecrets) for f in logger.filters):
+        logger.addFilter(RedactSecrets())

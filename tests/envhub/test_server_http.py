@@ -156,3 +156,14 @@ def test_idle_http_sessions_are_reaped():
         gone = c.post("/step", json={"session_id": sid, "action": {"text": "x"}})
         assert gone.status_code == 404 and gone.json()["code"] == "SESSION_EXPIRED"
         assert "envhub_sessions_active 0" in c.get("/metrics").text
+
+
+def test_connection_logs_mask_tokens_in_websocket_urls():
+    import logging
+
+    from envhub.server.transport import RedactSecrets
+    record = logging.LogRecord("uvicorn.error", logging.INFO, "", 0, '%s - "WebSocket %s" [accepted]',
+                               ("10.0.0.1:5", "/ws?ext=resume&resume=abc&resume_token=R3S&token=T0K"), None)
+    RedactSecrets().filter(record)
+    assert record.getMessage() == '10.0.0.1:5 - "WebSocket /ws?ext=resume&resume=abc&resume_token=***&token=***" ' \
+                                  '[accepted]'
