@@ -49,6 +49,8 @@ import functools as _envhub_ft, json as _envhub_json_mod, os as _envhub_os, sys 
 _envhub_json = _envhub_ft.partial(_envhub_json_mod.dumps, sort_keys=True)
 _envhub_write = _envhub_os.write
 {encoder}
+# the submission's own prints must not crowd the reports out of the capped stdout
+_envhub_sys.stdout = open(_envhub_os.devnull, "w")
 _envhub_source = {source!r}
 _envhub_ns = {{"__name__": "solution", "__builtins__": __builtins__}}
 exec(compile(_envhub_source, "solution.py", "exec"), _envhub_ns)

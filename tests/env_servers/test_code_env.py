@@ -79,6 +79,13 @@ async def test_cheating_submissions_earn_nothing(cheat):
     assert result.reward == 0.0, result.info
 
 
+async def test_debug_prints_in_a_correct_solution_do_not_cost_reward():
+    runner = await start("gcd")
+    chatty = "def gcd(a, b):\n    print('x' * 50_000)\n    while b:\n        a, b = b, a % b\n    return a"
+    result = await runner.step(call("submit", code=chatty))
+    assert result.reward == 1.0, result.info
+
+
 async def test_io_task_is_graded_on_stdout_not_on_the_exit_code():
     runner = await start("io_sum_two")
     silent = await runner.step(call("submit", code="import sys\nsys.exit(0)"))
