@@ -43,8 +43,11 @@ class SlotBackend:
         self.slots = slots or default_slots()
         if not 1 <= self.slots <= 16:
             raise ValueError(f"Expected 1 <= slots <= 16, got {self.slots}.")
-        root = launcher.is_root()
-        uids = launcher.allocate_uids(self.slots) if root else [None] * self.slots
+        self._uid_block: int | None = None
+        uids: list[int | None] = [None] * self.slots
+        if launcher.is_root():
+            self._uid_block, block_uids = launcher.allocate_uids(self.slots)
+            uids = list(block_uids)
         self._slots: list[Slot] = []
         for i, uid in enumerate(uids):
             tag = f"p{os.getpid()}-{self.name}-{uid if uid is not None else i}"
@@ -90,6 +93,8 @@ class SlotBackend:
         for slot in self._slots:
             self._close_slot(slot)
             slot.cgroup.remove()
+        if self._uid_block is not None:
+            launcher.release_uids(self._uid_block)
 
     def __enter__(self):
         return self

@@ -10,7 +10,6 @@ onto host root, making root-only files readable. The launcher runs with an empty
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import threading
@@ -31,21 +30,33 @@ SANDBOX_ENV = {
 }
 SANDBOX_UID_INSIDE = 1000
 
-_block_counter = itertools.count()
+_blocks_in_use: set[int] = set()
 _block_lock = threading.Lock()
+UID_BLOCKS = 16
 
 
-def allocate_uids(slots: int) -> list[int]:
-    """A block of 16 host uids for one backend instance: distinct per process and per instance.
+def allocate_uids(slots: int) -> tuple[int, list[int]]:
+    """(block, uids): 16 host uids for one backend instance, distinct per process and per live instance.
 
     RLIMIT_NPROC counts per real uid across the whole host, so two sandboxes must never share one.
+    Give the block back with :func:`release_uids` when the backend closes.
     """
     if slots > 16:
         raise ValueError(f"Expected at most 16 slots per backend, got {slots}.")
     with _block_lock:
-        k = next(_block_counter) % 16
-    base = 100_000 + (os.getpid() % 30_000) * 256 + k * 16
-    return [base + i for i in range(slots)]
+        free = [k for k in range(UID_BLOCKS) if k not in _blocks_in_use]
+        if not free:
+            raise RuntimeError(f"Expected at most {UID_BLOCKS} sandbox backends open at once in one process; "
+                               "close() the ones you no longer use.")
+        block = free[0]
+        _blocks_in_use.add(block)
+    base = 100_000 + (os.getpid() % 30_000) * 256 + block * 16
+    return block, [base + i for i in range(slots)]
+
+
+def release_uids(block: int) -> None:
+    with _block_lock:
+        _blocks_in_use.discard(block)
 
 
 def is_root() -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}){0,3}")
@@ -65,7 +65,6 @@ class ExecResult:
     output_truncated: bool = False
     duration_s: float = 0.0
     backend: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,9 +77,7 @@ class ExecResult:
         return self.timed_out or self.oom_killed or self.signal is not None
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data.pop("extra")
-        return data
+        return asdict(self)
 
     def summary(self) -> str:
         """A short status line for humans and models: ``exit 0 in 0.01s`` / ``timed out after 2.00s``."""
