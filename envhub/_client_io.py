@@ -37,6 +37,62 @@ else:  # pragma: no cover - Python 3.10
             handle.cancel()
 
 
+class Watchdog:
+    """A request deadline that costs one re-armed timer per client, not one timer per request.
+
+    ``asyncio.timeout`` allocates and cancels a timer on every call (~10 us, a third of the
+    client's per-step cost). Here the timer fires at most once per ``timeout_s`` and re-arms
+    itself while requests keep finishing in time; when a request really overruns, its task is
+    cancelled and :meth:`stop` reports it, so the caller raises ``TimeoutError`` instead.
+    """
+
+    __slots__ = ("_task", "_due", "_handle", "_fired", "_baseline")
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self._fired = False
+        self._baseline = 0
+
+    def start(self, timeout_s: float | None) -> None:
+        """Guard the current task until :meth:`stop` (no deadline when ``timeout_s`` is None)."""
+        self._fired = False
+        if timeout_s is None:
+            self._task = None
+            return
+        loop = asyncio.get_running_loop()
+        task = self._task = asyncio.current_task()
+        self._baseline = task.cancelling() if hasattr(task, "cancelling") else 0  # type: ignore[union-attr]
+        self._due = loop.time() + timeout_s
+        handle = self._handle
+        if handle is None or handle.when() > self._due:
+            if handle is not None:
+                handle.cancel()
+            self._handle = loop.call_at(self._due, self._check)
+
+    def stop(self) -> bool:
+        """End the guard; True when the deadline passed (the task's cancellation is then undone)."""
+        task, self._task = self._task, None
+        fired, self._fired = self._fired, False
+        if fired and task is not None and hasattr(task, "uncancel"):
+            # Another cancellation arrived too: let it win, as asyncio.timeout does.
+            return task.uncancel() <= self._baseline
+        return fired
+
+    def _check(self) -> None:
+        self._handle = None
+        task = self._task
+        if task is None:
+            return  # idle: the next request re-arms
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._due:
+            self._fired = True
+            task.cancel()
+        else:
+            self._handle = loop.call_at(self._due, self._check)
+
+
 def closed_error(exc: Any, *, during: str) -> Any:
     """The typed error for a WebSocket close (``websockets.ConnectionClosed``), as the contract maps codes."""
     from envhub.errors import AuthError, CapacityError, MessageTooLargeError, SessionLostError

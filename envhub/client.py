@@ -23,7 +23,7 @@ from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from envhub import _wire
-from envhub._client_io import BackgroundLoop, cached_metadata, closed_error, deadline, forget_metadata
+from envhub._client_io import BackgroundLoop, Watchdog, cached_metadata, closed_error, deadline, forget_metadata
 from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvHubError, ErrorCode,
                            ProtocolError, ServerError, SessionLostError, StepTimeoutError,
                            error_for_code)
@@ -71,6 +71,7 @@ class EnvClient:
         self.session_id: str | None = None
         self._resume_token: str | None = None
         self._ids = self._binary = False
+        self._watchdog = Watchdog()
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -257,27 +258,23 @@ class EnvClient:
     async def _exchange(self, msg: dict[str, Any], rid: Any) -> dict[str, Any]:
         frame = self._encode(msg)
         resumes = 0
+        dog = self._watchdog
         while True:
             ws = self._ws
             assert ws is not None
+            dog.start(self.message_timeout_s)
             try:
-                async with deadline(self.message_timeout_s):
-                    await ws.send(frame)
-                    return await self._receive(ws, rid)
-            except TimeoutError:
-                err = StepTimeoutError(f"no reply to {msg['type']!r} within message_timeout_s="
-                                       f"{self.message_timeout_s}s")
-                if not self._ids:
-                    # Without request ids a late reply would answer the next request: drop the socket.
-                    await self._drop(SessionLostError(f"session dropped after a timeout ({err}); "
-                                                      "call reset() to start a new session."))
-                raise err from None
+                await ws.send(frame)
+                return await self._receive(ws, rid)
             except asyncio.CancelledError:
+                if dog.stop():
+                    raise await self._timed_out(msg) from None
                 if not self._ids:  # the caller gave up mid-request: its reply must not answer the next one
                     self._abandon(SessionLostError("session dropped: a request was cancelled before its reply; "
                                                    "call reset() to start a new session."))
                 raise
             except ConnectionClosed as exc:
+                dog.stop()
                 last_words = await self._buffered_reply(ws, rid)
                 if last_words is not None:  # e.g. CAPACITY_REACHED sent right before the close
                     return last_words
@@ -295,6 +292,16 @@ class EnvClient:
                     self._lost = err if isinstance(err, SessionLostError) else SessionLostError(str(err))
                     raise self._lost from None
                 frame = self._encode(msg)  # the resumed session may speak another codec
+            finally:
+                dog.stop()
+
+    async def _timed_out(self, msg: dict[str, Any]) -> StepTimeoutError:
+        err = StepTimeoutError(f"no reply to {msg['type']!r} within message_timeout_s={self.message_timeout_s}s")
+        if not self._ids:
+            # Without request ids a late reply would answer the next request: drop the socket.
+            await self._drop(SessionLostError(f"session dropped after a timeout ({err}); "
+                                              "call reset() to start a new session."))
+        return err
 
     async def _buffered_reply(self, ws: ClientConnection, rid: Any) -> dict[str, Any] | None:
         """A reply the server sent before closing, still queued on a closed socket (None if none)."""
