@@ -327,3 +327,14 @@ async def test_cancelled_request_never_desynchronises(envhub):
         else:       # plain OpenEnv: the session is dropped rather than risk a shifted reply
             with pytest.raises(SessionLostError):
                 await env.step({"message": "next"})
+
+
+async def test_shortened_timeout_applies_to_the_next_request():
+    async with FakeServer() as srv, EnvClient(srv.url, message_timeout_s=60) as env:
+        await env.reset()
+        await env.step({"message": "fast"})  # arms the deadline timer 60 s ahead
+        env.message_timeout_s = 0.2
+        t0 = time.perf_counter()
+        with pytest.raises(StepTimeoutError):
+            await env.step({"message": "sleep:1.0"})
+        assert time.perf_counter() - t0 < 0.8
