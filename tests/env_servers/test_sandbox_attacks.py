@@ -262,3 +262,22 @@ def test_seccomp_refuses_kernel_attack_surface(isolating):
     assert result.stdout.splitlines() == [
         "bpf EPERM io_uring EPERM perf EPERM keyctl EPERM clone3 ENOSYS mount EPERM",
         "EACCES", "EACCES", "EACCES", "unix ok"], result.stderr
+
+
+def test_a_run_cannot_tamper_with_the_next_one(isolating):
+    dirty = ("import ctypes, os, signal, subprocess, sys\n"
+             "for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):\n    try:\n        os.kill(1, sig)\n"
+             "    except OSError:\n        pass\n"
+             "os.makedirs('locked/deep'); open('locked/deep/f', 'w').write('x'); os.chmod('locked/deep', 0); os.chmod('locked', 0)\n"
+             "open('/tmp/left', 'w').write('x'); open('/dev/shm/left', 'w').write('x')\n"
+             "ctypes.CDLL(None).shmget(4242, 4096, 0o1000 | 0o600)\n"
+             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+             "print('dirtied')")
+    assert isolating.run_sync(dirty, limits=FAST).stdout == "dirtied\n"
+    check = ("import os\nprint(sorted(os.listdir('.')), os.listdir('/tmp'), os.listdir('/dev/shm'))\n"
+             "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()))\n"
+             "print(len(open('/proc/sysvipc/shm').read().splitlines()) - 1)")
+    lines = isolating.run_sync(check, limits=FAST).stdout.splitlines()
+    assert lines[0] == "['main.py'] [] []"
+    assert lines[1] in ("[]", "[1]")  # nothing but the zygote (pid 1) or, when spawned per run, ourselves as pid 1
+    assert lines[2] == "0"
