@@ -156,6 +156,13 @@ class SessionProtocol:
     # -- inbound ---------------------------------------------------------------------------
     def receive(self, frame: str | bytes) -> Effect:
         """Interpret one inbound frame. Never raises: bad input becomes an error :class:`Reply`."""
+        if orjson is not None and type(frame) is str and len(frame) <= self.max_message_bytes:
+            try:  # fast path for well-formed text frames; anything odd takes the codec's path below
+                msg = orjson.loads(frame)
+            except orjson.JSONDecodeError:
+                msg = None
+            if type(msg) is dict and type(msg.get("type")) is str:
+                return self.handle(msg)
         try:
             msg = decode(frame, binary_ok=self.binary, max_bytes=self.max_message_bytes)
         except EnvHubError as exc:
