@@ -2,8 +2,9 @@
 
 ``calculate`` never evaluates code: the expression goes through the whitelisted, size-capped
 parser of :mod:`env_servers.math_env.expressions` (no attribute access, no names beyond math
-functions and single-letter symbols, no exponent towers, at most 400 characters), so every call
-finishes in bounded time. Results are exact when they can be (``5*sqrt(2)``) with a decimal
+functions and single-letter symbols, no exponent towers, at most 400 characters), and any
+expression whose sympy evaluation could still be slow runs in a worker process with a
+deadline (:mod:`env_servers.math_env.bounded`), so every call finishes in bounded time. Results are exact when they can be (``5*sqrt(2)``) with a decimal
 approximation. Bad input raises :class:`CalculatorError` with a message meant for the model.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from env_servers.math_env.expressions import ExpressionError, numeric_value, parse_expression, sympy_module
+from env_servers.math_env import bounded
+from env_servers.math_env.expressions import ExpressionError, is_cheap, numeric_value, parse_expression, sympy_module
 
 MAX_RESULT_CHARS = 300
+CALCULATE_TIMEOUT_S = 2.0
 
 
 class CalculatorError(ValueError):
@@ -35,15 +38,34 @@ def format_value(value: Any) -> str:
     return f"{exact} ≈ {approx}"
 
 
-def calculate(expression: str) -> str:
+def calculate(expression: str, *, timeout_s: float = CALCULATE_TIMEOUT_S) -> str:
     """Evaluate a math expression: ``+ - * / ^``, ``sqrt``, ``sin/cos/tan`` (radians), ``sind/cosd/tand`` (degrees),
-    ``asind/acosd/atand``, ``pi``, LaTeX like ``\\frac{a}{b}``."""
+    ``asind/acosd/atand``, ``pi``, LaTeX like ``\\frac{a}{b}``.
+
+    Rational arithmetic and roots run in process; anything whose evaluation could be slow runs in
+    a worker process that is killed after ``timeout_s``.
+    """
     if not isinstance(expression, str) or not expression.strip():
         raise CalculatorError("Expected a non-empty expression such as 'sqrt(3**2 + 4**2)'.")
+    if is_cheap(expression, calculator=True):
+        return evaluate(expression)
+    try:
+        return bounded.call("env_servers.geometry_env.calculator:evaluate", expression, timeout_s=timeout_s)
+    except bounded.BoundedCallError as exc:
+        if exc.timed_out:
+            raise CalculatorError(f"{expression[:60]!r} took longer than {timeout_s:g}s to evaluate; "
+                                  "simplify it or split it into steps.") from None
+        raise CalculatorError(str(exc).removeprefix("CalculatorError: ")) from None
+
+
+def evaluate(expression: str) -> str:
+    """:func:`calculate` without the deadline (run directly only for cheap expressions)."""
     try:
         value = parse_expression(expression, calculator=True)
     except ExpressionError as exc:
         raise CalculatorError(f"cannot evaluate {expression[:60]!r}: {exc}") from None
+    except Exception as exc:  # sympy internals (MemoryError, RecursionError...) on odd input
+        raise CalculatorError(f"cannot evaluate {expression[:60]!r}: {type(exc).__name__}") from None
     return format_value(value)
 
 
@@ -107,5 +129,5 @@ def arc_length(radius: float, angle_deg: float) -> Any:
     return sp.pi * r * theta / 180
 
 
-__all__ = ["calculate", "format_value", "law_of_cosines", "law_of_sines", "triangle_area", "polygon_interior_angle",
+__all__ = ["calculate", "evaluate", "format_value", "law_of_cosines", "law_of_sines", "triangle_area", "polygon_interior_angle",
            "arc_length", "CalculatorError"]

@@ -303,12 +303,47 @@ def _parse_cached(text: str, latex: bool, functions: frozenset[str]) -> Any:
         raise ExpressionError(f"not an expression: {exc}") from None
     try:
         value = _Builder(functions).build(tree.body)
-    except (ZeroDivisionError, OverflowError, RecursionError, TypeError, ArithmeticError) as exc:
-        raise ExpressionError(f"cannot evaluate: {exc}") from None
+    except ExpressionError:
+        raise
+    except Exception as exc:  # sympy internals on odd input (MemoryError, RecursionError, ...): data, not a crash
+        raise ExpressionError(f"cannot evaluate: {type(exc).__name__}: {exc}") from None
     sp = sympy_module()
     if value.has(sp.zoo, sp.nan):
         raise ExpressionError("undefined value (division by zero?)")
     return value
+
+
+def is_cheap(text: str, *, latex: bool = True, calculator: bool = False) -> bool:
+    """True when building ``text`` is cheap for sure: rational arithmetic, symbols, pi, ``sqrt``, rational powers.
+
+    Anything else (trigonometry, logarithms, irrational or symbolic exponents) may make sympy's
+    automatic evaluation slow, so callers run it through :mod:`.bounded` under a deadline.
+    Unparsable text counts as cheap: :func:`parse_expression` rejects it at once.
+    """
+    functions = frozenset(_FUNCTIONS_1 + (_DEGREE_FUNCTIONS if calculator else ()))
+    try:
+        tree = ast.parse(to_python_syntax(text.strip(), latex=latex, functions=functions), mode="eval")
+    except Exception:
+        return True
+    return _cheap(tree.body, in_exponent=False)
+
+
+def _cheap(node: ast.AST, in_exponent: bool) -> bool:
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.Name):
+        return not in_exponent
+    if isinstance(node, ast.UnaryOp):
+        return _cheap(node.operand, in_exponent)
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.Pow):
+            return not in_exponent and _cheap(node.left, False) and _cheap(node.right, True)
+        return isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)) and \
+            _cheap(node.left, in_exponent) and _cheap(node.right, in_exponent)
+    if isinstance(node, ast.Call):
+        return (not in_exponent and isinstance(node.func, ast.Name) and node.func.id == "sqrt"
+                and len(node.args) == 1 and _cheap(node.args[0], False))
+    return False
 
 
 def try_parse(text: str, **kwargs: Any) -> Any | None:
@@ -332,5 +367,5 @@ def numeric_value(value: Any, digits: int = 30) -> complex | None:
     return number
 
 
-__all__ = ["ExpressionError", "parse_expression", "try_parse", "to_python_syntax", "numeric_value",
+__all__ = ["ExpressionError", "parse_expression", "try_parse", "is_cheap", "to_python_syntax", "numeric_value",
            "sympy_module", "MAX_EXPR_CHARS"]

@@ -7,9 +7,10 @@ normalisation (``\dfrac``->``\frac``, ``\left``/``\right``, degrees, ``\$``, uni
 first as normalised strings, then as sympy values: tuples and intervals element by element
 (bracket kinds must agree), bare comma lists as multisets, percentages both as ``p`` and
 ``p/100``, rationals exactly and other closed forms numerically at 30 digits. There is no
-substring test, and sympy only ever sees small, whitelisted expressions (see
-:mod:`.expressions`), so grading a hostile answer takes bounded time. Nothing here raises on
-model output.
+substring test. sympy only ever sees small, whitelisted expressions (see :mod:`.expressions`),
+and those whose evaluation could still be slow (trigonometry, logarithms, irrational exponents)
+are compared in a worker process that is killed after ``GRADE_TIMEOUT_S`` (see :mod:`.bounded`),
+so grading a hostile answer takes bounded time. Nothing here raises on model output.
 
 >>> grade(r"so the answer is \boxed{\dfrac12}", "0.5").correct
 True
@@ -21,7 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from env_servers.math_env.expressions import numeric_value, sympy_module, try_parse
+from env_servers.math_env import bounded
+from env_servers.math_env.expressions import is_cheap, numeric_value, sympy_module, try_parse
 
 _UNIT_WORDS = ("square units", "sq units", "square inches", "square feet", "square meters", "square cm",
                "units", "unit", "degrees", "degree", "cm", "mm", "km", "meters", "meter", "inches", "inch",
@@ -33,6 +35,7 @@ _THOUSANDS_RE = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
 _FORMAT_RE = re.compile(r"\s*<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 _EXACT_REL_TOL = 1e-12
 _MAX_STRUCTURED_CHARS = 2000
+GRADE_TIMEOUT_S = 2.0
 _OPEN, _CLOSE = "([{", ")]}"
 
 
@@ -190,14 +193,20 @@ def _strip_lhs(item: str) -> str:
     return item
 
 
-def _parse_structure(normalised: str, percent: bool) -> list[_Parsed]:
-    """The answer as a structure of sympy values; a percentage gives two readings (p and p/100)."""
+def _pieces(normalised: str) -> tuple[str, list[str]]:
+    """Outer bracket kind and the top-level comma-separated items (``x=`` prefixes dropped)."""
     brackets, inner = _outer_brackets(normalised)
     pieces = [_strip_lhs(p) for p in _split_top_level(inner)]
     if not brackets and len(pieces) > 1 and _THOUSANDS_RE.match(inner):
         pieces = [inner.replace(",", "")]
     if len(pieces) == 1 and brackets == "()":
         brackets, pieces = "", [inner]  # "(5)" is just 5
+    return brackets, pieces
+
+
+def _parse_structure(normalised: str, percent: bool) -> list[_Parsed]:
+    """The answer as a structure of sympy values; a percentage gives two readings (p and p/100)."""
+    brackets, pieces = _pieces(normalised)
     values = [try_parse(p) for p in pieces]
     if any(v is None for v in values):
         return []
@@ -270,8 +279,18 @@ def is_equiv(prediction: str | None, ground_truth: str | None, *, rel_tol: float
         return True
     if len(p) > _MAX_STRUCTURED_CHARS or len(g) > _MAX_STRUCTURED_CHARS:
         return False  # far longer than any answer: not worth parsing hundreds of pieces
-    left = _parse_structure(p, _has_percent(prediction))
-    right = _parse_structure(g, _has_percent(ground_truth))
+    args = (p, g, _has_percent(prediction), _has_percent(ground_truth), rel_tol)
+    if all(is_cheap(piece) for s in (p, g) for piece in _pieces(s)[1]):
+        return symbolic_equiv(*args)
+    try:  # transcendental or odd powers: sympy may take long, so run it in a killable worker
+        return bool(bounded.call("env_servers.math_env.grading:symbolic_equiv", *args, timeout_s=GRADE_TIMEOUT_S))
+    except bounded.BoundedCallError:
+        return False
+
+
+def symbolic_equiv(p: str, g: str, p_percent: bool, g_percent: bool, rel_tol: float | None) -> bool:
+    """Equivalence of two normalised answers as sympy structures (the slow half of :func:`is_equiv`)."""
+    left, right = _parse_structure(p, p_percent), _parse_structure(g, g_percent)
     return any(_structures_equal(x, y, rel_tol) for x in left for y in right)
 
 
