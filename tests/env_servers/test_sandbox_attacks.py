@@ -52,19 +52,19 @@ def isolating(request, backends):
 def test_infinite_loop_is_killed_at_the_deadline(backend):
     result = backend.run_sync("while True:\n    pass", limits=FAST)
     assert result.timed_out and result.exit_code is None
-    assert 0.9 < result.duration_s < 1.4
+    assert 0.9 < result.duration_s < 2.0
 
 
 def test_cpu_burn_in_threads_is_killed(backend):
     code = ("import threading\ndef spin():\n    while True: pass\n"
             "ts = [threading.Thread(target=spin) for _ in range(4)]\n[t.start() for t in ts]\n[t.join() for t in ts]")
     result = backend.run_sync(code, limits=FAST)
-    assert result.timed_out and result.duration_s < 1.5
+    assert result.timed_out and result.duration_s < 2.0
 
 
 def test_sleeping_program_is_killed_by_the_wall_clock(backend):
     result = backend.run_sync("import time\ntime.sleep(60)", limits=FAST)
-    assert result.timed_out and result.duration_s < 1.4
+    assert result.timed_out and result.duration_s < 2.0
 
 
 def test_fork_bomb_is_contained(backend):

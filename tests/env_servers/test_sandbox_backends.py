@@ -30,7 +30,7 @@ def assert_healthy(backend) -> None:
     result = backend.run_sync("import os; print('ok', sorted(os.listdir('.')))", limits=Limits(timeout_s=5))
     assert result.ok, (result.summary(), result.stderr[-2000:])
     assert result.stdout.startswith("ok ")
-    assert result.duration_s < 2.0
+    assert result.duration_s < 3.0
 
 
 @pytest.fixture(scope="module", params=backend_params(LOCAL))
@@ -83,13 +83,13 @@ def test_bad_file_names_are_rejected(backend):
 
 async def test_async_runs_are_concurrent_up_to_the_slot_count(backend):
     import asyncio
-    import time
 
-    start = time.monotonic()
-    results = await asyncio.gather(*(backend.run("import time; time.sleep(0.3); print('done')") for _ in range(4)))
-    elapsed = time.monotonic() - start
-    assert [r.stdout for r in results] == ["done\n"] * 4
-    assert 0.55 < elapsed < 2.0  # 4 runs on 2 slots: two waves, not one, not four
+    code = "import time\nstart = time.time()\ntime.sleep(0.3)\nprint(start, time.time())"
+    results = await asyncio.gather(*(backend.run(code) for _ in range(5)))
+    intervals = [tuple(map(float, r.stdout.split())) for r in results]
+    # the most runs alive at one instant: exactly the slot count (2), never more, and not one at a time
+    overlap = max(sum(s <= t < e for s, e in intervals) for t, _ in intervals)
+    assert overlap == 2, intervals
 
 
 def test_info_names_the_backend(backend):
