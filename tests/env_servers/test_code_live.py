@@ -62,3 +62,17 @@ def test_openenv_and_envtool_drive_the_env(url):
         assert "hello" in tools["run_python"](code="print('olleh'[::-1])")
         assert tools["submit"](code="def reverse_string(s):\n    return s[::-1]").startswith("Passed 4/4")
         assert tools["submit"].done and tools["submit"].episode_reward == 1.0
+
+
+@pytest.mark.slow
+def test_example_code_agent_solves_tasks_against_its_own_server(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "code_agent.py"
+    spec = importlib.util.spec_from_file_location("code_agent_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--tasks", "2"])
+    out = capsys.readouterr().out
+    assert "mean reward over 2 tasks: 1.00" in out and "'backend': 'local-zygote'" in out
