@@ -153,3 +153,30 @@ def test_syntax_errors_are_reported_like_python_does(backend):
 def test_random_streams_differ_between_runs(backend):
     code = "import random\nprint(random.random())"
     assert len({backend.run_sync(code).stdout for _ in range(3)}) == 3
+
+
+def test_docker_attach_stream_is_demultiplexed():
+    import json
+    import socket
+    import struct
+    import time
+
+    from env_servers.code_env.sandbox.docker_backend import _Channel
+
+    ours, engine = socket.socketpair()
+    message = json.dumps({"ready": True}).encode()
+    framed = struct.pack(">I", len(message)) + message
+    # Docker's frames: [stream, 0, 0, 0, size] + payload; stderr frames are dropped, stdout split anywhere
+    for stream, payload in ((2, b"warning"), (1, framed[:3]), (1, framed[3:])):
+        engine.sendall(bytes([stream, 0, 0, 0]) + struct.pack(">I", len(payload)) + payload)
+    channel = _Channel(ours)
+    assert channel.recv(time.monotonic() + 2) == {"ready": True}
+    channel.send({"code": "print(1)"})
+    size = struct.unpack(">I", engine.recv(4))[0]
+    assert json.loads(engine.recv(size)) == {"code": "print(1)"}
+    from env_servers.code_env.sandbox import SandboxError
+
+    with pytest.raises(SandboxError, match="watchdog"):
+        channel.recv(time.monotonic() + 0.1)
+    ours.close()
+    engine.close()

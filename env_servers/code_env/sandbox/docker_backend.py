@@ -50,7 +50,10 @@ class _Channel:
             if remaining <= 0:
                 raise SandboxError("the docker sandbox worker did not answer before the watchdog deadline")
             self.sock.settimeout(remaining)
-            chunk = self.sock.recv(n - len(out))
+            try:
+                chunk = self.sock.recv(n - len(out))
+            except TimeoutError:
+                continue  # the deadline check above turns this into a SandboxError
             if not chunk:
                 raise SandboxError("the docker sandbox worker closed its stream")
             out += chunk
@@ -102,7 +105,8 @@ class DockerBackend(SlotBackend):
             ulimits=[Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile), Ulimit(name="core", soft=0, hard=0)],
             environment={"OPENBLAS_NUM_THREADS": "1", "HOME": "/sandbox"},
             runtime="runsc" if self.gvisor else None, labels={"envhub.sandbox.slot": str(slot.index)})
-        raw = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+        # logs=1 replays what the zygote wrote before we attached (its ready line)
+        raw = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1, "logs": 1})
         channel = _Channel(getattr(raw, "_sock", raw))
         hello = channel.recv(time.monotonic() + 60)
         if not hello.get("ready"):
@@ -121,9 +125,11 @@ class DockerBackend(SlotBackend):
             channel.send(request)
             reply = channel.recv(start + limits.timeout_s + WATCHDOG_EXTRA_S)
         except (OSError, SandboxError, ValueError) as exc:
+            oom = self._oom_killed(slot)
             self._close_slot(slot)
-            return ExecResult(stderr=f"[sandbox] {exc}", signal=signal.SIGKILL,
-                              timed_out=time.monotonic() - start >= limits.timeout_s, duration_s=time.monotonic() - start)
+            return ExecResult(stderr=f"[sandbox] {exc}", signal=signal.SIGKILL, oom_killed=oom,
+                              timed_out=not oom and time.monotonic() - start >= limits.timeout_s,
+                              duration_s=time.monotonic() - start)
         if "error" in reply or not reply.get("clean", True):
             self._close_slot(slot)
         if "error" in reply:
@@ -133,6 +139,14 @@ class DockerBackend(SlotBackend):
                           stderr=decode_output(base64.b64decode(reply["stderr"])),
                           exit_code=reply["exit_code"], signal=reply["signal"], timed_out=reply["timed_out"],
                           output_truncated=reply["output_truncated"], duration_s=reply["duration_s"])
+
+    def _oom_killed(self, slot: Slot) -> bool:
+        container = self._containers.get(slot.index, (None, None))[0]
+        try:
+            container.reload()
+            return bool(container.attrs["State"].get("OOMKilled"))
+        except Exception:  # the engine could not tell; report the run as killed without a cause
+            return False
 
     def _close_slot(self, slot: Slot) -> None:
         entry = self._containers.pop(slot.index, None)
