@@ -1,0 +1,149 @@
+"""adapters.trl: environment_factory classes against live envhub servers, and a couple of GRPOTrainer steps on CPU."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapters.trl import (EnvhubEnvironment, EnvhubTextEnvironment, environment_factory, grpo_kwargs,
+                          text_answer_reward)
+from envhub.server import ServerThread, create_app
+from envhub.settings import Settings
+from env_servers.math_env import MathEnv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.guess_env import GuessEnv  # noqa: E402
+
+pytestmark = pytest.mark.live
+QUIET = Settings(log_level="warning")
+
+
+def _public_functions(cls: type) -> list[str]:
+    # What GRPOTrainer turns into tools: public functions of the class, minus reset and get_reward.
+    return sorted(n for n, _ in inspect.getmembers(cls, inspect.isfunction)
+                  if not n.startswith("_") and n not in ("reset", "get_reward"))
+
+
+def _bisect(env: EnvhubEnvironment) -> list[str]:
+    low, high, replies = 1, 100, []
+    while not replies or replies[-1] not in ("Correct!",):
+        number = (low + high) // 2
+        replies.append(env.guess(number=number))
+        low, high = (number + 1, high) if replies[-1] == "Higher." else (low, number - 1)
+    return replies
+
+
+@pytest.mark.slow  # imports transformers
+def test_tool_env_exposes_remote_tools_with_the_servers_schema() -> None:
+    from transformers.utils import get_json_schema
+
+    with ServerThread(create_app(GuessEnv, settings=QUIET)) as server:
+        cls = environment_factory(server.url)
+        assert issubclass(cls, EnvhubEnvironment) and _public_functions(cls) == ["guess"]
+        env = cls()
+        (spec,) = GuessEnv.tools()
+        schema = get_json_schema(env.guess)["function"]
+        assert schema["name"] == "guess" and schema["description"] == spec.description
+        assert schema["parameters"]["required"] == ["number"]
+        assert schema["parameters"]["properties"]["number"]["type"] == "integer"
+        assert env.reset(seed=3, prompt=[{"role": "user", "content": ""}]).startswith("I picked a number")
+        replies = _bisect(env)
+        assert len(replies) <= 7 and env.get_reward() == 1.0
+        assert env.guess(number=1).startswith("Error: the episode has ended")
+        env.reset(seed=4)  # the same instance plays the next rollout (TRL pools instances)
+        assert env.get_reward() == 0.0
+        env._close()
+
+
+def test_an_outage_gives_no_reward_instead_of_zero() -> None:
+    server = ServerThread(create_app(GuessEnv, settings=QUIET)).start()
+    env = environment_factory(server.url, message_timeout_s=5)()
+    env.reset(seed=0)
+    server.stop()
+    reply = env.guess(number=50)
+    assert reply.startswith("Error: environment failure")
+    assert env.get_reward() is None
+
+
+def test_text_env_submits_the_completion_and_returns_the_env_reward() -> None:
+    with ServerThread(create_app(MathEnv, settings=QUIET)) as server:
+        kwargs = grpo_kwargs(server.url, task={"problem": "What is 1 + 1?", "answer": "2"})
+        cls = kwargs["environment_factory"]
+        assert issubclass(cls, EnvhubTextEnvironment) and kwargs["reward_funcs"] == [text_answer_reward]
+        assert _public_functions(cls) == []
+        envs = [cls(), cls(), cls()]
+        for env in envs:
+            assert "1 + 1" in env.reset(prompt="ignored", seed=0)
+        completions = [[{"role": "assistant", "content": "so \\boxed{2}"}], "\\boxed{3}", [{"role": "assistant"}]]
+        rewards = text_answer_reward(completions, environments=envs)
+        assert rewards[0] > rewards[1] and rewards[0] > 0
+        assert rewards == [e._env.episode_reward for e in envs]
+        with pytest.raises(ValueError, match="Expected GRPOTrainer to pass `environments`"):
+            text_answer_reward(["x"])
+
+
+def test_a_tool_env_can_be_forced_to_text_mode_and_bad_modes_fail() -> None:
+    with ServerThread(create_app(MathEnv, settings=QUIET)) as server:
+        with pytest.raises(ValueError, match="publish tools for mode='tools'"):
+            environment_factory(server.url, mode="tools")
+    with pytest.raises(ValueError, match="Expected mode"):
+        environment_factory("ws://127.0.0.1:1", mode="both")  # type: ignore[arg-type]
+
+
+def _train_two_steps(app, tmp_path: Path, tools: bool):
+    """Two GRPO steps of a tiny random Qwen2 on the CPU against ``app`` served on a loopback port."""
+    import torch
+    import trl
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from adapters.trl import seed_dataset
+    from trainer.tokenizer import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    if tools:  # TRL parses tool calls only for chat templates it knows: its own copy of Qwen2.5's
+        tok.chat_template = qwen2_5_chat_template
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config)
+    with ServerThread(app) as server:
+        args = trl.GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                              num_generations=4, max_completion_length=8, learning_rate=1e-2, logging_steps=1,
+                              report_to="none", use_cpu=True, save_strategy="no", seed=0)
+        trainer = trl.GRPOTrainer(model=model, args=args, train_dataset=seed_dataset(8), processing_class=tok,
+                                  **grpo_kwargs(server.url))
+        trainer.train()
+    return trainer
+
+
+@pytest.mark.slow
+def test_grpo_trainer_trains_two_steps_against_the_math_server(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("trl")
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    # A missing \boxed{} answer scores -1 here, so the logged reward can only have come from the env.
+    app = create_app(MathEnv, settings=QUIET, no_answer_reward=-1.0)
+    trainer = _train_two_steps(app, tmp_path, tools=False)
+    metrics = app.state.hub.metrics
+    assert trainer.state.global_step == 2
+    assert metrics.resets_total == metrics.steps_total == 8  # 2 steps x 4 rollouts, one answer each
+    logged = [r for r in trainer.state.log_history if "rewards/text_answer_reward/mean" in r]
+    assert len(logged) == 2 and all(r["rewards/text_answer_reward/mean"] == -1.0 for r in logged)
+
+
+@pytest.mark.slow
+def test_grpo_trainer_renders_and_scores_a_tool_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("trl")
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    app = create_app(GuessEnv, settings=QUIET)
+    trainer = _train_two_steps(app, tmp_path, tools=True)
+    assert trainer.state.global_step == 2
+    assert [t.__name__ for t in trainer.tools] == ["guess"]
+    assert app.state.hub.metrics.resets_total == 8  # one episode per rollout, scored by get_reward
+    logged = [r for r in trainer.state.log_history if "rewards/EnvhubToolEnv/mean" in r]
+    assert len(logged) == 2 and "tools/call_frequency" in logged[0]
