@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,15 +60,16 @@ class LocalSubprocessRunner:
 
     def __init__(self, max_output_bytes: int = 64 * 1024, max_concurrent: int = 4):
         self.max_output_bytes = max_output_bytes
-        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self.max_concurrent = max_concurrent
+        self._slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> Semaphore
 
     async def run(self, code: str, timeout_s: float) -> RunOutput:
-        # A semaphore per event loop would not bound a multi-loop server; acquire a thread-safe one off-loop.
-        await asyncio.to_thread(self._slots.acquire)
-        try:
+        loop = asyncio.get_running_loop()
+        slots = self._slots.get(loop)
+        if slots is None:
+            slots = self._slots[loop] = asyncio.Semaphore(self.max_concurrent)
+        async with slots:
             return await self._run(code, timeout_s)
-        finally:
-            self._slots.release()
 
     async def _run(self, code: str, timeout_s: float) -> RunOutput:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONIOENCODING": "utf-8",

@@ -71,10 +71,10 @@ class MathToolEnv(MathEnv):
         return super().reset(seed=seed, split=split, kind=kind, difficulty=difficulty, index=index,
                              problem=problem, answer=answer)
 
-    @property
-    def runner(self) -> PythonRunner:
+    async def python_runner(self) -> PythonRunner:
+        """The process-wide runner (built off the event loop: the sandbox probe blocks)."""
         if self._runner is None:
-            self._runner = make_runner(self.config.python_runner)
+            self._runner = await asyncio.to_thread(make_runner, self.config.python_runner)
         return self._runner
 
     # -- tools ---------------------------------------------------------------------------------
@@ -104,9 +104,9 @@ class MathToolEnv(MathEnv):
         return self._turn(StepResult(observation=Observation(text=NO_ACTION_HINT)))
 
     async def _execute(self, blocks: list[str]) -> str:
-        outputs = []
+        runner, outputs = await self.python_runner(), []
         for code in blocks:
-            result = await self.runner.run(code, self.config.python_timeout_s)
+            result = await runner.run(code, self.config.python_timeout_s)
             outputs.append(result.as_observation(self.config.max_output_chars))
         return "\n\n".join(outputs)
 

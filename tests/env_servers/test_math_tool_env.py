@@ -82,6 +82,6 @@ async def test_run_python_goes_through_the_code_sandbox():
     out = await runner.step({"tool_name": "run_python", "arguments": {"code": "import os; print(123 * 456, os.getuid())"}})
     product, uid = out.observation.text.split()
     assert product == "56088" and uid != "0"
-    assert runner.env.runner.name.startswith("sandbox:")
+    assert (await runner.env.python_runner()).name.startswith("sandbox:")
     final = await runner.step({"tool_name": "submit_answer", "arguments": {"answer": product}})
     assert final.reward == 1.0
