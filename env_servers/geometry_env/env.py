@@ -77,7 +77,14 @@ class GeometryConfig:
 
 
 class GeometryEnv(Env):
-    """Geometry problems with a diagram: calculator tools and up to 3 verified attempts (or single-turn)."""
+    """Geometry problems with a diagram: calculator tools and up to 3 verified attempts (or single-turn).
+
+    ``reset(seed, split="train", kind=None, difficulty=None, index=None, problem=None, answer=None)``:
+    ``kind`` is a generator family (``triangle_angle``, ``law_of_cosines``, ``circle_arc``, ...; see
+    :mod:`env_servers.geometry_env.problems`), ``difficulty`` 1-3 picks among the families of that
+    level, ``index`` a deterministic problem of the split, ``problem`` + ``answer`` a custom one.
+    Without a generator ``kind``, configured geometry3k data (``data_files``/``data_dir``) is used.
+    """
 
     env_name = "geometry"
 

@@ -182,3 +182,22 @@ def test_python_dash_m_serves_single_mode(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+async def test_geometry3k_data_is_served_with_its_own_image_and_rounded_answers(tmp_path):
+    import base64
+    import json
+
+    buf = io.BytesIO()
+    Image.new("RGB", (20, 10), "white").save(buf, format="PNG")
+    path = tmp_path / "test.jsonl"
+    path.write_text(json.dumps({"problem": "<image>Find x.", "answer": "7.8",
+                                "images": [{"bytes": base64.b64encode(buf.getvalue()).decode()}]}))
+    runner = EnvRunner(GeometryEnv(data_files={"test": str(path)}))
+    first = await runner.reset(split="test", index=0)
+    assert first.observation.text.startswith("Find x.") and first.observation.images == [buf.getvalue()]
+    assert first.observation.metadata["kind"] == "geometry3k"
+    wrong = await runner.step(call("submit_answer", answer="8"))
+    assert wrong.reward == -0.05
+    right = await runner.step(call("submit_answer", answer=r"\sqrt{61}"))  # 7.81: within the 1% tolerance
+    assert right.done and right.reward == 1.0
