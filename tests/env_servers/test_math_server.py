@@ -80,15 +80,17 @@ def test_tool_env_over_the_wire_lists_tools_and_runs_code():
         assert asyncio.run(play(server.url)) == 1.0
 
 
-@pytest.mark.slow
-def test_python_dash_m_serves_on_the_given_port(tmp_path):
+@pytest.mark.parametrize("command", [
+    [sys.executable, "-m", "env_servers.math_env", "--format-reward", "0.5"],
+    [sys.executable, "-m", "envhub.cli", "serve", "env_servers.math_env:MathEnv", "--set", "format_reward=0.5"],
+], ids=["python-m", "envhub-serve"])
+def test_both_launch_commands_serve_on_the_given_port(command):
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "env_servers.math_env", "--host", "127.0.0.1", "--port", str(port),
-                             "--max-sessions", "4", "--format-reward", "0.5"],
+    proc = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port), "--max-sessions", "4"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         async def play():
