@@ -48,6 +48,7 @@ class EchoEnv(Env):
     action_model = EchoAction
     observation_model = EchoObservation
     run_inline: ClassVar[bool] = True
+    messages: int = 0
 
     def reset(self, seed: int | None = None, **task: Any) -> EchoObservation:
         self.messages = 0
