@@ -32,12 +32,15 @@ class Sampler(Protocol):
 class SamplingConfig:
     """Sampling settings shared by every sampler (top-k/top-p off by default so log-probs are the policy's)."""
 
+    backend: str = "hf"  # "hf" (transformers generate) or "vllm" (GPU)
     temperature: float = 1.0
     top_p: float = 1.0
     max_batch_size: int = 256
     batch_wait_s: float = 0.002  # how long the first waiting request waits for others to join its batch
 
     def __post_init__(self) -> None:
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError(f"Expected sampling.backend 'hf' or 'vllm', got {self.backend!r}.")
         if self.temperature <= 0:
             raise ValueError(f"Expected temperature > 0 (use GenRequest(greedy=True) for greedy), "
                              f"got {self.temperature}.")

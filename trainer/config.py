@@ -1,0 +1,201 @@
+"""Training configs: plain dataclasses, loaded from TOML, overridden by ``a.b=c``, logged in full at start.
+
+>>> cfg = load_config(None, ["algo.name=rloo", "run.steps=3", "env.urls=['ws://localhost:8001']"])
+>>> cfg.algo.name, cfg.run.steps, cfg.env.urls
+('rloo', 3, ['ws://localhost:8001'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.model import ModelConfig
+from trainer.rollout.engine import RolloutConfig
+from trainer.rollout.sampler import SamplingConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ALGORITHMS = ("grpo", "grpo_per_turn", "ppo", "rloo", "reinforce_pp")
+
+
+@dataclass
+class EnvConfig:
+    """Where episodes run and which tasks they get.
+
+    ``urls`` (or one ``url``) of env servers, or ``env_class`` (``"pkg.mod:Cls"``) run in process.
+    ``train_task``/``eval_task`` are ``reset`` arguments; each training task also gets a fresh
+    ``seed``, each eval task ``index = i`` (``eval_key="index"``) or ``seed = i`` (``"seed"``).
+    """
+
+    urls: list[str] = field(default_factory=list)
+    url: str | None = None
+    env_class: str | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    train_task: dict[str, Any] = field(default_factory=lambda: {"split": "train"})
+    eval_task: dict[str, Any] = field(default_factory=lambda: {"split": "validation"})
+    eval_key: str = "index"
+    token: str | None = None
+    connect_retry_s: float = 30.0
+    message_timeout_s: float = 120.0
+
+    def all_urls(self) -> list[str]:
+        return [*([self.url] if self.url else []), *self.urls]
+
+    def __post_init__(self) -> None:
+        if self.eval_key not in ("index", "seed"):
+            raise ValueError(f"Expected env.eval_key to be 'index' or 'seed', got {self.eval_key!r}.")
+
+
+@dataclass
+class AlgoConfig:
+    """The RL algorithm: ``grpo`` (outcome), ``grpo_per_turn``, ``ppo`` (GAE + value head), ``rloo``, ``reinforce_pp``."""
+
+    name: str = "grpo"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    normalize_std: bool = True
+    filter_zero_variance: bool = True
+    aggregation: str = "token_mean"
+    epochs: int = 1            # optimisation passes over each batch of rollouts
+    minibatches: int = 1       # optimizer steps per pass
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_coef: float = 0.5
+    value_clip_eps: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.name not in ALGORITHMS:
+            raise ValueError(f"Expected algo.name in {ALGORITHMS}, got {self.name!r}.")
+        if self.epochs < 1 or self.minibatches < 1:
+            raise ValueError(f"Expected algo.epochs and algo.minibatches >= 1, got {self.epochs}, {self.minibatches}.")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up, gradient accumulation over micro-batches and norm clipping."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 16  # sequences per forward/backward; gradients accumulate over the rest
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.micro_batch_size < 1:
+            raise ValueError(f"Expected optim.lr > 0 and optim.micro_batch_size >= 1, got {self.lr}, "
+                             f"{self.micro_batch_size}.")
+        self.betas = tuple(self.betas)  # TOML gives a list
+
+
+@dataclass
+class RunConfig:
+    """Run length, batch shape, evaluation, checkpoints, seeds and the output directory."""
+
+    steps: int = 100
+    batch_size: int = 8        # groups (distinct tasks) per step
+    group_size: int = 8        # samples per task
+    eval_every: int = 0        # 0: evaluate only before and after
+    eval_problems: int = 64
+    save_every: int = 0        # 0: save only at the end
+    keep_last: int = 2
+    log_trajectories: int = 8  # trajectories per step written to trajectories.jsonl
+    seed: int = 0
+    output_dir: str = "runs/train"
+    resume: bool = False
+    strategy: str = "none"     # ddp | fsdp | none (under torchrun)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.group_size < 1:
+            raise ValueError(f"Expected run.steps >= 0, run.batch_size >= 1, run.group_size >= 1, got "
+                             f"{self.steps}, {self.batch_size}, {self.group_size}.")
+
+
+@dataclass
+class SFTConfig:
+    """The SFT recipe: demonstrations from a JSONL file of ``{"messages": [...]}`` (or prompt/completion)."""
+
+    data: str = ""
+    steps: int = 100
+    batch_size: int = 16
+    epochs_limit: int = 0  # 0: no limit, loop over the data
+
+
+@dataclass
+class TrainConfig:
+    """Everything one ``envhub-train`` run needs."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from nested dicts, naming the accepted keys when one is unknown."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"Unknown key(s) {unknown} in [{where or 'top level'}]; expected some of {sorted(names)}.")
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_dict(hint, value, f"{where}.{key}" if where else key)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"a.b=c"`` -> (["a", "b"], value), the value read as TOML (so ``3``, ``true``, ``[1, 2]``) or a string."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"Expected an override like section.key=value, got {item!r}.")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """The config from a TOML file (or the defaults) with ``a.b=c`` overrides applied."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    for item in overrides or []:
+        keys, value = parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"Cannot set {item!r}: {k!r} is not a section.")
+        node[keys[-1]] = value
+    return from_dict(TrainConfig, data)
+
+
+__all__ = ["TrainConfig", "EnvConfig", "AlgoConfig", "OptimConfig", "RunConfig", "SFTConfig", "ModelConfig",
+           "RolloutConfig", "SamplingConfig", "load_config", "from_dict", "parse_override", "ALGORITHMS"]

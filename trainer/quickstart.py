@@ -1,0 +1,192 @@
+"""The quick start: a tiny model learns single-digit arithmetic with GRPO against the math env server.
+
+``python -m trainer.quickstart`` (or ``bash scripts/quickstart.sh``) does, on CPU, in a few minutes:
+
+1. starts the math env server as a local process (``python -m env_servers.math_env``) on a free
+   loopback port, and stops it at the end, also on an error or Ctrl-C;
+2. builds a tiny Qwen2 model (random weights, the shipped byte-level tokenizer);
+3. warms it up briefly with SFT on demonstrations from the server's *train* split, so that it
+   knows the answer format (``\\boxed{N}``), but not yet the arithmetic;
+4. trains it with GRPO over WebSocket, evaluating greedy answers on held-out *validation*
+   problems (a disjoint split, graded by the same server) before and after;
+5. writes ``runs/quickstart/``: ``summary.json``, ``metrics.jsonl``, ``trajectories.jsonl``,
+   ``reward.png`` and a checkpoint.
+
+Options: ``--seed``, ``--steps``, ``--sft-steps``, ``--out``, ``--threads`` (see ``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+SYSTEM_PROMPT = "Put the answer in \\boxed{}."
+TASK = {"kind": "add", "difficulty": 1}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def math_server(port: int, log_path: Path) -> Iterator[str]:
+    """Run ``python -m env_servers.math_env`` on ``port`` until the block ends (whatever ends it)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "env_servers.math_env", "--host", "127.0.0.1", "--port", str(port),
+            "--system-prompt", SYSTEM_PROMPT, "--instruction", ""]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url, proc, log_path)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"The math server exited with code {proc.returncode}; see {log_path}.")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"The math server did not become healthy within {timeout_s:.0f} s; see {log_path}.")
+
+
+async def collect_demos(url: str, n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` demonstrations from the server's train split: its prompt, and the answer its grader expects."""
+    from envhub.client import EnvClient
+
+    async def one(i: int) -> dict[str, Any]:
+        async with EnvClient(url) as env:
+            first = await env.reset(seed=seed * 100_003 + i, split="train", **TASK)
+            graded = await env.step({"text": ""})  # an empty answer: the grader reports the expected one
+        truth = graded.info["ground_truth"]
+        messages = [{"role": "system", "content": first.observation.metadata["system_prompt"]},
+                    {"role": "user", "content": first.observation.text},
+                    {"role": "assistant", "content": f"\\boxed{{{truth}}}"}]
+        return {"messages": messages}
+
+    sem = asyncio.Semaphore(32)
+
+    async def gated(i: int) -> dict[str, Any]:
+        async with sem:
+            return await one(i)
+
+    return list(await asyncio.gather(*(gated(i) for i in range(n))))
+
+
+def quickstart_config(url: str, args: argparse.Namespace):
+    """The GRPO config the quick start runs (tuned for 2 CPU cores)."""
+    from trainer.config import load_config
+
+    return load_config(None, [
+        f"env.url='{url}'",
+        f"env.train_task={{ split = 'train', kind = 'add', difficulty = 1 }}",
+        f"env.eval_task={{ split = 'validation', kind = 'add', difficulty = 1 }}",
+        "env.eval_key='index'",
+        f"model.hidden_size={args.hidden}", f"model.num_layers={args.layers}", "model.num_heads=4",
+        "model.num_kv_heads=2", f"model.intermediate_size={4 * args.hidden}", f"model.init_seed={args.seed}",
+        "rollout.max_tokens_per_turn=12", "rollout.max_total_tokens=12", "rollout.max_in_flight=256",
+        "sampling.temperature=1.0",
+        "algo.name='grpo'", "algo.filter_zero_variance=true", "algo.clip_eps=0.2",
+        f"optim.lr={args.lr}", "optim.micro_batch_size=256", "optim.grad_clip=1.0",
+        f"run.steps={args.steps}", f"run.batch_size={args.batch}", f"run.group_size={args.group}",
+        f"run.eval_problems={args.eval_problems}", f"run.seed={args.seed}", f"run.output_dir='{args.out}'",
+        "run.log_trajectories=4", "run.device='cpu'",
+    ])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.quickstart", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=200, help="GRPO steps")
+    p.add_argument("--sft-steps", type=int, default=120, help="SFT warm-up steps (format only: keep it brief)")
+    p.add_argument("--sft-demos", type=int, default=512)
+    p.add_argument("--batch", type=int, default=16, help="tasks per GRPO step")
+    p.add_argument("--group", type=int, default=8, help="samples per task")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--eval-problems", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for a tiny model)")
+    p.add_argument("--out", default="runs/quickstart")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    start = time.monotonic()
+    import torch
+
+    from trainer.metrics import plot_rewards
+    from trainer.model import load_policy
+    from trainer.recipes.rl import train
+    from trainer.recipes.sft import run_sft
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("metrics.jsonl", "trajectories.jsonl"):
+        (out / stale).unlink(missing_ok=True)
+    port = free_port()
+    print(f"[quickstart] starting the math env server on port {port} (log: {out / 'math_server.log'})", flush=True)
+    with math_server(port, out / "math_server.log") as url:
+        cfg = quickstart_config(url, args)
+        model, tok = load_policy(cfg.model)
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"[quickstart] tiny Qwen2 policy: {n_params / 1e3:.0f}k parameters, vocabulary {len(tok)}", flush=True)
+        demos = asyncio.run(collect_demos(url, args.sft_demos, args.seed))
+        print(f"[quickstart] SFT warm-up: {args.sft_steps} steps on {len(demos)} train-split demonstrations", flush=True)
+        sft = run_sft(model, tok, demos, steps=args.sft_steps, batch_size=32, lr=args.lr, seed=args.seed)
+        print(f"[quickstart] GRPO: {args.steps} steps x {args.batch} tasks x {args.group} samples over {url}", flush=True)
+        summary = train(cfg, model=model, tokenizer=tok, log=_quiet_log)
+    plot = plot_rewards(out / "metrics.jsonl", out / "reward.png",
+                        keys=["train/reward_mean", "eval/reward_mean"])
+    summary.update({"sft_steps": args.sft_steps, "sft_final_loss": round(sft["sft_loss"], 4), "seed": args.seed,
+                    "parameters": n_params, "seconds": round(time.monotonic() - start, 1),
+                    "rise": round(summary["val_reward_after"] - summary["val_reward_before"], 4),
+                    "reward_plot": str(plot)})
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"[quickstart] validation reward before GRPO: {summary['val_reward_before']:.3f}  "
+          f"after: {summary['val_reward_after']:.3f}  ({summary['eval_episodes']} held-out episodes)")
+    print(f"[quickstart] {summary['steps']} GRPO steps, {summary['seconds']:.0f} s in all; wrote {out}/summary.json "
+          f"and {plot}", flush=True)
+    return summary
+
+
+def _quiet_log(message: str) -> None:
+    # The full config goes to config.json; the console gets the one-line messages.
+    if not message.startswith("config:"):
+        print(f"[quickstart] {message}", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\n[quickstart] interrupted; the math server was stopped.", file=sys.stderr)
+        sys.exit(130)

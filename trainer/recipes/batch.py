@@ -1,0 +1,87 @@
+"""Packing trajectories into training tensors, and the model forward both RL and SFT use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from trainer.algos import token_logprobs
+from trainer.rollout.types import Trajectory
+
+
+@dataclass
+class PackedBatch:
+    """Right-padded sequences in the shifted frame: position j scores ``tokens_BT[:, j + 1]``.
+
+    tokens_BT/attn_BT: [B, T] inputs; mask_BS/advantages_BS/rewards_BS/sampler_logprobs_BS: [B, T-1].
+    """
+
+    tokens_BT: Tensor
+    attn_BT: Tensor
+    mask_BS: Tensor
+    advantages_BS: Tensor
+    rewards_BS: Tensor
+    sampler_logprobs_BS: Tensor
+
+    def __len__(self) -> int:
+        return self.tokens_BT.shape[0]
+
+    def select(self, idx: list[int] | Tensor) -> "PackedBatch":
+        """Rows ``idx``, trimmed to their longest sequence (micro-batches stay small)."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        width = int(self.attn_BT[idx].sum(dim=1).max().item())
+        return PackedBatch(self.tokens_BT[idx, :width], self.attn_BT[idx, :width], self.mask_BS[idx, :width - 1],
+                           self.advantages_BS[idx, :width - 1], self.rewards_BS[idx, :width - 1],
+                           self.sampler_logprobs_BS[idx, :width - 1])
+
+
+def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
+    """One advantage per token: policy tokens of turn t get ``per_turn[t]``; others 0."""
+    out = [0.0] * len(traj.tokens)
+    turn, start = 0, 0
+    for turn, end in enumerate(traj.turn_ends):
+        for i in range(start, end + 1):
+            if traj.mask[i]:
+                out[i] = per_turn[turn] if turn < len(per_turn) else per_turn[-1]
+        start = end + 1
+    return out
+
+
+def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: int) -> PackedBatch:
+    """Pad ``trajectories`` (with per-token ``advantages``) into a :class:`PackedBatch`; turn rewards sit on turn ends."""
+    B, T = len(trajectories), max(len(t.tokens) for t in trajectories)
+    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    mask, adv, rew, lps = (torch.zeros((B, T)) for _ in range(4))
+    for i, (t, a) in enumerate(zip(trajectories, advantages)):
+        n = len(t.tokens)
+        tokens[i, :n] = torch.tensor(t.tokens)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(t.mask, dtype=torch.float)
+        adv[i, :n] = torch.tensor(a, dtype=torch.float)
+        lps[i, :n] = torch.tensor(t.logprobs, dtype=torch.float)
+        for end, r in zip(t.turn_ends, t.turn_rewards):
+            rew[i, end] = r
+    return PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], rew[:, 1:], lps[:, 1:])
+
+
+def forward_logprobs(model: torch.nn.Module, tokens_BT: Tensor, attn_BT: Tensor, *, temperature: float = 1.0,
+                     hidden: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Log-probs [B, T-1] of each next token (logits / temperature), and the last hidden states if asked."""
+    out = model(input_ids=tokens_BT, attention_mask=attn_BT, output_hidden_states=hidden, use_cache=False)
+    logits_BSV = out.logits[:, :-1]
+    if temperature != 1.0:
+        logits_BSV = logits_BSV / temperature
+    lp_BS = token_logprobs(logits_BSV, tokens_BT[:, 1:])
+    return lp_BS, (out.hidden_states[-1][:, :-1] if hidden else None)
+
+
+def micro_batches(n: int, size: int, *, generator: torch.Generator | None = None, shuffle: bool = False) -> list[list[int]]:
+    """Index lists of at most ``size`` rows covering ``range(n)``."""
+    order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+    return [order[i:i + size] for i in range(0, n, size)]
+
+
+__all__ = ["PackedBatch", "pack", "token_advantages", "forward_logprobs", "micro_batches"]

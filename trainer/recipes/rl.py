@@ -1,0 +1,309 @@
+"""On-policy RL from env services, top to bottom: rollouts -> groups -> advantages -> clipped loss -> AdamW.
+
+The variant implemented, per step (``algo.name`` picks the advantage; everything else is shared):
+
+1. Sample ``run.batch_size`` tasks (``env.train_task`` + a fresh seed each) and run
+   ``run.group_size`` episodes of each with the current policy (temperature ``sampling.temperature``)
+   against the env servers, many in flight at once (:class:`RolloutEngine`).
+2. Keep complete groups only: a group with an infrastructure failure (env down, timeout) leaves
+   the batch and is counted, never trained on as reward 0. With ``algo.filter_zero_variance``
+   groups whose rewards are all equal are dropped too (they carry no GRPO signal).
+3. Advantages, one per policy token:
+   - ``grpo``: outcome GRPO, ``(R - mean_group) / (std_group + eps)`` on every token of the trajectory;
+   - ``grpo_per_turn``: per-turn returns-to-go (``gamma``) centred per group and turn index, on that turn's tokens;
+   - ``rloo``: ``R`` minus the mean of the other ``G - 1`` rewards of the group;
+   - ``reinforce_pp``: ``R`` normalised by the mean and std of the whole batch;
+   - ``ppo``: GAE(``gamma``, ``lam``) from a value head on the policy's last hidden state, rewards on
+     each turn's last token, advantages whitened over the batch; plus a clipped value loss.
+4. Loss: the clipped-ratio surrogate ``max(-A r, -A clip(r, 1-eps, 1+eps_high))`` with
+   ``r = pi / pi_old``, ``pi_old`` the policy before this step's update (so ``r = 1`` on a single
+   pass), log-probs of ``logits / temperature``; optional ``kl_coef`` * k3 KL to the frozen initial
+   policy; token-mean over all policy tokens of the batch (mask 1: only sampled ids count).
+5. ``algo.epochs`` x ``algo.minibatches`` AdamW steps, each accumulating gradients over micro-batches
+   of ``optim.micro_batch_size`` sequences, clipped to ``optim.grad_clip``; then the sampler gets the
+   new weights and the policy version goes up.
+
+Seeds: ``run.seed`` seeds torch/python RNGs (initial weights use ``model.init_seed``); task seeds are
+``run.seed * 1_000_003 + global task number``, so a resumed run sees the same tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainer import algos
+from trainer.config import TrainConfig
+from trainer.metrics import MetricsLogger, Progress
+from trainer.model import hidden_size_of, load_policy, trainable_parameters
+from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
+from trainer.rollout import (EnvPool, HFSampler, RolloutEngine, Task, Trajectory, build_groups, load_env_class,
+                             make_tasks)
+
+
+# -- set-up ------------------------------------------------------------------------------------
+def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
+    """Sampler + env pool + engine for ``cfg`` (vLLM when ``sampling.backend == "vllm"``)."""
+    urls = cfg.env.all_urls()
+    env_cls = load_env_class(cfg.env.env_class) if cfg.env.env_class and not urls else None
+    if env_cls is not None and cfg.env.env_kwargs:
+        base, kwargs = env_cls, dict(cfg.env.env_kwargs)
+        env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
+    pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
+                   message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
+    if cfg.sampling.backend == "vllm":
+        from trainer.rollout.vllm_sampler import VLLMSampler
+
+        sampler = VLLMSampler(model, tok, cfg.sampling, lora=cfg.model.lora_rank > 0)
+    else:
+        sampler = HFSampler(model, tok, cfg.sampling)
+    return RolloutEngine(pool, sampler, tok, cfg.rollout)
+
+
+def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
+    """This step's tasks: ``batch_size`` fresh seeds, ``group_size`` copies each, spread over the URLs."""
+    first = step * cfg.run.batch_size
+    kwargs = [{**cfg.env.train_task, "seed": cfg.run.seed * 1_000_003 + first + i} for i in range(cfg.run.batch_size)]
+    return make_tasks(kwargs, cfg.run.group_size, cfg.env.all_urls() or None)
+
+
+def evaluate(engine: RolloutEngine, cfg: TrainConfig) -> dict[str, float]:
+    """Greedy episodes on ``run.eval_problems`` held-out tasks; mean reward over those that ran."""
+    kwargs = [{**cfg.env.eval_task, cfg.env.eval_key: i} for i in range(cfg.run.eval_problems)]
+    trajs = asyncio.run(engine.run(make_tasks(kwargs, 1, cfg.env.all_urls() or None), greedy=True))
+    ok = [t for t in trajs if not t.infra_failed]
+    return {"eval/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1), "eval/episodes": float(len(ok)),
+            "eval/infra_failures": float(len(trajs) - len(ok)),
+            "eval/tokens_mean": sum(t.num_policy_tokens for t in ok) / max(len(ok), 1)}
+
+
+# -- advantages --------------------------------------------------------------------------------
+def compute_advantages(cfg: TrainConfig, groups: list[list[Trajectory]]) -> list[list[float]]:
+    """Per-token advantages for every trajectory of ``groups`` (flattened in order); PPO fills them later."""
+    flat = [t for g in groups for t in g]
+    name = cfg.algo.name
+    if name == "grpo_per_turn":
+        per_turn = algos.grpo_per_turn_advantages([t.turn_rewards or [0.0] for t in flat],
+                                                  [t.group_id for t in flat], gamma=cfg.algo.gamma,
+                                                  normalize_std=cfg.algo.normalize_std)
+        return [token_advantages(t, a) for t, a in zip(flat, per_turn)]
+    if name == "ppo":
+        return [[0.0] * len(t.tokens) for t in flat]
+    rewards_BG = torch.tensor([[t.reward for t in g] for g in groups], dtype=torch.float)
+    if name == "grpo":
+        adv_BG = algos.grpo_advantages(rewards_BG, normalize_std=cfg.algo.normalize_std)
+    elif name == "rloo":
+        adv_BG = algos.rloo_advantages(rewards_BG)
+    else:
+        adv_BG = algos.reinforce_pp_advantages(rewards_BG.flatten()).view_as(rewards_BG)
+    return [token_advantages(t, [a]) for t, a in zip(flat, adv_BG.flatten().tolist())]
+
+
+def ppo_advantages(cfg: TrainConfig, model: Any, value_head: Any, batch: PackedBatch) -> torch.Tensor:
+    """GAE from the value head's estimates (no grad); returns [B, S] old values and fills the batch's advantages."""
+    values = []
+    with torch.no_grad():
+        for idx in micro_batches(len(batch), cfg.optim.micro_batch_size):
+            mb = batch.select(idx)
+            _, hidden = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, hidden=True)
+            v = torch.zeros(len(idx), batch.mask_BS.shape[1])
+            v[:, :hidden.shape[1]] = value_head(hidden).cpu()
+            values.append(v)
+    values_BS = torch.cat(values)
+    adv_BS, returns_BS = algos.gae(batch.rewards_BS, values_BS, batch.mask_BS, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
+    mean, std = algos.masked_mean(adv_BS, batch.mask_BS), adv_BS[batch.mask_BS.bool()].std().clamp_min(1e-6)
+    batch.advantages_BS = (adv_BS - mean) / std * batch.mask_BS
+    batch.rewards_BS = returns_BS  # the value targets travel in the rewards slot from here on
+    return values_BS
+
+
+# -- one optimisation step ---------------------------------------------------------------------
+def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, batch: PackedBatch, *,
+             ref_model: Any = None, value_head: Any = None, old_values_BS: torch.Tensor | None = None,
+             device: torch.device) -> dict[str, float]:
+    """``epochs`` x ``minibatches`` clipped-surrogate AdamW steps over ``batch``; returns averaged metrics."""
+    a, T = cfg.algo, cfg.sampling.temperature
+    single_pass = a.epochs == 1 and a.minibatches == 1
+    old_lp_BS = None if single_pass else _logprobs_no_grad(cfg, model, batch, device)
+    ref_lp_BS = _logprobs_no_grad(cfg, ref_model, batch, device) if ref_model is not None else None
+    metrics: dict[str, list[float]] = {}
+    params = trainable_parameters(model) + (list(value_head.parameters()) if value_head is not None else [])
+    gen = torch.Generator().manual_seed(cfg.run.seed)
+    for _ in range(a.epochs):
+        for rows in _split(list(range(len(batch))), a.minibatches, gen):
+            optimizer.zero_grad(set_to_none=True)
+            n_tokens = float(batch.mask_BS[rows].sum().clamp_min(1.0))
+            for idx in micro_batches(len(rows), cfg.optim.micro_batch_size):
+                sel = [rows[i] for i in idx]
+                mb = _to(batch.select(sel), device)
+                S = mb.mask_BS.shape[1]
+                lp_BS, hidden = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, temperature=T,
+                                                 hidden=value_head is not None)
+                old = lp_BS.detach() if old_lp_BS is None else old_lp_BS[sel, :S].to(device)
+                ref = None if ref_lp_BS is None else ref_lp_BS[sel, :S].to(device)
+                loss, m = algos.policy_loss(lp_BS, old, mb.advantages_BS, mb.mask_BS, clip_eps=a.clip_eps,
+                                            clip_eps_high=a.clip_eps_high, ref_logprobs_BT=ref, kl_coef=a.kl_coef,
+                                            aggregation=a.aggregation)
+                if value_head is not None:
+                    vloss, vm = algos.value_loss(value_head(hidden), old_values_BS[sel, :S].to(device),
+                                                 mb.rewards_BS, mb.mask_BS, clip_eps=a.value_clip_eps)
+                    loss = loss + a.value_coef * vloss
+                    m = {**m, **vm, "value_loss": vloss.item()}
+                # token-mean over the whole minibatch, not the mean of micro-batch means
+                weight = float(mb.mask_BS.sum()) / n_tokens
+                (loss * weight).backward()
+                m["loss"] = loss.item()
+                m["logprob_mismatch"] = algos.masked_mean((lp_BS.detach() - mb.sampler_logprobs_BS).abs(),
+                                                          mb.mask_BS).item()
+                for k, v in m.items():
+                    metrics.setdefault(k, []).append(v)
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+            metrics.setdefault("grad_norm", []).append(float(norm))
+            optimizer.step()
+    return {f"train/{k}": sum(v) / len(v) for k, v in metrics.items()}
+
+
+def _split(rows: list[int], parts: int, gen: torch.Generator) -> list[list[int]]:
+    order = [rows[i] for i in torch.randperm(len(rows), generator=gen).tolist()] if parts > 1 else rows
+    size = -(-len(order) // parts)
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def _to(b: PackedBatch, device: torch.device) -> PackedBatch:
+    return PackedBatch(*(getattr(b, f).to(device) for f in b.__dataclass_fields__))
+
+
+def _logprobs_no_grad(cfg: TrainConfig, model: Any, batch: PackedBatch, device: torch.device) -> torch.Tensor:
+    out = torch.zeros_like(batch.mask_BS)
+    with torch.no_grad():
+        for idx in micro_batches(len(batch), cfg.optim.micro_batch_size):
+            mb = _to(batch.select(idx), device)
+            lp, _ = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, temperature=cfg.sampling.temperature)
+            out[idx, :lp.shape[1]] = lp.float().cpu()
+    return out
+
+
+def rollout_metrics(trajs: list[Trajectory], grouped: Any) -> dict[str, float]:
+    """Reward, length and failure statistics of one step's rollouts."""
+    ok = [t for t in trajs if not t.infra_failed]
+    n = max(len(ok), 1)
+    return {"train/reward_mean": sum(t.reward for t in ok) / n,
+            "train/policy_tokens_mean": sum(t.num_policy_tokens for t in ok) / n,
+            "train/turns_mean": sum(t.num_turns for t in ok) / n,
+            "train/parse_errors": float(sum(t.parse_errors for t in ok)),
+            **{f"rollout/{k}": v for k, v in grouped.metrics().items()}}
+
+
+# -- the loop ----------------------------------------------------------------------------------
+def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step: Callable | None = None,
+          log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run ``cfg``; returns ``{"val_reward_before", "val_reward_after", "steps", "seconds", ...}``.
+
+    Pass ``model``/``tokenizer`` to continue from a model in memory (the quick start's SFT warm-up).
+    """
+    start = time.monotonic()
+    random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    out = Path(cfg.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.to_json())
+    log(f"config:\n{cfg.to_json()}")
+    device = torch.device(cfg.run.device if cfg.run.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if model is None:
+        model, tokenizer = load_policy(cfg.model, device)
+    model.to(device).train()
+    value_head = algos.ValueHead(hidden_size_of(model)).to(device) if cfg.algo.name == "ppo" else None
+    ref_model = _reference(model) if cfg.algo.kl_coef > 0 else None
+    params = trainable_parameters(model) + (list(value_head.parameters()) if value_head is not None else [])
+    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+    warmup = max(cfg.optim.warmup_steps, 1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    engine = build_engine(cfg, model, tokenizer)
+    logger = MetricsLogger(out)
+    first_step = _maybe_resume(cfg, out, model, optimizer, scheduler, log)
+
+    before = evaluate(engine, cfg)
+    logger.log(first_step, before)
+    log(f"validation reward before: {before['eval/reward_mean']:.3f} on {before['eval/episodes']:.0f} episodes")
+    progress = Progress(cfg.run.steps - first_step, desc=cfg.algo.name)
+    for step in range(first_step, cfg.run.steps):
+        t0 = time.monotonic()
+        # 1. rollouts with the current policy
+        trajs = engine.run_sync(train_tasks(cfg, step))
+        # 2. complete (and informative) groups only
+        grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
+        metrics = rollout_metrics(trajs, grouped)
+        if grouped.groups:
+            # 3. advantages, 4-5. clipped loss and optimizer steps
+            kept = grouped.trajectories
+            batch = pack(kept, compute_advantages(cfg, grouped.groups), tokenizer.pad_token_id)
+            old_values = ppo_advantages(cfg, model, value_head, _to(batch, device)) if value_head is not None else None
+            if old_values is not None:
+                batch = _to(batch, torch.device("cpu"))
+            metrics.update(optimise(cfg, model, optimizer, batch, ref_model=ref_model, value_head=value_head,
+                                    old_values_BS=old_values, device=device))
+            scheduler.step()
+            engine.sampler.update_weights(model, step + 1)
+        elif grouped.infra_failures:
+            log(f"step {step}: every group lost to env failures ({grouped.infra_failures} episodes); "
+                f"first error: {next(t.error for t in trajs if t.infra_failed)}")
+        metrics["time/step_s"] = time.monotonic() - t0
+        metrics["train/lr"] = optimizer.param_groups[0]["lr"]
+        if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
+            metrics.update(evaluate(engine, cfg))
+        logger.log(step + 1, metrics)
+        logger.log_trajectories(step + 1, [t.to_record(tokenizer) for t in trajs[:cfg.run.log_trajectories]])
+        progress.update(1, reward=round(metrics["train/reward_mean"], 3), kept=int(metrics["rollout/groups_kept"]))
+        if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0:
+            _save(cfg, out, model, optimizer, scheduler, step + 1)
+        if on_step is not None:
+            on_step(step + 1, metrics)
+    progress.close()
+
+    after = evaluate(engine, cfg)
+    logger.log(cfg.run.steps, after)
+    log(f"validation reward after: {after['eval/reward_mean']:.3f} on {after['eval/episodes']:.0f} episodes")
+    if cfg.run.steps > first_step:
+        _save(cfg, out, model, optimizer, scheduler, cfg.run.steps)
+    logger.close()
+    summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
+               "eval_episodes": int(after["eval/episodes"]), "steps": cfg.run.steps - first_step,
+               "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _reference(model: Any) -> Any:
+    """A frozen copy of the initial policy for the KL term."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def _save(cfg: TrainConfig, out: Path, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
+    from trainer.checkpoint import save_checkpoint
+
+    save_checkpoint(out / "checkpoints", model=model, optimizer=optimizer, scheduler=scheduler, step=step,
+                    data_cursor={"step": step}, keep_last=cfg.run.keep_last)
+
+
+def _maybe_resume(cfg: TrainConfig, out: Path, model: Any, optimizer: Any, scheduler: Any,
+                  log: Callable[[str], None]) -> int:
+    if not cfg.run.resume or not (out / "checkpoints").exists():
+        return 0
+    from trainer.checkpoint import load_checkpoint
+
+    state = load_checkpoint(out / "checkpoints", model=model, optimizer=optimizer, scheduler=scheduler)
+    log(f"resumed from step {state['step']}")
+    return int(state["data_cursor"]["step"])
+
+
+__all__ = ["train", "evaluate", "build_engine", "train_tasks", "compute_advantages", "optimise"]

@@ -1,0 +1,135 @@
+"""Supervised fine-tuning on demonstrations: token-mean cross-entropy on the assistant tokens only.
+
+A demonstration is ``{"messages": [...]}`` (every assistant message is trained on) or
+``{"prompt": [...messages], "completion": "text"}``. Each is rendered with the model's chat
+template; assistant turns (their text and the closing ``<|im_end|>``) get mask 1, everything
+else mask 0. ``envhub-train sft --config FILE`` reads them from ``sft.data`` (JSONL).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainer import algos
+from trainer.config import TrainConfig
+from trainer.metrics import MetricsLogger, Progress
+from trainer.model import load_policy, trainable_parameters
+
+
+def encode_demo(tokenizer: Any, demo: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """(ids, mask) for one demonstration; mask 1 on assistant content and its end-of-turn token."""
+    if "messages" in demo:
+        messages = demo["messages"]
+    elif "prompt" in demo and "completion" in demo:
+        prompt = demo["prompt"]
+        prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages = prompt + [{"role": "assistant", "content": demo["completion"]}]
+    else:
+        raise ValueError(f"Expected a demonstration with 'messages' or 'prompt' + 'completion', got keys {sorted(demo)}.")
+    ids: list[int] = []
+    mask: list[int] = []
+    eos = tokenizer.eos_token_id
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        # The prefix up to this turn's generation prompt, then the turn itself: both via the template.
+        prefix = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True,
+                                               tools=demo.get("tools"))
+        prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
+        if prefix_ids[:len(ids)] != ids:
+            raise ValueError("The chat template is not prefix-preserving for this demonstration.")
+        mask += [0] * (len(prefix_ids) - len(ids))
+        ids = prefix_ids
+        turn = tokenizer.encode(msg["content"], add_special_tokens=False) + [eos]
+        ids, mask = ids + turn, mask + [1] * len(turn)
+        newline = tokenizer.encode("\n", add_special_tokens=False)
+        ids, mask = ids + newline, mask + [0] * len(newline)
+    if not any(mask):
+        raise ValueError("Expected at least one assistant message to train on, got none.")
+    return ids, mask
+
+
+def load_demos(path: str | Path) -> list[dict[str, Any]]:
+    """Demonstrations from a JSONL file."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def sft_step(model: Any, optimizer: torch.optim.Optimizer, batch: list[tuple[list[int], list[int]]], *,
+             pad_id: int, grad_clip: float, device: torch.device) -> dict[str, float]:
+    """One AdamW step on a batch of encoded demonstrations (right-padded)."""
+    width = max(len(ids) for ids, _ in batch)
+    tokens = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width))
+    for i, (ids, m) in enumerate(batch):
+        tokens[i, :len(ids)], attn[i, :len(ids)], mask[i, :len(ids)] = torch.tensor(ids), 1, torch.tensor(m, dtype=torch.float)
+    tokens, attn, mask = tokens.to(device), attn.to(device), mask.to(device)
+    logits = model(input_ids=tokens, attention_mask=attn, use_cache=False).logits
+    loss, metrics = algos.sft_loss(logits[:, :-1], tokens[:, 1:], mask[:, 1:])
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trainable_parameters(model), grad_clip))
+    optimizer.step()
+    return metrics
+
+
+def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: int, batch_size: int, lr: float,
+            seed: int = 0, grad_clip: float = 1.0, weight_decay: float = 0.0, logger: MetricsLogger | None = None,
+            desc: str = "sft", device: torch.device | str = "cpu") -> dict[str, float]:
+    """``steps`` AdamW steps of ``batch_size`` demonstrations drawn in shuffled epochs; returns the last metrics."""
+    encoded = [encode_demo(tokenizer, d) for d in demos]
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
+    model.train()
+    order: list[int] = []
+    metrics: dict[str, float] = {}
+    progress = Progress(steps, desc=desc)
+    for step in range(steps):
+        if len(order) < batch_size:
+            fresh = list(range(len(encoded)))
+            rng.shuffle(fresh)
+            order += fresh
+        batch, order = [encoded[i] for i in order[:batch_size]], order[batch_size:]
+        metrics = sft_step(model, optimizer, batch, pad_id=tokenizer.pad_token_id, grad_clip=grad_clip,
+                           device=torch.device(device))
+        if logger is not None:
+            logger.log(step + 1, {f"sft/{k}": v for k, v in metrics.items()})
+        progress.update(1, loss=round(metrics["sft_loss"], 3), acc=round(metrics["token_acc"], 3))
+    progress.close()
+    return metrics
+
+
+def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The ``envhub-train sft`` entry point: load the model, fine-tune on ``cfg.sft.data``, save a checkpoint."""
+    start = time.monotonic()
+    random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    if not cfg.sft.data:
+        raise ValueError("Expected sft.data to name a JSONL file of demonstrations; pass sft.data=path/to/demos.jsonl.")
+    out = Path(cfg.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.to_json())
+    log(f"config:\n{cfg.to_json()}")
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
+    model, tok = load_policy(cfg.model, device)
+    logger = MetricsLogger(out)
+    metrics = run_sft(model, tok, load_demos(cfg.sft.data), steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+                      lr=cfg.optim.lr, seed=cfg.run.seed, grad_clip=cfg.optim.grad_clip,
+                      weight_decay=cfg.optim.weight_decay, logger=logger, device=device)
+    from trainer.checkpoint import export_hf
+
+    export_hf(model, tok, out / "model")
+    logger.close()
+    summary = {"steps": cfg.sft.steps, "final_loss": metrics.get("sft_loss"), "seconds": round(time.monotonic() - start, 1)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+__all__ = ["encode_demo", "load_demos", "sft_step", "run_sft", "train_sft"]
