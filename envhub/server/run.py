@@ -13,11 +13,9 @@ import uvicorn
 
 from envhub.env import Env
 from envhub.server.app import create_app
-from envhub.server.transport import install_log_redaction
+from envhub.server.transport import WS_IMPLEMENTATION, install_log_redaction
 from envhub.settings import Settings
 
-#: the fastest WebSocket implementation shipped with uvicorn for our frame sizes (see benchmarks/server_profile.py)
-WS_IMPLEMENTATION = "envhub.server.transport:LeanWebSocketProtocol"
 
 
 def load_target(target: str | type[Env]) -> type[Env]:

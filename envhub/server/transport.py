@@ -11,22 +11,28 @@ from __future__ import annotations
 import logging
 import re
 
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+try:
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+except ImportError:  # uvicorn before 0.35: its default implementation is used instead
+    WebSocketsSansIOProtocol = None  # type: ignore[assignment,misc]
 
+#: what ``Settings`` hand uvicorn as ``ws=``
+WS_IMPLEMENTATION = "auto" if WebSocketsSansIOProtocol is None else "envhub.server.transport:LeanWebSocketProtocol"
 
-class LeanWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O websockets protocol that pauses reading only under backpressure."""
+if WebSocketsSansIOProtocol is not None:
+    class LeanWebSocketProtocol(WebSocketsSansIOProtocol):
+        """uvicorn's sans-I/O websockets protocol that pauses reading only under backpressure."""
 
-    def send_receive_event_to_app(self) -> None:
-        paused = self.read_paused
-        self.read_paused = True  # makes the parent skip its unconditional pause_reading()
-        try:
-            super().send_receive_event_to_app()
-        finally:
-            self.read_paused = paused
-        if not paused and self.queue.qsize() >= self.config.ws_max_queue:
-            self.read_paused = True
-            self.transport.pause_reading()
+        def send_receive_event_to_app(self) -> None:
+            paused = self.read_paused
+            self.read_paused = True  # makes the parent skip its unconditional pause_reading()
+            try:
+                super().send_receive_event_to_app()
+            finally:
+                self.read_paused = paused
+            if not paused and self.queue.qsize() >= self.config.ws_max_queue:
+                self.read_paused = True
+                self.transport.pause_reading()
 
 
 _SECRET_QUERY = re.compile(r"((?:^|[?&])(?:token|resume_token)=)[^&\s\"']*")

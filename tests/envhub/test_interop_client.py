@@ -118,6 +118,7 @@ CLIENT_010 = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a second interpreter importing openenv: ~5 s
 @pytest.mark.skipif(not HAS_OPENENV010, reason=f"no openenv 0.10 venv at {OPENENV010_PYTHON}")
 def test_openenv_010_client_against_envhub(serve_env, tmp_path):
     srv = serve_env(EchoEnv)

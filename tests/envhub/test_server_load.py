@@ -118,3 +118,15 @@ async def test_150_concurrent_sessions_keep_their_own_state(serve_env):
             assert state["owner"] == f"s{k}" and state["tokens"] == [f"s{k}-{i}" for i in range(n_steps)]
 
     await asyncio.gather(*(one(k) for k in range(n_sessions)))
+
+
+async def test_pipelined_requests_are_answered_in_order(serve_env):
+    srv = serve_env(TallyEnv)
+    async with websockets.connect(srv.ws_url + "?ext=request_id") as ws:
+        await ws.recv()  # hello
+        await ws.send(json.dumps({"type": "reset", "data": {"owner": "p"}, "id": 0}))
+        for i in range(1, 301):  # far more than the transport queues before it applies backpressure
+            await ws.send(json.dumps({"type": "step", "data": {"text": str(i)}, "id": i}))
+        replies = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(301)]
+    assert [r["id"] for r in replies] == list(range(301))
+    assert replies[-1]["data"]["observation"]["text"] == "p:300"
