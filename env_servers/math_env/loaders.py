@@ -113,12 +113,29 @@ def load_cached_dataset(name: str, split: str, config: str | None = None, fmt: s
     except ImportError:
         raise ImportError(f"Loading {name!r} from the datasets cache needs the 'datasets' package; "
                           "or pass a local .jsonl/.json/.parquet file instead.") from None
+    _force_offline(datasets)
     try:
         data = datasets.load_dataset(name, config, split=split)
     except Exception as exc:
         raise FileNotFoundError(f"{name!r} (split {split!r}) is not in the local datasets cache and nothing is "
                                 f"downloaded at run time; export it to a local file. ({exc})") from exc
     return tuple(to_tasks(data, split=split, fmt=fmt))
+
+
+def _force_offline(datasets: Any) -> None:
+    """Offline even when ``datasets`` was imported before the variables were set (it reads them at import)."""
+    for module in (getattr(datasets, "config", None), _hub_constants()):
+        for flag in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+            if module is not None and hasattr(module, flag):
+                setattr(module, flag, True)
+
+
+def _hub_constants() -> Any:
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return None
+    return constants
 
 
 __all__ = ["read_records", "gsm8k_answer", "to_task", "to_tasks", "load_file", "load_cached_dataset", "FORMATS"]

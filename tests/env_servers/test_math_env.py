@@ -116,3 +116,14 @@ async def test_many_concurrent_episodes_through_runners():
         return (await runner.step({"text": f"\\boxed{{{value}}}"})).reward
     rewards = await asyncio.gather(*(episode(i) for i in range(256)))
     assert rewards == [1.0] * 256
+
+
+async def test_datasets_cache_source_never_downloads_and_explains_itself():
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        expected = "needs the 'datasets' package"
+    else:
+        expected = "not in the local datasets cache"
+    with pytest.raises(ActionValidationError, match=expected):
+        await EnvRunner(MathEnv(hf_dataset="envhub-test/definitely-not-cached")).reset(split="test")
