@@ -292,3 +292,32 @@ async def test_unserialisable_reply_fails_only_that_request(serve_env):
         assert reply["data"]["code"] == "EXECUTION_ERROR" and "serialised" in reply["data"]["message"]
         ok = await ask(ws, {"type": "reset", "data": {"seed": 2}})
         assert ok["data"]["info"]["big"] == 2 ** 80  # beyond 64 bits still encodes
+
+
+async def test_dropped_resumable_session_expires_after_the_grace_period(serve_env):
+    CounterEnv.closed.clear()
+    srv = serve_env(CounterEnv, resume_grace_s=0.3, tag="grace")
+    ws = await websockets.connect(srv.ws_url + "?ext=resume")
+    hello = json.loads(await ws.recv())["data"]
+    await ask(ws, {"type": "reset"})
+    ws.transport.abort()
+    await asyncio.sleep(0.1)
+    assert CounterEnv.closed == []  # kept for a resume
+    for _ in range(40):
+        if CounterEnv.closed:
+            break
+        await asyncio.sleep(0.05)
+    assert CounterEnv.closed == ["grace"]
+    query = f"?ext=resume&resume={hello['session_id']}&resume_token={hello['resume_token']}"
+    async with websockets.connect(srv.ws_url + query) as again:
+        assert json.loads(await again.recv())["data"]["code"] == "SESSION_EXPIRED"
+
+
+async def test_resume_with_a_wrong_token_is_refused(serve_env):
+    srv = serve_env(CounterEnv, resume_grace_s=5)
+    ws = await websockets.connect(srv.ws_url + "?ext=resume")
+    hello = json.loads(await ws.recv())["data"]
+    ws.transport.abort()
+    async with websockets.connect(srv.ws_url + f"?ext=resume&resume={hello['session_id']}&resume_token=guess") as bad:
+        assert json.loads(await bad.recv())["data"]["code"] == "SESSION_EXPIRED"
+        assert await closed_with(bad) == 4404
