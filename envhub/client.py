@@ -256,6 +256,9 @@ class EnvClient:
         return reply
 
     async def _exchange(self, msg: dict[str, Any], rid: Any) -> dict[str, Any]:
+        """Send one request and return its reply. Kept in one piece because the three ways a
+        request can end badly (deadline, caller cancellation, dropped socket -> resume and
+        re-send under the same id) must share the socket and id bookkeeping."""
         frame = self._encode(msg)
         resumes = 0
         dog = self._watchdog

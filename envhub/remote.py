@@ -1,6 +1,6 @@
 """``OpenEnv`` / ``AsyncOpenEnv``: a remote env as ``reset(**task)`` / ``step(tool_name, arguments)``.
 
->>> env = OpenEnv("http://localhost:8000")                    # doctest: +SKIP  (nothing dialled yet)
+>>> env = OpenEnv("http://localhost:8000")    # nothing is dialled yet      # doctest: +SKIP
 >>> first = env.reset(seed=1)                                 # doctest: +SKIP
 >>> result = env.step("guess", {"number": 50})                # doctest: +SKIP
 >>> result.observation.text, result.reward, result.info["episode_reward"]   # doctest: +SKIP
