@@ -72,6 +72,7 @@ class EnvClient:
         self._resume_token: str | None = None
         self._ids = self._binary = False
         self._watchdog = Watchdog()
+        self._ws_loop: asyncio.AbstractEventLoop | None = None
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -199,7 +200,7 @@ class EnvClient:
             except BaseException:
                 ws.transport.abort()  # no hello, no session: never leave the socket behind
                 raise
-        self._ws = ws
+        self._ws, self._ws_loop = ws, asyncio.get_running_loop()
 
     def _wanted_extensions(self) -> tuple[str, ...]:
         if self._ext_mode != "auto":
@@ -238,6 +239,9 @@ class EnvClient:
                 if self._lost is not None and not fresh_ok:
                     raise SessionLostError(f"{self._lost}") from self._lost
                 await self._open()
+            elif self._ws_loop is not asyncio.get_running_loop():
+                raise RuntimeError("This EnvClient's session belongs to the event loop it connected on; use one "
+                                   "client per event loop, or client.sync() from blocking code.")
             msg: dict[str, Any] = {"type": mtype}
             if data is not None:
                 msg["data"] = data

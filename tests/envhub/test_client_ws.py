@@ -338,3 +338,11 @@ async def test_shortened_timeout_applies_to_the_next_request():
         with pytest.raises(StepTimeoutError):
             await env.step({"message": "sleep:1.0"})
         assert time.perf_counter() - t0 < 0.8
+
+
+async def test_using_a_client_from_another_event_loop_is_a_clear_error():
+    async with FakeServer() as srv, EnvClient(srv.url) as env:
+        await env.reset()
+        with pytest.raises(RuntimeError, match="event loop"):
+            await asyncio.to_thread(asyncio.run, env.step({"message": "x"}))
+        assert (await env.step({"message": "still fine"})).observation.text == "still fine"
