@@ -26,7 +26,7 @@ from envhub.errors import ActionValidationError
 from env_servers.geometry_env import calculator, loaders, problems
 from env_servers.geometry_env.calculator import CalculatorError
 from env_servers.geometry_env.problems import GeometryProblem
-from env_servers.geometry_env.render import render_png
+from env_servers.geometry_env.render import render_png_cached
 from env_servers.math_env.grading import extract_boxed, grade, grade_answer, has_think_then_boxed
 
 SINGLE_INSTRUCTION = ("You FIRST think about the reasoning process as an internal monologue and then provide the "
@@ -105,7 +105,8 @@ class GeometryEnv(Env):
         text = f"{p.statement} {SINGLE_INSTRUCTION if single else TOOLS_INSTRUCTION}"
         images = []
         if self.config.include_image:
-            png = p.image_png or (render_png(p.diagram, self.config.image_size) if p.diagram else None)
+            png = p.image_png or (render_png_cached(p.problem_id, p.diagram, self.config.image_size)
+                                  if p.diagram else None)
             images = [png] if png else []
         system = self.config.system_prompt or (SINGLE_SYSTEM_PROMPT if single else TOOLS_SYSTEM_PROMPT)
         return Observation(text=text, images=images, metadata={

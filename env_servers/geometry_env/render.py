@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import math
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 
 from PIL import Image, ImageDraw, ImageFont
@@ -115,4 +117,24 @@ def _right_angle_mark(draw: ImageDraw.ImageDraw, p: tuple, v: tuple, q: tuple, s
     draw.line((a, b, c), fill=ACCENT, width=2)
 
 
-__all__ = ["render_png"]
+_CACHE: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_SIZE = 2048
+
+
+def render_png_cached(key: str, diagram: Diagram, size: int = 384) -> bytes:
+    """:func:`render_png`, remembered by ``key`` (a problem id): GRPO groups reset the same problem many times."""
+    with _CACHE_LOCK:
+        png = _CACHE.get((key, size))
+        if png is not None:
+            _CACHE.move_to_end((key, size))
+            return png
+    png = render_png(diagram, size)
+    with _CACHE_LOCK:
+        _CACHE[(key, size)] = png
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return png
+
+
+__all__ = ["render_png", "render_png_cached"]
