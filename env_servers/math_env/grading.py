@@ -127,7 +127,8 @@ def _unwrap_text(s: str) -> str:
 
 def strip_string(answer: str) -> str:
     r"""Hendrycks MATH normalisation (robust: never raises). ``\dfrac{1}{2}``, ``0.5`` and ``1/2`` all become ``\frac{1}{2}``."""
-    s = str(answer).replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    s = str(answer).replace("\n", "").replace("\\!", "").replace("\\\\", "\\").replace("\u2212", "-")
+    s = s.replace("±", "\\pm").replace("×", "\\times").replace("÷", "\\div").replace("π", "\\pi").replace("√", "\\sqrt")
     s = s.replace("tfrac", "frac").replace("dfrac", "frac").replace("\\left", "").replace("\\right", "")
     s = s.replace("\\displaystyle", "").replace("\\,", " ").replace("\\;", " ").replace("\\ ", " ").replace("~", " ")
     s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\circ", "").replace("°", "").replace("\\degree", "")
@@ -201,7 +202,17 @@ def _pieces(normalised: str) -> tuple[str, list[str]]:
         pieces = [inner.replace(",", "")]
     if len(pieces) == 1 and brackets == "()":
         brackets, pieces = "", [inner]  # "(5)" is just 5
+    if not brackets:
+        pieces = [q for p in pieces for q in _expand_pm(p)]
     return brackets, pieces
+
+
+def _expand_pm(piece: str) -> list[str]:
+    r"""``a \pm b`` is the two solutions ``a + b`` and ``a - b``."""
+    left, sep, right = piece.partition("\pm")
+    if not sep or "\pm" in right or not right:
+        return [piece]
+    return [f"{left}+{right}", f"{left}-{right}"]
 
 
 def _parse_structure(normalised: str, percent: bool) -> list[_Parsed]:

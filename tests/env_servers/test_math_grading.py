@@ -51,7 +51,8 @@ def test_strip_string_applies_hendrycks_normalisation(raw, normalised):
     (r"\dfrac12", "1/2"), ("x=3", "3"), ("(1, 2)", "(1,2)"), ("2, -3", "-3, 2"), (r"2\sqrt{2}", r"\sqrt{8}"),
     (r"\frac{\sqrt{3}}{2}", r"\sqrt{3}/2"), (r"\frac{\pi}{2}", r"\pi/2"), ("1,000", "1000"), ("x^2+2x+1", "(x+1)^2"),
     ("30^\\circ", "30"), ("12 cm", "12"), ("[0, 1)", "[0,1)"), (r"(-\infty, 3]", r"(-\infty,3]"), ("5.00", "5"),
-    ("1+2i", "2i+1"), (r"\text{(A)}", "(A)"),
+    ("1+2i", "2i+1"), (r"\text{(A)}", "(A)"), (r"\pm 5", "5, -5"), (r"2 \pm \sqrt{3}", r"2-\sqrt{3}, 2+\sqrt{3}"),
+    ("−4", "-4"), ("3π", r"3\pi"), ("√2", r"\sqrt{2}"),
 ])
 def test_equivalent_notations_are_correct(prediction, truth):
     assert is_equiv(prediction, truth)
@@ -60,6 +61,7 @@ def test_equivalent_notations_are_correct(prediction, truth):
 @pytest.mark.parametrize("prediction, truth", [
     ("1", "10"), ("10", "1"), ("(2, 1)", "(1, 2)"), ("[0, 1]", "[0, 1)"), ("0.333", r"\frac{1}{3}"),
     ("1.414", r"\sqrt{2}"), ("x+1", "x+2"), ("hello", "3"), ("", "3"), ("3", ""), ("2, 3", "2, 3, 4"),
+    (r"\pm 5", "5"),
 ])
 def test_different_values_are_wrong(prediction, truth):
     assert not is_equiv(prediction, truth)
