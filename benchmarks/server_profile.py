@@ -3,9 +3,12 @@
 Starts the server in a subprocess (so client and server each get their own interpreter),
 then runs N concurrent sessions doing reset + steps for a fixed time and prints steps/s.
 ``--ceiling`` measures a bare ``websockets`` echo server instead: the transport ceiling.
+Server CPU microseconds per step (from /proc) are printed too: on a shared machine they are
+steadier than steps/s.
 
-    python benchmarks/server_profile.py --sessions 1 32 --seconds 5
-    python benchmarks/server_profile.py --ws wsproto --no-inline
+    python benchmarks/server_profile.py --sessions 1 32 --seconds 5 --repeat 3
+    python benchmarks/server_profile.py --openenv       # the same work on an openenv-core server
+    python benchmarks/server_profile.py --ws websockets --no-inline   # another uvicorn ws, thread pool
     python benchmarks/server_profile.py --ceiling
 """
 
@@ -126,7 +129,8 @@ def wait_up(port: int, timeout_s: float = 15.0) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per scenario; the median is reported")
     parser.add_argument("--ws", default="envhub.server.transport:LeanWebSocketProtocol", help="uvicorn ws implementation")
     parser.add_argument("--no-inline", action="store_true", help="run EchoEnv.step in the thread pool")
     parser.add_argument("--ceiling", action="store_true", help="bare websockets echo server instead of envhub")
@@ -141,9 +145,12 @@ def main() -> None:
         label = "bare websockets echo" if args.ceiling else "openenv-core echo" if args.openenv else \
             f"envhub ws={args.ws} {'threaded' if args.no_inline else 'inline'}"
         for n in args.sessions:
-            cpu0 = cpu_seconds(server.pid)
-            rate = asyncio.run(drive(f"ws://127.0.0.1:{port}/ws", n, args.seconds))
-            cpu_us = (cpu_seconds(server.pid) - cpu0) * 1e6 / max(1.0, rate * args.seconds)
+            runs = []
+            for _ in range(args.repeat):
+                cpu0 = cpu_seconds(server.pid)
+                rate = asyncio.run(drive(f"ws://127.0.0.1:{port}/ws", n, args.seconds))
+                runs.append((rate, (cpu_seconds(server.pid) - cpu0) * 1e6 / max(1.0, rate * args.seconds)))
+            rate, cpu_us = sorted(runs)[len(runs) // 2]  # the median run
             print(f"{label}: {n:4d} session(s): {rate:8.0f} steps/s, server CPU {cpu_us:5.0f} us/step", flush=True)
     finally:
         server.terminate()

@@ -1,7 +1,9 @@
 """The ``/ws`` endpoint as a raw ASGI app: the thin I/O shell around :class:`~envhub.protocol.SessionProtocol`.
 
 Raw ASGI rather than Starlette's ``WebSocket`` wrapper: the per-frame path is one
-``receive``, one protocol call and one ``send``, with no wrapper state machine in between.
+``receive``, one protocol call and one ``send``, with no wrapper state machine in between
+(measured: Starlette's ``receive``/``send`` add about 3 us per request, against about 40 us of
+server CPU per echo step with 32 sessions).
 """
 
 from __future__ import annotations
