@@ -1,0 +1,84 @@
+"""The ecosystem examples run as documented: a new env in one file, the fleet, the OpenAI agent loop, the TRL recipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+pytestmark = pytest.mark.live
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_envhub_serve_runs_the_one_file_env() -> None:
+    from envhub import EnvTool, OpenEnv
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "envhub", "serve", "examples.guess_env:GuessEnv", "--port",
+                             str(port), "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "envhub serve did not become healthy"
+                time.sleep(0.2)
+        with OpenEnv(f"ws://127.0.0.1:{port}") as env:
+            env.reset(seed=1, low=1, high=4)
+            (guess,) = EnvTool.from_env(env)
+            replies = [guess(number=n) for n in (1, 2, 3, 4) if not guess.done]
+        assert replies[-1] == "Correct!" and guess.episode_reward == 1.0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_openai_agent_example_solves_every_episode() -> None:
+    from examples import openai_agent
+
+    summaries = openai_agent.main(["--episodes", "2"])
+    assert [s["reward"] for s in summaries] == [1.0, 1.0]
+    assert all(s["stop"] == "done" and s["turns"] <= 7 for s in summaries)
+
+
+@pytest.mark.slow
+def test_connect_fleet_example_starts_and_visits_every_service() -> None:
+    env = {**os.environ, "SANDBOX_SLOTS": "1"}
+    out = subprocess.run([sys.executable, "examples/connect_fleet.py", "--start"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {row["service"]: row for row in map(json.loads, out.stdout.splitlines())}
+    assert set(rows) == {"math", "gomoku", "geometry", "code"}
+    assert all(r["health"] == "healthy" and r["prompt"] for r in rows.values())
+    assert "place_stone" in rows["gomoku"]["tools"] and "submit_answer" in rows["geometry"]["tools"]
+    assert rows["math"]["done"] is True
+    assert rows["code"]["step"].endswith("42")  # print(6 * 7) ran in the sandbox
+
+
+@pytest.mark.slow
+def test_trl_grpo_example_trains_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("trl")
+    from examples import trl_grpo
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    logs = trl_grpo.main(["--steps", "1", "--max-completion-length", "8", "--output-dir", str(tmp_path)])
+    assert len(logs) == 1 and logs[0]["step"] == 1 and isinstance(logs[0]["reward"], float)
