@@ -24,7 +24,8 @@ instance holds one session on the env server:
 Rows of the dataset carry the task (``seed`` by default; other ``task_keys`` such as ``split``
 or ``index`` pass through), so the ``num_generations`` rollouts of one row share one task, as
 GRPO needs. An infrastructure failure (server down, session lost, timeout) makes the rollout's
-reward ``None``: TRL leaves it out of that reward instead of training on a fake 0.
+reward ``None`` instead of a fake 0: a rollout no reward function scores is left out of its
+group's baseline and gets zero advantage in TRL, so an outage is never trained on as failure.
 """
 
 from __future__ import annotations

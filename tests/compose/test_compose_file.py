@@ -153,6 +153,7 @@ def test_docker_backend_starts_each_slot_container_locked_down(monkeypatch: pyte
     assert not kw.get("privileged") and not kw.get("volumes")
     assert set(kw["tmpfs"]) == {"/sandbox", "/tmp"}
     container.remove(force=True)
+    backend.close()
     for peer in containers.peers:
         peer.close()
 
