@@ -70,7 +70,14 @@ class WebSocketEndpoint:
                 session = await hub.open_session(extensions)
             except EnvHubError as exc:
                 return await self._reject(send, exc)
-        await send({"type": "websocket.accept"})
+        try:
+            await send({"type": "websocket.accept"})
+        except OSError:  # the client left while its env was being built
+            if not resumed:
+                await hub.close_session(session)
+            return
+        if session.closed:  # expired between the lookup and the accept
+            return await self._close_expired(send)
         attachment = self._attach(session, send)
         hub.metrics.resumes_total += resumed
         clean = False
@@ -89,6 +96,15 @@ class WebSocketEndpoint:
                         "reason": exc.code})
         except OSError:
             pass  # the client hung up first
+
+    async def _close_expired(self, send: Send) -> None:
+        exc = EnvHubError("Session expired while resuming; start a new session.", code=ErrorCode.SESSION_EXPIRED)
+        self.hub.metrics.error(exc.code)
+        try:
+            await send({"type": "websocket.send", "text": encode(error_envelope(exc))})
+            await send({"type": "websocket.close", "code": CLOSE_SESSION_LOST, "reason": exc.code})
+        except OSError:
+            pass
 
     def _attach(self, session: Session, send: Send) -> Attachment:
         binary = EXT_MSGPACK in session.protocol.extensions

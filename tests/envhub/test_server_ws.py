@@ -321,3 +321,26 @@ async def test_resume_with_a_wrong_token_is_refused(serve_env):
     async with websockets.connect(srv.ws_url + f"?ext=resume&resume={hello['session_id']}&resume_token=guess") as bad:
         assert json.loads(await bad.recv())["data"]["code"] == "SESSION_EXPIRED"
         assert await closed_with(bad) == 4404
+
+
+class SlowFactoryEnv(CounterEnv):
+    def __init__(self, tag: str = "slowfactory"):
+        time.sleep(0.4)
+        super().__init__(tag)
+
+
+async def test_client_leaving_during_env_construction_frees_the_slot(serve_env):
+    import httpx
+    CounterEnv.closed.clear()
+    srv = serve_env(SlowFactoryEnv, max_sessions=1)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(websockets.connect(srv.ws_url), 0.1)
+    for _ in range(40):
+        if CounterEnv.closed:
+            break
+        await asyncio.sleep(0.05)
+    assert CounterEnv.closed == ["slowfactory"]
+    async with httpx.AsyncClient() as http:
+        assert "envhub_sessions_active 0" in (await http.get(srv.url + "/metrics")).text
+    async with websockets.connect(srv.ws_url) as ws:  # the only slot is free again
+        assert (await ask(ws, {"type": "reset"}))["type"] == "observation"
