@@ -161,15 +161,19 @@ def _add_episode_routes(router: APIRouter, hub: Hub) -> None:
         """Start an episode. Body: reset kwargs (``seed``, ``episode_id``, task keys), optional ``session_id``."""
         try:
             body = await _json_body(request)
-            if body.get("session_id") or request.headers.get(SESSION_HEADER):
-                session = _session_for(hub, request, body)
-            else:
+            fresh = not (body.get("session_id") or request.headers.get(SESSION_HEADER))
+            if fresh:
                 body.pop("session_id", None)
                 session = await hub.open_session(frozenset(), kind="http")
+            else:
+                session = _session_for(hub, request, body)
         except EnvHubError as exc:
             hub.metrics.error(exc.code)
             return error_response(exc.to_wire())
-        return await _run(session, {"type": "reset", "data": body})
+        response = await _run(session, {"type": "reset", "data": body})
+        if fresh and response.status_code != 200:  # nobody can use a session whose first reset failed
+            await hub.close_session(session)
+        return response
 
     @router.post("/step")
     async def step(request: Request) -> Response:

@@ -80,6 +80,7 @@ def test_http_errors_are_typed():
         bad = c.post("/step", json={"session_id": sid, "action": {"tool": "guess"}})
         assert bad.status_code == 422 and bad.json()["errors"]
         assert c.post("/reset", json={"difficulty": 9}).status_code == 422
+        assert "envhub_sessions_active 1" in c.get("/metrics").text  # the failed reset's session is gone
 
 
 def test_http_sessions_count_against_the_cap():
