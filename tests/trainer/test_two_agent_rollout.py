@@ -1,0 +1,91 @@
+"""Two-agent match rollouts over WebSocket: each seat sampled by its own agent, rewards on the acting agent."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rollout_fakes import ScriptedSampler
+from env_servers.gomoku_env import GomokuMatchEnv
+from trainer.multiagent import MatchRollout, MatchSpec, by_agent
+from trainer.rollout import EnvPool, RolloutConfig, StopReason
+from trainer.tokenizer import build_tiny_tokenizer
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+def line_player(name: str, clumsy_as: str | None = None):
+    """A scripted agent: X fills row 0, O fills row 1, left to right; as ``clumsy_as`` it first sends no move."""
+
+    def respond(prompt: str) -> str:
+        seat = re.search(r"You play ([XO])", prompt).group(1)
+        turn = prompt.count("<|im_start|>assistant") - 1
+        if seat == clumsy_as:
+            if turn == 0:
+                return f"{name} thinks."
+            turn -= 1
+        return f"<move>{0 if seat == 'X' else 1},{turn}</move>"
+
+    return respond
+
+
+def rollout(url, tok, alice, bob, **cfg):
+    return MatchRollout(EnvPool([url], message_timeout_s=30), {"alice": (alice, tok), "bob": (bob, tok)},
+                        RolloutConfig(max_turns=cfg.pop("max_turns", 12), max_tokens_per_turn=32,
+                                      max_total_tokens=512, max_context_tokens=8192, tool_mode="text"))
+
+
+def completions(tok, traj) -> str:
+    return tok.decode([t for t, m in zip(traj.tokens, traj.mask) if m])
+
+
+async def test_rewards_go_to_the_acting_agent_and_decisive_games_sum_to_zero(serve_env, tok) -> None:
+    server = serve_env(GomokuMatchEnv, turn_timeout_s=10.0)
+    alice = ScriptedSampler(tok, line_player("alice"))
+    bob = ScriptedSampler(tok, line_player("bob", clumsy_as="X"))
+    reset = {"board_size": 5, "opening": []}
+    specs = [MatchSpec("attr-1", {"X": "alice", "O": "bob"}, reset, group_id=0),
+             MatchSpec("attr-2", {"X": "bob", "O": "alice"}, reset, group_id=1)]
+    first, second = await rollout(server.url, tok, alice, bob).run(specs)
+
+    # Match 1, both clean: X (alice) makes five on her 5th move; bob's loss lands on his own last result.
+    x, o = first.trajectories["X"], first.trajectories["O"]
+    assert first.decisive and first.winner == "alice"
+    assert (x.info["agent"], o.info["agent"]) == ("alice", "bob")
+    assert x.turn_rewards == [0, 0, 0, 0, 10] and o.turn_rewards == [0, 0, 0, -10]
+    assert x.reward + o.reward == 0
+    assert x.stop_reason is StopReason.DONE and o.stop_reason is StopReason.DONE
+    assert (x.info["end_reason"], o.info["end_reason"]) == ("win", "loss")
+
+    # Match 2: bob (X) first sends no move: the -1 is his alone; the outcome rewards still sum to zero.
+    x, o = second.trajectories["X"], second.trajectories["O"]
+    assert second.decisive and second.winner == "bob"
+    assert x.turn_rewards == [-1, 0, 0, 0, 0, 10] and o.turn_rewards == [0, 0, 0, -10]
+    assert x.turn_rewards[-1] + o.turn_rewards[-1] == 0
+    assert x.reward == 9 and o.reward == -10
+
+    # Every trajectory holds only its own agent's samples, and each sampler served only its agent's seats.
+    trajs = by_agent([first, second])
+    assert "bob thinks." not in "".join(completions(tok, t) for t in trajs["alice"])
+    assert "bob thinks." in completions(tok, trajs["bob"][1])
+    assert len(alice.requests) == sum(t.num_turns for t in trajs["alice"]) == 9
+    assert len(bob.requests) == sum(t.num_turns for t in trajs["bob"]) == 10
+    assert all(t.policy_version == 0 and not t.infra_failed for ts in trajs.values() for t in ts)
+
+
+async def test_a_player_leaving_mid_match_is_an_infra_end_for_the_other(serve_env, tok) -> None:
+    server = serve_env(GomokuMatchEnv, turn_timeout_s=10.0)
+    alice, bob = ScriptedSampler(tok, line_player("alice")), ScriptedSampler(tok, line_player("bob"))
+    # Three turns each are not enough to finish: X stops at its turn limit and closes its session.
+    [result] = await rollout(server.url, tok, alice, bob, max_turns=3).run(
+        [MatchSpec("leave-1", {"X": "alice", "O": "bob"}, {"board_size": 5, "opening": []})])
+    x, o = result.trajectories["X"], result.trajectories["O"]
+    assert x.stop_reason is StopReason.TURN_LIMIT and not x.infra_failed  # its own limit: trained on
+    assert o.info["end_reason"] == "opponent_disconnected"
+    assert o.infra_failed and o.stop_reason is StopReason.ENV_ERROR and not result.decisive
