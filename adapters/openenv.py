@@ -23,7 +23,8 @@ import inspect
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, ValidationError, create_model, model_validator
+from pydantic_core import PydanticCustomError
 
 from envhub.env import Env, EnvRunner
 from envhub.remote import observation_text
@@ -58,7 +59,19 @@ def to_openenv(env_cls: type[Env], **env_config: Any) -> tuple[type, type, type]
     from openenv.core.env_server.types import State as OEState
 
     name = env_cls.env_name or env_cls.__name__
-    action_cls = create_model(f"{name}Action", __base__=OEAction, **_fields_of(env_cls.action_model, frozenset()))
+
+    def envhub_check(action: Any) -> Any:
+        # The env's own validators too (e.g. "text xor tool call"), so openenv-core answers VALIDATION_ERROR.
+        # A custom error keeps the reply JSON-serialisable (a ValueError in ``ctx`` would not be).
+        try:
+            env_cls.action_model.model_validate(_action_data(action, env_cls))
+        except ValidationError as exc:
+            message = "; ".join(e["msg"] for e in exc.errors())
+            raise PydanticCustomError("envhub_action", "{message}", {"message": message}) from None
+        return action
+
+    action_cls = create_model(f"{name}Action", __base__=OEAction, **_fields_of(env_cls.action_model, frozenset()),
+                              __validators__={"envhub_check": model_validator(mode="after")(envhub_check)})
     own = _fields_of(env_cls.observation_model, frozenset({"text", "images", "metadata"}) | _OPENENV_RESERVED)
     # Extra fields allowed, as on envhub observations (``Observation(text=..., board=...)``).
     base = type("OpenEnvObservation", (OEObservation,), {"model_config": {**OEObservation.model_config, "extra": "allow"}})
@@ -84,10 +97,7 @@ def to_openenv(env_cls: type[Env], **env_config: Any) -> tuple[type, type, type]
             return to_observation(await self.runner.reset(seed=seed, episode_id=episode_id, **task))
 
         async def step_async(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-            data = action.model_dump(exclude={"metadata"})
-            if env_cls.action_model is EnvhubAction:
-                data = {k: v for k, v in data.items() if v is not None}
-            return to_observation(await self.runner.step(data))
+            return to_observation(await self.runner.step(_action_data(action, env_cls)))
 
         def reset(self, seed: int | None = None, episode_id: str | None = None, **task: Any) -> Any:
             return asyncio.run(self.reset_async(seed=seed, episode_id=episode_id, **task))
@@ -117,6 +127,13 @@ def to_openenv(env_cls: type[Env], **env_config: Any) -> tuple[type, type, type]
 
     EnvhubEnvironment.__name__ = EnvhubEnvironment.__qualname__ = f"{name}Environment"
     return EnvhubEnvironment, action_cls, observation_cls
+
+
+def _action_data(action: BaseModel, env_cls: type[Env]) -> dict[str, Any]:
+    data = action.model_dump(exclude={"metadata"})
+    if env_cls.action_model is EnvhubAction:  # unset text / tool_name are absent, not null
+        data = {k: v for k, v in data.items() if v is not None}
+    return data
 
 
 def openenv_app(env_cls: type[Env], *, max_concurrent_envs: int = 64, **env_config: Any) -> Any:

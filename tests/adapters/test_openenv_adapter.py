@@ -76,6 +76,8 @@ async def test_openenv_client_plays_an_envhub_tool_env_on_openenv_core(openenv_s
             low, high = (number + 1, high) if result.observation["text"] == "Higher." else (low, number - 1)
         assert result.observation["text"] == "Correct!" and result.done and result.reward == 1.0
         assert result.observation["info"]["rewards"] == {"solved": 1.0}
+        with pytest.raises(Exception, match="VALIDATION_ERROR"):
+            await client.step({"text": "hi", "tool_name": "guess"})  # envhub's rule: text or a tool call
         state = await client.state()
         assert state["step_count"] == result.observation["info"]["step_count"] and state["done"] is True
     meta = httpx.get(url + "/metadata").json()
