@@ -19,10 +19,10 @@ from env_servers.math_env.grading import is_equiv
 from env_servers.math_env.tasks import SPLITS, split_of
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def warm_worker():
-    """Start the deadline worker once, so timings measure evaluation, not interpreter start-up."""
-    assert bounded.call("env_servers.math_env.expressions:is_cheap", "1") is True
+    """An idle deadline worker, so timings measure evaluation, not interpreter start-up."""
+    assert bounded.call("env_servers.math_env.expressions:is_cheap", "1", timeout_s=30) is True
 
 
 @pytest.mark.parametrize("kind", KINDS)
