@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import pytest
@@ -18,8 +18,6 @@ pytest.importorskip("openenv.core.env_server.http_server")
 pytestmark = [pytest.mark.interop, pytest.mark.live, pytest.mark.slow]
 
 import uvicorn  # noqa: E402
-from openenv.core.env_server.interfaces import Environment  # noqa: E402
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
 from adapters.openenv import from_openenv, openenv_app, to_openenv  # noqa: E402
@@ -31,6 +29,9 @@ from envhub.testing import EchoEnv  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.guess_env import GuessEnv  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from openenv_echo_env import EchoAction, EchoAsEnvhub, EchoEnvironment  # noqa: E402
 
 
 def _serve_openenv(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
@@ -102,41 +103,6 @@ async def test_typed_observation_fields_and_bad_actions_on_openenv_core(openenv_
 # -- OpenEnv Environment through envhub's server, driven by envhub's client ----------------------------
 
 
-class EchoAction(Action):
-    message: str
-
-
-class EchoObservation(Observation):
-    echoed_message: str = ""
-    message_length: int = 0
-
-
-class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
-    """OpenEnv's template echo env; ``boom`` raises, ``bye`` ends the episode."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._state = State(episode_id="none", step_count=0)
-
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> EchoObservation:
-        self._state = State(episode_id=episode_id or "ep", step_count=0)
-        return EchoObservation(echoed_message=f"ready:{kwargs.get('greeting', '')}", reward=0.0)
-
-    def step(self, action: EchoAction, timeout_s: Optional[float] = None, **kwargs: Any) -> EchoObservation:
-        self._state.step_count += 1
-        if action.message == "boom":
-            raise RuntimeError("boom")
-        return EchoObservation(echoed_message=action.message, message_length=len(action.message),
-                               reward=len(action.message) / 10, done=action.message == "bye")
-
-    @property
-    def state(self) -> State:
-        return self._state
-
-
-EchoAsEnvhub = from_openenv(EchoEnvironment)
 
 
 async def test_envhub_client_plays_an_openenv_env_on_envhub_server() -> None:
@@ -165,3 +131,31 @@ def test_from_openenv_needs_an_action_class_it_can_find() -> None:
     with pytest.raises(TypeError, match="Expected action_cls"):
         from_openenv(lambda: EchoEnvironment())
     assert from_openenv(lambda: EchoEnvironment(), EchoAction, name="Echo").env_name == "Echo"
+
+
+def test_envhub_serve_runs_a_wrapped_openenv_env() -> None:
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "envhub", "serve", "openenv_echo_env:EchoAsEnvhub", "--port",
+                             str(port), "--log-level", "warning"], cwd=Path(__file__).resolve().parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "envhub serve did not become healthy"
+                time.sleep(0.2)
+        with EnvClient(f"http://127.0.0.1:{port}").sync() as env:
+            env.reset(greeting="cli")
+            assert env.step({"message": "bye"}).done
+    finally:
+        proc.terminate()
+        proc.wait(30)
