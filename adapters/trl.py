@@ -21,6 +21,10 @@ instance holds one session on the env server:
     trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=seed_dataset(256),
                           processing_class=tokenizer, **grpo_kwargs("ws://localhost:8001"))
 
+Several envs in one run: ``environment_factory={"math": environment_factory(url1), "geometry":
+environment_factory(url2)}`` with an ``environment`` column in the dataset, and
+``reward_funcs=[text_answer_reward]`` if any of them is a text env (it scores only text envs).
+
 Rows of the dataset carry the task (``seed`` by default; other ``task_keys`` such as ``split``
 or ``index`` pass through), so the ``num_generations`` rollouts of one row share one task, as
 GRPO needs. An infrastructure failure (server down, session lost, timeout) makes the rollout's
