@@ -57,18 +57,40 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = Settings()
     parser.add_argument("--host", help=f"bind address (ENVHUB_HOST, default {defaults.host})")
     parser.add_argument("--port", type=int, help=f"port, 0 = any free port (ENVHUB_PORT, default {defaults.port})")
-    parser.add_argument("--max-sessions", type=int, help="concurrent session cap; more get CAPACITY_REACHED "
+    parser.add_argument("--max-sessions", type=int, metavar="N", help="concurrent session cap; more get CAPACITY_REACHED "
                         f"(ENVHUB_MAX_SESSIONS, default {defaults.max_sessions})")
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /ws and every HTTP route but "
                         "/health (ENVHUB_TOKEN)")
-    parser.add_argument("--step-timeout", type=float, dest="step_timeout_s",
+    parser.add_argument("--step-timeout", type=float, dest="step_timeout_s", metavar="S",
                         help="server-side deadline for one reset/step in seconds (ENVHUB_STEP_TIMEOUT_S, "
                              "default none)")
-    parser.add_argument("--idle-timeout", type=float, dest="idle_timeout_s",
+    parser.add_argument("--idle-timeout", type=float, dest="idle_timeout_s", metavar="S",
                         help="close sessions idle this many seconds (ENVHUB_IDLE_TIMEOUT_S, default "
                              f"{defaults.idle_timeout_s:g})")
-    parser.add_argument("--workers", type=int, help="uvicorn worker processes (ENVHUB_WORKERS, default 1)")
+    parser.add_argument("--resume-grace", type=float, dest="resume_grace_s", metavar="S",
+                        help="keep a dropped resumable session this many seconds (ENVHUB_RESUME_GRACE_S, default "
+                             f"{defaults.resume_grace_s:g})")
+    parser.add_argument("--max-message-bytes", type=int, dest="max_message_bytes", metavar="BYTES",
+                        help="larger frames get MESSAGE_TOO_LARGE (ENVHUB_MAX_MESSAGE_BYTES, default "
+                             f"{defaults.max_message_bytes})")
+    parser.add_argument("--ping-interval", type=float, dest="ping_interval_s", metavar="S",
+                        help=f"WebSocket ping interval in seconds (ENVHUB_PING_INTERVAL_S, default "
+                             f"{defaults.ping_interval_s:g})")
+    parser.add_argument("--ping-timeout", type=float, dest="ping_timeout_s", metavar="S",
+                        help=f"close a connection whose pong is this late (ENVHUB_PING_TIMEOUT_S, default "
+                             f"{defaults.ping_timeout_s:g})")
+    parser.add_argument("--threads", type=int, dest="thread_pool_size", metavar="N",
+                        help="worker threads for sync env methods (ENVHUB_THREAD_POOL_SIZE, default "
+                             f"{defaults.thread_pool_size})")
+    parser.add_argument("--compression", action="store_true", default=None,
+                        help="enable permessage-deflate (ENVHUB_COMPRESSION, default off)")
+    parser.add_argument("--workers", type=int, metavar="N", help="uvicorn worker processes (ENVHUB_WORKERS, default 1)")
     parser.add_argument("--log-level", help=f"uvicorn log level (ENVHUB_LOG_LEVEL, default {defaults.log_level})")
+
+
+_SERVE_SETTINGS = ("max_sessions", "token", "step_timeout_s", "idle_timeout_s", "resume_grace_s",
+                   "max_message_bytes", "ping_interval_s", "ping_timeout_s", "thread_pool_size", "compression",
+                   "workers", "log_level")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -76,8 +98,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     sys.path.insert(0, os.getcwd())  # `envhub serve my_env:Env` from the env's directory
     serve(args.target, host=args.host, port=args.port, env_config=parse_set(args.env_config),
-          max_sessions=args.max_sessions, token=args.token, step_timeout_s=args.step_timeout_s,
-          idle_timeout_s=args.idle_timeout_s, workers=args.workers, log_level=args.log_level)
+          **{name: getattr(args, name) for name in _SERVE_SETTINGS})
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import threading
 import time
@@ -89,7 +90,11 @@ def serve(target: str | type[Env], host: str | None = None, port: int | None = N
     if resolved.workers > 1:
         return _serve_workers(target, env_cls, resolved, env_config or {})
     app = create_app(env_cls, settings=resolved, **(env_config or {}))
-    DrainingServer(uvicorn_config(app, resolved)).run()
+    config = uvicorn_config(app, resolved)
+    shown = {**vars(resolved), "token": "***" if resolved.token else None}
+    logging.getLogger("uvicorn.error").info("envhub serving %s.%s with %s and env config %s",
+                                            env_cls.__module__, env_cls.__qualname__, shown, env_config or {})
+    DrainingServer(config).run()
 
 
 def _serve_workers(target: str | type[Env], env_cls: type[Env], settings: Settings,

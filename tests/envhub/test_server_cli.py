@@ -85,7 +85,8 @@ def test_help_lists_subcommands_and_serve_flags(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--host", "--port", "--max-sessions", "--token", "--step-timeout", "--idle-timeout", "--set"):
+    for flag in ("--host", "--port", "--max-sessions", "--token", "--step-timeout", "--idle-timeout", "--set",
+                 "--resume-grace", "--max-message-bytes", "--ping-interval", "--ping-timeout", "--threads"):
         assert flag in out
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
