@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -145,7 +146,13 @@ def _named(name: str) -> Callable[[Callable[..., str]], Callable[..., CheckResul
 
 
 def _run(coro: Any) -> Any:
-    return asyncio.run(coro)
+    """Run a coroutine to completion, also when called from inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 async def _reset(env_cls: type[Env], config: dict, seed: int) -> tuple[EnvRunner, StepResult]:

@@ -133,3 +133,7 @@ def test_tool_env_with_required_arguments_skips_the_step_check_without_a_sample(
     assert "skipped" in results["a sample action steps without crashing"].detail
     step = by_name(check_env(NeedsArgs, sample_action={"tool_name": "move", "arguments": {"square": 4}}))
     assert step["a sample action steps without crashing"].detail.startswith("reward=")
+
+
+async def test_check_env_works_inside_a_running_event_loop():
+    assert all(r.passed for r in check_env(EchoEnv))
