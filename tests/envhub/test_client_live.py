@@ -129,8 +129,9 @@ async def test_server_step_timeout_ends_the_episode(guess_url):
 
 
 async def test_client_timeout_with_ids_keeps_replies_in_step(guess_url):
-    async with EnvClient(guess_url, message_timeout_s=0.2) as env:
+    async with EnvClient(guess_url) as env:
         await env.reset()
+        env.message_timeout_s = 0.2
         with pytest.raises(StepTimeoutError):
             await env.step(call("slow", seconds=0.4))
         env.message_timeout_s = 5

@@ -207,8 +207,9 @@ async def test_error_frame_sent_before_close_is_not_lost():
 
 
 async def test_timeout_with_request_ids_never_pairs_a_stale_reply():
-    async with FakeServer() as srv, EnvClient(srv.url, message_timeout_s=0.2) as env:
+    async with FakeServer() as srv, EnvClient(srv.url) as env:
         await env.reset()
+        env.message_timeout_s = 0.2
         with pytest.raises(StepTimeoutError):
             await env.step({"message": "sleep:0.4"})
         env.message_timeout_s = 5
@@ -218,12 +219,14 @@ async def test_timeout_with_request_ids_never_pairs_a_stale_reply():
 
 
 async def test_timeout_without_ids_drops_the_session():
-    async with FakeServer(envhub=False) as srv, EnvClient(srv.url, message_timeout_s=0.2) as env:
+    async with FakeServer(envhub=False) as srv, EnvClient(srv.url) as env:
         await env.reset()
+        env.message_timeout_s = 0.2
         with pytest.raises(StepTimeoutError):
             await env.step({"message": "sleep:0.4"})
         with pytest.raises(SessionLostError):
             await env.step({"message": "second"})
+        env.message_timeout_s = 5
         assert (await env.reset()).observation.text == "ready"  # reset opens a fresh session
         assert (await env.step({"message": "third"})).observation.text == "third"
         assert srv.connections == 2

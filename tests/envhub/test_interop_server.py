@@ -102,12 +102,14 @@ async def test_envhub_client_speaks_plain_openenv(openenv_url):
 
 
 async def test_timeout_drops_the_session_instead_of_desynchronising(openenv_url):
-    async with EnvClient(openenv_url, message_timeout_s=0.3) as env:
+    async with EnvClient(openenv_url) as env:
         await env.reset()
+        env.message_timeout_s = 0.3
         with pytest.raises(StepTimeoutError):
             await env.step({"message": "sleep:0.6"})
         with pytest.raises(SessionLostError):
             await env.step({"message": "second"})
+        env.message_timeout_s = 10
         await env.reset()
         assert (await env.step({"message": "third"})).observation.echoed_message == "third"
 
@@ -124,7 +126,7 @@ def test_sync_openenv_with_action_mapper(openenv_url):
 
 async def test_openenv_generic_client_class(openenv_url):
     env = AsyncOpenEnv(openenv_url, env_cls="openenv.core.generic_client.GenericEnvClient",
-                       action_mapper=to_text, env_kwargs={"message_timeout_s": 0.3})
+                       action_mapper=to_text, env_kwargs={"message_timeout_s": 1.0})
     await env.reset()
     r = await env.step("say", {"text": "typed"})
     assert r.observation.text == '{"echoed_message": "typed", "message_length": 5}'
@@ -132,8 +134,8 @@ async def test_openenv_generic_client_class(openenv_url):
     with pytest.raises(EnvExecutionError, match="boom"):
         await env.step("say", {"text": "boom"})
     with pytest.raises(StepTimeoutError):
-        await env.step("say", {"text": "sleep:0.6"})
-    await asyncio.sleep(0.4)
+        await env.step("say", {"text": "sleep:1.5"})
+    await asyncio.sleep(0.6)
     await env.reset()  # the desynchronised OpenEnv socket was dropped: a fresh one answers in step
     assert (await env.step("say", {"text": "x"})).observation.text == '{"echoed_message": "x", "message_length": 1}'
     await env.close()

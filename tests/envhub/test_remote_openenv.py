@@ -120,12 +120,12 @@ async def test_mark_mode_returns_truncated_result_with_infra_error():
 
 async def test_server_error_and_timeout_are_infra():
     async with FakeServer() as srv:
-        env = AsyncOpenEnv(srv.url, action_mapper=echo, env_kwargs={"message_timeout_s": 0.2})
+        env = AsyncOpenEnv(srv.url, action_mapper=echo, env_kwargs={"message_timeout_s": 0.5})
         await env.reset()
         with pytest.raises(EnvExecutionError):
             await env.step("say", {"text": "error:EXECUTION_ERROR"})
         with pytest.raises(StepTimeoutError):
-            await env.step("say", {"text": "sleep:0.4"})
+            await env.step("say", {"text": "sleep:1.0"})
         await env.close()
 
 
