@@ -84,7 +84,7 @@ def as_envhub_error(exc: BaseException) -> EnvHubError | None:
         m = _SERVER_ERROR.search(str(exc))  # OpenEnv clients raise RuntimeError("Server error: ... (code: X)")
         if m:
             return error_for_code({"code": m["code"], "message": m["message"]})
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return StepTimeoutError(f"timed out: {exc}")
     if type(exc).__module__.startswith("websockets"):
         return SessionLostError(f"connection lost: {type(exc).__name__}: {exc}")
