@@ -201,3 +201,22 @@ async def test_geometry3k_data_is_served_with_its_own_image_and_rounded_answers(
     assert wrong.reward == -0.05
     right = await runner.step(call("submit_answer", answer=r"\sqrt{61}"))  # 7.81: within the 1% tolerance
     assert right.done and right.reward == 1.0
+
+
+@pytest.mark.live
+@pytest.mark.interop
+@pytest.mark.slow
+def test_unmodified_openenv_generic_client_gets_the_diagram_and_uses_tools():
+    import base64
+    import re
+
+    generic = pytest.importorskip("openenv.core.generic_client")
+    with ServerThread(create_app(GeometryEnv)) as server:
+        with generic.GenericEnvClient(base_url=server.url).sync() as env:
+            first = env.reset(seed=3, kind="law_of_cosines")
+            assert base64.b64decode(first.observation["images"][0])[:4] == b"\x89PNG"
+            ab, ac, angle = (int(n) for n in re.findall(r"\d+", first.observation["text"].split("Find")[0]))
+            side = env.step(call("law_of_cosines", a=ab, b=ac, angle_deg=angle))
+            assert not side.done
+            final = env.step(call("submit_answer", answer=side.observation["text"].split(" ≈ ")[0]))
+            assert final.reward == 1.0 and final.done
