@@ -74,7 +74,8 @@ def to_openenv(env_cls: type[Env], **env_config: Any) -> tuple[type, type, type]
                               __validators__={"envhub_check": model_validator(mode="after")(envhub_check)})
     own = _fields_of(env_cls.observation_model, frozenset({"text", "images", "metadata"}) | _OPENENV_RESERVED)
     # Extra fields allowed, as on envhub observations (``Observation(text=..., board=...)``).
-    base = type("OpenEnvObservation", (OEObservation,), {"model_config": {**OEObservation.model_config, "extra": "allow"}})
+    config = {**OEObservation.model_config, "extra": "allow"}
+    base = type("OpenEnvObservation", (OEObservation,), {"model_config": config})
     observation_cls = create_model(f"{name}Observation", __base__=base, text=(str, ""),
                                    images=(list[str], []), truncated=(bool, False), info=(dict[str, Any], {}), **own)
 

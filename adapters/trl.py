@@ -35,8 +35,12 @@ group's baseline and gets zero advantage in TRL, so an outage is never trained o
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any, Callable, ClassVar, Literal
 
+import httpx
+
+from envhub import _wire
 from envhub.remote import OpenEnv
 from envhub.types import StepResult, ToolSpec
 
@@ -194,6 +198,8 @@ def environment_factory(url: str, *, mode: Literal["auto", "tools", "text"] = "a
     ``task_keys``: dataset columns passed to the env's ``reset``; ``task``: fixed reset
     arguments (e.g. ``{"split": "train"}``); ``tools``: use these specs instead of asking;
     ``client_kwargs`` go to :class:`~envhub.client.EnvClient` (``token``, ``message_timeout_s``...).
+    The class is named after the server's env (``GuessEnv``, ``MathEnv``) unless ``name`` is given;
+    TRL logs a tool env's reward as ``rewards/<name>/mean``.
     """
     if mode not in ("auto", "tools", "text"):
         raise ValueError(f"Expected mode 'auto', 'tools' or 'text', got {mode!r}.")
@@ -210,7 +216,22 @@ def environment_factory(url: str, *, mode: Literal["auto", "tools", "text"] = "a
                                  "__doc__": f"The envhub env at {url} as a TRL environment."}
     if use_tools:
         namespace.update({spec.name: tool_method(spec) for spec in specs})
-    return type(name or ("EnvhubToolEnv" if use_tools else "EnvhubTextEnv"), (base,), namespace)
+    default = "EnvhubToolEnv" if use_tools else "EnvhubTextEnv"
+    return type(name or _class_name(url, client_kwargs.get("token")) or default, (base,), namespace)
+
+
+def _class_name(url: str, token: str | None) -> str | None:
+    """``GuessEnv`` / ``MathEnv`` from the server's ``/metadata`` name: TRL logs each env's reward under it."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        name = str(httpx.get(_wire.http_url(url, "/metadata"), headers=headers, timeout=10).json().get("name") or "")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    name = re.sub(r"\W+", "_", name).strip("_")
+    if not name:
+        return None
+    name = name[0].upper() + name[1:]
+    return name if name.endswith("Env") else name + "Env"
 
 
 def grpo_kwargs(url: str, **kwargs: Any) -> dict[str, Any]:

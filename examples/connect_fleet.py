@@ -38,8 +38,10 @@ def visit(name: str, url: str, token: str | None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     health = httpx.get(f"{url}/health", timeout=10).json()
     meta = httpx.get(f"{url}/metadata", headers=headers, timeout=10).json()
-    with OpenEnv(url, env_kwargs={"token": token} if token else None,
-                 action_mapper=lambda tool, args: args if tool == "text" else {"tool_name": tool, "arguments": args}) as env:
+    def to_action(tool: str, args: dict[str, Any]) -> dict[str, Any]:  # "text" sends a free-text action
+        return args if tool == "text" else {"tool_name": tool, "arguments": args}
+
+    with OpenEnv(url, env_kwargs={"token": token} if token else None, action_mapper=to_action) as env:
         first = env.reset(seed=0)
         tools = [t.name for t in env.tools()]
         row = {"service": name, "url": url.replace("http://", "ws://"), "health": health.get("status"),

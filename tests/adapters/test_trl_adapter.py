@@ -43,6 +43,7 @@ def test_tool_env_exposes_remote_tools_with_the_servers_schema() -> None:
     with ServerThread(create_app(GuessEnv, settings=QUIET)) as server:
         cls = environment_factory(server.url)
         assert issubclass(cls, EnvhubEnvironment) and _public_functions(cls) == ["guess"]
+        assert cls.__name__ == "GuessEnv"
         env = cls()
         (spec,) = GuessEnv.tools()
         schema = get_json_schema(env.guess)["function"]
@@ -145,5 +146,5 @@ def test_grpo_trainer_renders_and_scores_a_tool_env(tmp_path: Path, monkeypatch:
     assert trainer.state.global_step == 2
     assert [t.__name__ for t in trainer.tools] == ["guess"]
     assert app.state.hub.metrics.resets_total == 8  # one episode per rollout, scored by get_reward
-    logged = [r for r in trainer.state.log_history if "rewards/EnvhubToolEnv/mean" in r]
+    logged = [r for r in trainer.state.log_history if "rewards/GuessEnv/mean" in r]
     assert len(logged) == 2 and "tools/call_frequency" in logged[0]

@@ -165,7 +165,8 @@ def test_env_example_documents_every_variable_with_the_compose_default() -> None
     assert set(used) == set(documented), (f"missing from .env.example: {sorted(set(used) - set(documented))}; "
                                           f"unused: {sorted(set(documented) - set(used))}")
     for name, default in used.items():
-        assert documented[name] == (default or ""), f"{name}: .env.example says {documented[name]!r}, compose {default!r}"
+        assert documented[name] == (default or ""), \
+            f"{name}: .env.example says {documented[name]!r}, compose {default!r}"
     for name in documented:  # each variable is explained by a comment above it
         assert re.search(rf"#[^\n]*\n(#[^\n]*\n|[A-Z_]+=[^\n]*\n)*{name}=", ENV_EXAMPLE.read_text()), name
 
