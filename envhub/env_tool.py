@@ -205,7 +205,7 @@ class ToolManager:
     def _prepare(self, tool_call: Any) -> tuple[str | None, str, Any, dict[str, Any], str | None]:
         if isinstance(tool_call, ToolCall):
             call_id, name, raw = tool_call.id, tool_call.name, tool_call.arguments
-        elif isinstance(tool_call, dict):
+        elif isinstance(tool_call, dict) and isinstance(tool_call.get("function", tool_call), dict):
             fn = tool_call.get("function", tool_call)
             call_id, name, raw = tool_call.get("id"), str(fn.get("name", "")), fn.get("arguments")
         else:

@@ -112,6 +112,8 @@ def test_manager_executes_openai_calls_with_string_or_dict_arguments():
     (call("guess", "[1, 2]"), "Error: expected the arguments to be a JSON object, got list."),
     (call("explode", {}), "Error: tool 'explode' raised ValueError: bad move"),
     ("garbage", "Error: expected a tool call object, got str."),
+    ({"id": "x", "function": "not an object"}, "Error: expected a tool call object, got dict."),
+    ({"id": "x", "function": {"arguments": "{}"}}, "Error: unknown tool ''."),
 ])
 def test_model_mistakes_become_tool_messages(tool_call, expected):
     env = FakeEnv(specs=[GUESS, HINT, ToolSpec("explode"), ToolSpec("outage")])
