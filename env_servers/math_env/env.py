@@ -75,7 +75,11 @@ class MathEnv(Env):
     ``reset(seed, split="train", kind=None, difficulty=None, index=None, problem=None, answer=None)``:
     ``kind``/``difficulty`` choose the generator family and level (``kind="add", difficulty=1`` is
     single-digit addition for tiny models); ``index`` picks a deterministic task of the split;
-    ``problem`` + ``answer`` pose a custom task.
+    ``problem`` + ``answer`` pose a custom task. Kinds: ``add``, ``arithmetic``, ``fraction``,
+    ``power``, ``linear``, ``quadratic``, ``word`` (difficulty 1-3 each; see
+    :mod:`env_servers.math_env.tasks`, whose ``add_tasks(split, difficulty)`` lists a whole split).
+    With ``data_files``/``hf_dataset`` configured, ``kind``/``difficulty`` filter the records'
+    ``type``/``level`` instead.
     """
 
     env_name = "math"
