@@ -41,6 +41,7 @@ import torch
 
 from trainer import algos
 from trainer.config import TrainConfig
+from trainer.distributed import init_distributed, shard, wrap_model
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
@@ -215,10 +216,11 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.to_json())
     log(f"config:\n{cfg.to_json()}")
-    device = torch.device(cfg.run.device if cfg.run.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    info = init_distributed()
+    device = info.device if info.distributed or cfg.run.device == "auto" else torch.device(cfg.run.device)
     if model is None:
         model, tokenizer = load_policy(cfg.model, device)
-    model.to(device).train()
+    model = wrap_model(model.to(device).train(), cfg.run.strategy, info)
     value_head = algos.ValueHead(hidden_size_of(model)).to(device) if cfg.algo.name == "ppo" else None
     ref_model = _reference(model) if cfg.algo.kl_coef > 0 else None
     params = trainable_parameters(model) + (list(value_head.parameters()) if value_head is not None else [])
@@ -226,7 +228,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     warmup = max(cfg.optim.warmup_steps, 1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     engine = build_engine(cfg, model, tokenizer)
-    logger = MetricsLogger(out)
+    logger = MetricsLogger(out, is_main=info.is_main)
     first_step = _maybe_resume(cfg, out, model, optimizer, scheduler, log)
 
     before = evaluate(engine, cfg)
@@ -236,7 +238,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
         # 1. rollouts with the current policy
-        trajs = engine.run_sync(train_tasks(cfg, step))
+        trajs = engine.run_sync(shard(train_tasks(cfg, step), info))
         # 2. complete (and informative) groups only
         grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
         metrics = rollout_metrics(trajs, grouped)
