@@ -1,0 +1,151 @@
+"""Two-agent training: independent policies and optimizers, phase barriers, and a short run over WebSocket."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from rollout_fakes import ScriptedSampler
+from env_servers.gomoku_env import GomokuMatchEnv
+from trainer.metrics import read_metrics
+from trainer.multiagent import (Agent, MatchRollout, MatchSpec, PhaseBarrier, by_agent, load_two_agent_config,
+                                train_two_agents)
+from trainer.multiagent.opponents import RandomMoveSampler, empty_cells
+from trainer.multiagent.two_agent import build_pool, evaluate
+from trainer.rollout import GenRequest
+
+TINY = ["name='tiny'", "hidden_size=32", "num_layers=1", "num_heads=2", "num_kv_heads=1", "intermediate_size=64"]
+
+
+def tiny_config(tmp_path, *extra: str):
+    """Agent a: full parameters; agent b: a LoRA adapter on its own base. Both REINFORCE++ (batch baseline)."""
+    overrides = ["rollout.max_turns=12", "rollout.max_tokens_per_turn=20", "rollout.max_total_tokens=200",
+                 "run.batch_size=2", "run.group_size=2", "run.eval_problems=2", f"run.output_dir='{tmp_path}'"]
+    for name, seed in (("a", 0), ("b", 1)):
+        overrides += [f"agents.{name}.model.{kv}" for kv in TINY]
+        overrides += [f"agents.{name}.model.init_seed={seed}", f"agents.{name}.algo.name='reinforce_pp'",
+                      f"agents.{name}.optim.lr=1e-2", f"agents.{name}.algo.filter_zero_variance=false"]
+    overrides.append("agents.b.model.lora_rank=4")
+    return load_two_agent_config(None, overrides + list(extra))
+
+
+def line_player(prompt: str) -> str:
+    """Scripted: X fills row 0, O fills row 1, left to right (X wins on its fifth move)."""
+    seat = re.search(r"You play ([XO])", prompt).group(1)
+    return f"<move>{0 if seat == 'X' else 1},{prompt.count('<|im_start|>assistant') - 1}</move>"
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def changed(model, before) -> list[str]:
+    return [k for k, v in model.named_parameters() if not torch.equal(v, before[k])]
+
+
+@pytest.fixture
+def pair(tmp_path):
+    cfg = tiny_config(tmp_path, "env.env_class='env_servers.gomoku_env:GomokuMatchEnv'",
+                      "env.env_kwargs={board_size=5, max_invalid_moves=2}")
+    agents = {n: Agent(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    yield cfg, agents
+    for agent in agents.values():
+        agent.close()
+
+
+async def test_an_update_of_one_agent_leaves_the_other_untouched_and_nothing_is_shared(pair) -> None:
+    cfg, agents = pair
+    a, b = agents["a"], agents["b"]
+    params_a, params_b = list(a.model.parameters()), list(b.model.parameters())
+    assert not {p.data_ptr() for p in params_a} & {p.data_ptr() for p in params_b}
+    opt_a = {id(p) for g in a.optimizer.param_groups for p in g["params"]}
+    opt_b = {id(p) for g in b.optimizer.param_groups for p in g["params"]}
+    assert opt_a and opt_b and not opt_a & opt_b
+    assert opt_a == {id(p) for p in params_a}  # full parameters
+    assert opt_b == {id(p) for p in params_b if p.requires_grad} and len(opt_b) < len(params_b)  # LoRA only
+
+    # Real trajectories from scripted play (in process), with a's seats X in one group and O in the other.
+    tok = a.tokenizer
+    scripted = {n: (ScriptedSampler(tok, line_player), tok) for n in agents}
+    specs = [MatchSpec(f"ind-{g}-{k}", {"X": "a", "O": "b"} if g == 0 else {"X": "b", "O": "a"},
+                       {"opening": []}, group_id=g) for g in range(2) for k in range(2)]
+    trajs = by_agent(await MatchRollout(build_pool(cfg), scripted, cfg.rollout).run(specs))
+    assert sorted(t.reward for t in trajs["a"]) == [-10, -10, 10, 10]
+
+    before_a, before_b = snapshot(a.model), snapshot(b.model)
+    metrics = a.update(trajs["a"], step=0)
+    assert metrics["train/grad_norm"] > 0 and a.version == 1 and b.version == 0
+    assert changed(a.model, before_a), "agent a's update changed nothing"
+    assert changed(b.model, before_b) == [] and all(p.grad is None for p in b.model.parameters())
+    with pytest.raises(ValueError, match="only agent 'b'"):
+        b.update(trajs["a"], step=0)
+
+
+def test_validation_against_the_other_agent_and_against_a_random_player(pair) -> None:
+    cfg, agents = pair
+    pool = build_pool(cfg)
+    other = evaluate(cfg, agents, pool, "t", "v")
+    # Greedy tiny models never make a legal move: X forfeits after two invalid moves, O wins by forfeit.
+    for name in agents:
+        assert other[name]["eval/episodes"] == 2 and other[name]["eval/win_rate"] == 0.5
+        assert other[name]["eval/reward_mean"] == pytest.approx((10 + (-1 - 20)) / 2)
+    cfg.match.eval_opponent = "random"
+    vs_random = evaluate(cfg, agents, pool, "t", "r")
+    assert all(m["eval/episodes"] == 2 and m["eval/infra_failures"] == 0 for m in vs_random.values())
+
+
+def test_the_random_player_reads_the_board_and_moves_on_an_empty_cell(tok=None) -> None:
+    from trainer.tokenizer import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    prompt = "old board:\n   0 1\n 0 . .\n 1 . .\nnow:\n   0 1 2\n 0 X O X\n 1 O X O\n 2 X . O\nYour turn."
+    assert empty_cells(prompt) == [(2, 1)]
+    import asyncio
+
+    result = asyncio.run(RandomMoveSampler(tok).generate(GenRequest(tok.encode(prompt), 32)))
+    assert tok.decode(result.token_ids) == "<move>2,1</move><|im_end|>" and result.finish_reason == "stop"
+
+
+def test_phase_barrier_refuses_phases_out_of_order_and_waits_for_every_agent() -> None:
+    barrier = PhaseBarrier(["a", "b"])
+    with pytest.raises(RuntimeError, match="Expected phase"):
+        barrier.each("update", 0, {"a": lambda: 1, "b": lambda: 2})
+    assert barrier.joint("rollout", 0, lambda: "played") == "played"
+    with pytest.raises(RuntimeError, match="Expected phase"):
+        barrier.joint("rollout", 1, lambda: None)  # nobody updated on step 0 yet
+    import time
+
+    assert barrier.each("update", 0, {"a": lambda: time.sleep(0.2) or "a", "b": lambda: "b"}) == {"a": "a", "b": "b"}
+    waits = barrier.wait_times("update", 0)
+    assert waits["b"] > 0.1 and waits["a"] < 0.05  # b waited at the barrier for a
+    barrier.joint("rollout", 1, lambda: None)
+    updates = [r for r in barrier.records if r.phase == "update"]
+    next_rollout = [r for r in barrier.records if r.phase == "rollout" and r.step == 1]
+    assert max(r.released for r in updates) <= min(r.start for r in next_rollout)
+
+
+@pytest.mark.slow
+@pytest.mark.live
+def test_two_tiny_agents_train_against_each_other_over_websocket(serve_env, tmp_path) -> None:
+    server = serve_env(GomokuMatchEnv, board_size=5, max_invalid_moves=2, turn_timeout_s=30.0)
+    cfg = tiny_config(tmp_path, f"env.url='{server.url}'", "run.steps=2", "match.eval_opponent='random'")
+    agents = {n: Agent(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    initial = {n: snapshot(a.model) for n, a in agents.items()}
+    summary = train_two_agents(cfg, agents=agents, log=lambda line: None)
+
+    assert summary["steps"] == 2 and json.loads((tmp_path / "summary.json").read_text()) == summary
+    for name, agent in agents.items():
+        assert set(summary["agents"][name]) >= {"val_reward_before", "val_reward_after"}
+        assert summary["agents"][name]["eval_episodes"] == 2 and agent.version == 2
+        assert changed(agent.model, initial[name]), f"agent {name} did not train"
+        records = read_metrics(tmp_path / name / "metrics.jsonl")
+        evals = [r for r in records if "eval/reward_mean" in r]
+        trains = [r for r in records if "train/reward_mean" in r]
+        assert [r["step"] for r in evals] == [0, 2] and [r["step"] for r in trains] == [1, 2]
+        assert evals[-1]["eval/reward_mean"] == summary["agents"][name]["val_reward_after"]
+        assert all(r["match/matches"] == 4 and r["rollout/infra_failures"] == 0 for r in trains)
+        assert (tmp_path / name / "checkpoints" / "latest").exists()
+        assert all(json.loads(line)["task"]["match_id"] for line in open(tmp_path / name / "trajectories.jsonl"))

@@ -1,0 +1,141 @@
+"""One agent of a two-agent run: its own policy, optimizer, sampler, metrics and checkpoints.
+
+Nothing is shared between agents: each loads its own model (full parameters or its own LoRA
+adapter on its own copy of the base), builds its own AdamW over its own trainable parameters,
+samples from its own model, and trains only on trajectories its own seats produced.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer import algos
+from trainer.config import TrainConfig
+from trainer.metrics import MetricsLogger
+from trainer.model import hidden_size_of, load_policy, trainable_parameters
+from trainer.multiagent.config import AgentConfig, TwoAgentConfig
+from trainer.recipes.batch import PackedBatch, pack
+from trainer.recipes.rl import compute_advantages, optimise, ppo_advantages, rollout_metrics
+from trainer.rollout import HFSampler, Trajectory, build_groups
+
+
+class Agent:
+    """A player with an independent policy: ``agent.update(its_trajectories)`` is one optimisation step.
+
+    ``model``/``tokenizer`` may be passed in (e.g. a warmed-up model); otherwise they are loaded from
+    ``cfg.model``. Metrics and checkpoints go to ``out_dir``.
+    """
+
+    def __init__(self, name: str, cfg: AgentConfig, shared: TwoAgentConfig, out_dir: str | Path, *,
+                 device: torch.device | str = "cpu", model: Any = None, tokenizer: Any = None):
+        self.name = name
+        self.device = torch.device(device)
+        self.out_dir = Path(out_dir)
+        # The single-agent loss code reads its settings from a TrainConfig: this agent's own sections.
+        self.train_cfg = TrainConfig(env=shared.env, model=cfg.model, rollout=shared.rollout, sampling=shared.sampling,
+                                     algo=cfg.algo, optim=cfg.optim, run=shared.run)
+        if model is None:
+            model, tokenizer = load_policy(cfg.model, self.device)
+        self.model, self.tokenizer = model.to(self.device).train(), tokenizer
+        self.value_head = (algos.ValueHead(hidden_size_of(self.model)).to(self.device)
+                           if cfg.algo.name == "ppo" else None)
+        self.ref_model = _frozen_copy(self.model) if cfg.algo.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                           weight_decay=cfg.optim.weight_decay)
+        warmup = max(cfg.optim.warmup_steps, 1)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.sampler = HFSampler(self.model, self.tokenizer, shared.sampling)
+        self.logger = MetricsLogger(self.out_dir)
+        self.version = 0
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """Every tensor this agent's optimizer updates."""
+        extra = list(self.value_head.parameters()) if self.value_head is not None else []
+        return trainable_parameters(self.model) + extra
+
+    def update(self, trajectories: list[Trajectory], step: int) -> dict[str, float]:
+        """Train on this agent's own trajectories of one step; returns its metrics.
+
+        Infrastructure ends (env down, opponent disconnected or timed out) leave their group out of
+        the batch, as in single-agent training; so do zero-variance groups with ``algo.filter_zero_variance``.
+        """
+        foreign = {t.info.get("agent") for t in trajectories} - {self.name}
+        if foreign:
+            raise ValueError(f"Expected only agent {self.name!r}'s trajectories, got some of {sorted(map(str, foreign))}: "
+                             "each agent trains on its own seats only.")
+        cfg = self.train_cfg
+        grouped = build_groups(trajectories, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
+        metrics = rollout_metrics(trajectories, grouped)
+        metrics.update(outcome_metrics(trajectories, "train"))
+        if grouped.groups:
+            batch = pack(grouped.trajectories, compute_advantages(cfg, grouped.groups), self.tokenizer.pad_token_id)
+            old_values = None
+            if self.value_head is not None:
+                old_values = ppo_advantages(cfg, self.model, self.value_head, _to(batch, self.device))
+                batch = _to(batch, torch.device("cpu"))
+            metrics.update(optimise(cfg, self.model, self.optimizer, batch, ref_model=self.ref_model,
+                                    value_head=self.value_head, old_values_BS=old_values, device=self.device))
+            self.scheduler.step()
+            self.version = step + 1
+            self.sampler.update_weights(self.model, self.version)
+        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["train/policy_version"] = float(self.version)
+        return metrics
+
+    def save(self, step: int, keep_last: int | None = None) -> Path:
+        """A checkpoint of this agent alone under ``out_dir/checkpoints``."""
+        from trainer.checkpoint import save_checkpoint
+
+        return save_checkpoint(self.out_dir / "checkpoints", model=self.model, optimizer=self.optimizer,
+                               scheduler=self.scheduler, step=step, data_cursor={"step": step},
+                               extra={"agent": self.name, "policy_version": self.version}, keep_last=keep_last)
+
+    def load(self) -> int | None:
+        """Restore the latest checkpoint of this agent if there is one; returns its step."""
+        from trainer.checkpoint import load_checkpoint
+
+        if not (self.out_dir / "checkpoints" / "latest").exists():
+            return None
+        state = load_checkpoint(self.out_dir / "checkpoints", model=self.model, optimizer=self.optimizer,
+                                scheduler=self.scheduler)
+        self.version = int(state["extra"].get("policy_version", state["step"]))
+        self.sampler.update_weights(self.model, self.version)
+        return int(state["data_cursor"]["step"])
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+#: how a seat's episode ended, from its env's ``end_reason``
+WIN_REASONS, LOSS_REASONS = ("win", "opponent_forfeit"), ("loss", "too_many_invalid")
+
+
+def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
+    """Reward, win/loss/draw rates and infra failures of one agent's episodes (rates over non-infra episodes)."""
+    ok = [t for t in trajectories if not t.infra_failed]
+    n = max(len(ok), 1)
+    reasons = [t.info.get("end_reason") for t in ok]
+    return {f"{prefix}/reward_mean": sum(t.reward for t in ok) / n,
+            f"{prefix}/win_rate": sum(r in WIN_REASONS for r in reasons) / n,
+            f"{prefix}/loss_rate": sum(r in LOSS_REASONS for r in reasons) / n,
+            f"{prefix}/draw_rate": sum(r == "draw" for r in reasons) / n,
+            f"{prefix}/episodes": float(len(ok)),
+            f"{prefix}/infra_failures": float(len(trajectories) - len(ok))}
+
+
+def _frozen_copy(model: Any) -> Any:
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def _to(batch: PackedBatch, device: torch.device) -> PackedBatch:
+    return PackedBatch(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
+
+
+__all__ = ["Agent", "outcome_metrics", "WIN_REASONS", "LOSS_REASONS"]

@@ -1,0 +1,206 @@
+"""Two-agent training: two independent policies learn by playing each other through a match env's coordinator.
+
+Per step, between phase barriers (:class:`PhaseBarrier`):
+
+1. **rollout** (both agents together): ``run.batch_size`` openings (a fresh ``seed`` each, plus
+   ``env.train_task``), ``run.group_size`` matches of each. In every match one agent sits at X and
+   the other at O (which one alternates from opening to opening); the engine drives both seats
+   concurrently, each seat sampled from its own agent's policy, and the env's coordinator keeps
+   the moves in turn. Each seat's trajectory holds its own tokens and the rewards its own moves
+   earned (zero-sum for decisive games).
+2. **update** (each agent on its own): an agent's trajectories of one opening form its GRPO
+   group; groups with an infrastructure end (a disconnected or timed-out opponent, an env outage)
+   are left out; then the agent's own loss and optimizer step (:meth:`Agent.update`). The two
+   updates may run in parallel threads; neither agent starts the next rollout before both are done.
+
+Validation, before and after training (and every ``run.eval_every`` steps): greedy matches on held-out
+seeds against the other agent (both frozen), or against a scripted random player
+(``match.eval_opponent``); each agent's ``eval/reward_mean`` (and win/loss/draw rates) is logged
+in its own ``metrics.jsonl`` under ``run.output_dir/<agent>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainer.multiagent.agent import Agent, outcome_metrics
+from trainer.multiagent.config import RANDOM_OPPONENT, TwoAgentConfig
+from trainer.multiagent.match_rollout import SEATS, MatchResult, MatchRollout, MatchSpec, by_agent
+from trainer.multiagent.opponents import RandomMoveSampler
+from trainer.multiagent.phases import PhaseBarrier
+from trainer.rollout import EnvPool, load_env_class
+
+
+def build_pool(cfg: TwoAgentConfig) -> EnvPool:
+    """Sessions to the match env: its server URLs, or the env class in process."""
+    urls = cfg.env.all_urls()
+    if not urls and not cfg.env.env_class:
+        raise ValueError("Expected a match env: set env.url=ws://host:port (e.g. a GomokuMatchEnv server) or "
+                         "env.env_class='env_servers.gomoku_env:GomokuMatchEnv' to run it in process.")
+    env_cls = None
+    if not urls:
+        base, kwargs = load_env_class(cfg.env.env_class), dict(cfg.env.env_kwargs)
+        env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
+    return EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
+                   message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
+
+
+def train_matches(cfg: TwoAgentConfig, names: list[str], step: int, run_id: str) -> list[MatchSpec]:
+    """This step's matches: ``batch_size`` openings x ``group_size`` matches, seats alternating per opening."""
+    urls = cfg.env.all_urls()
+    specs = []
+    for g in range(cfg.run.batch_size):
+        n = step * cfg.run.batch_size + g
+        first, second = names if not (cfg.match.swap_seats and g % 2) else names[::-1]
+        reset = {**cfg.env.train_task, "seed": cfg.run.seed * 1_000_003 + n}
+        specs += [MatchSpec(f"{run_id}-s{step}-g{g}-{k}", {SEATS[0]: first, SEATS[1]: second}, reset,
+                            group_id=g, env_url=urls[g % len(urls)] if urls else None)
+                  for k in range(cfg.run.group_size)]
+    return specs
+
+
+def eval_matches(cfg: TwoAgentConfig, pairs: list[tuple[str, str]], run_id: str, tag: str) -> list[MatchSpec]:
+    """Held-out validation matches: ``run.eval_problems`` seeds per pairing, seats alternating."""
+    urls = cfg.env.all_urls()
+    specs = []
+    for p, (a, b) in enumerate(pairs):
+        for i in range(cfg.run.eval_problems):
+            seats = (a, b) if i % 2 == 0 else (b, a)
+            reset = {**cfg.env.eval_task, "seed": cfg.match.eval_seed_offset + i}
+            specs.append(MatchSpec(f"{run_id}-{tag}-p{p}-{i}", dict(zip(SEATS, seats)), reset, group_id=i,
+                                   env_url=urls[i % len(urls)] if urls else None))
+    return specs
+
+
+def evaluate(cfg: TwoAgentConfig, agents: dict[str, Agent], pool: EnvPool, run_id: str, tag: str) -> dict[str, dict]:
+    """Each agent's validation metrics (``eval/reward_mean``, win/loss/draw rates) on held-out seeds."""
+    names = list(agents)
+    policies: dict[str, tuple[Any, Any]] = {n: (a.sampler, a.tokenizer) for n, a in agents.items()}
+    if cfg.match.eval_opponent == RANDOM_OPPONENT:
+        results = []
+        for n, agent in agents.items():  # the scripted player renders with the agent's own tokenizer
+            opponent = RandomMoveSampler(agent.tokenizer, seed=cfg.run.seed)
+            rollout = _rollout(cfg, pool, {n: policies[n], RANDOM_OPPONENT: (opponent, agent.tokenizer)})
+            results += rollout.run_sync(eval_matches(cfg, [(n, RANDOM_OPPONENT)], run_id, f"{tag}-{n}"), greedy=True)
+    else:
+        results = _rollout(cfg, pool, policies).run_sync(eval_matches(cfg, [tuple(names)], run_id, tag), greedy=True)
+    trajs = by_agent(results)
+    return {n: outcome_metrics(trajs.get(n, []), "eval") for n in names}
+
+
+def match_metrics(results: list[MatchResult]) -> dict[str, float]:
+    """What both agents share: how the step's matches ended."""
+    n = max(len(results), 1)
+    decisive = [r for r in results if r.decisive]
+    first_wins = sum(r.winner == r.spec.seats[SEATS[0]] for r in decisive)
+    return {"match/matches": float(len(results)), "match/decisive_rate": len(decisive) / n,
+            "match/infra_rate": sum(r.infra_failed for r in results) / n,
+            "match/first_player_win_rate": first_wins / max(len(decisive), 1)}
+
+
+def _rollout(cfg: TwoAgentConfig, pool: EnvPool, policies: dict[str, tuple[Any, Any]]) -> MatchRollout:
+    return MatchRollout(pool, policies, cfg.rollout, max_matches_in_flight=cfg.match.max_matches_in_flight,
+                        partner_grace_s=cfg.match.partner_grace_s)
+
+
+def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = None,
+                     on_step: Callable[[int, dict[str, dict]], None] | None = None,
+                     log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run ``cfg``; returns ``{"agents": {name: {"val_reward_before", "val_reward_after", ...}}, "steps", ...}``.
+
+    Pass ``agents`` to train agents built in memory (e.g. warmed-up models); ``on_step(step, metrics)``
+    gets each agent's metrics after every step.
+    """
+    start = time.monotonic()
+    random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    out = Path(cfg.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.to_json())
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if cfg.run.device == "auto" else cfg.run.device)
+    agents = agents or {name: Agent(name, a, cfg, out / name, device=device) for name, a in cfg.agents.items()}
+    names = list(agents)
+    pool = build_pool(cfg)
+    rollout = _rollout(cfg, pool, {n: (a.sampler, a.tokenizer) for n, a in agents.items()})
+    barrier = PhaseBarrier(names, parallel=cfg.match.parallel_updates)
+    run_id = uuid.uuid4().hex[:8]  # match ids unique even when several runs share one env server
+    first_step = _maybe_resume(cfg, agents, barrier, log)
+
+    before = evaluate(cfg, agents, pool, run_id, f"eval{first_step}")
+    for n, agent in agents.items():
+        agent.logger.log(first_step, before[n])
+    log("validation reward before: " + _fmt_rewards(before))
+    for step in range(first_step, cfg.run.steps):
+        t0 = time.monotonic()
+        results = barrier.joint("rollout", step, lambda: rollout.run_sync(train_matches(cfg, names, step, run_id)))
+        t1 = time.monotonic()
+        trajs = by_agent(results)
+        updates = barrier.each("update", step, {n: (lambda a=a: a.update(trajs.get(a.name, []), step))
+                                                for n, a in agents.items()})
+        shared = {**match_metrics(results), "time/rollout_s": t1 - t0, "time/step_s": time.monotonic() - t0}
+        waits = barrier.wait_times("update", step)
+        if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
+            evals = evaluate(cfg, agents, pool, run_id, f"eval{step + 1}")
+            for n in names:
+                updates[n].update(evals[n])
+        for n, agent in agents.items():
+            updates[n].update(shared, **{"time/update_wait_s": waits[n]})
+            agent.logger.log(step + 1, updates[n])
+            agent.logger.log_trajectories(step + 1, [t.to_record(agent.tokenizer)
+                                                     for t in trajs.get(n, [])[:cfg.run.log_trajectories]])
+        log(f"step {step + 1}/{cfg.run.steps}: " + ", ".join(
+            f"{n} reward={updates[n]['train/reward_mean']:.2f} v{agents[n].version}" for n in names)
+            + f", decisive={shared['match/decisive_rate']:.2f}")
+        if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0:
+            for agent in agents.values():
+                agent.save(step + 1, cfg.run.keep_last)
+        if on_step is not None:
+            on_step(step + 1, updates)
+
+    after = evaluate(cfg, agents, pool, run_id, "final")
+    for n, agent in agents.items():
+        agent.logger.log(cfg.run.steps, after[n])
+        if cfg.run.steps > first_step:
+            agent.save(cfg.run.steps, cfg.run.keep_last)
+        agent.close()
+    log("validation reward after: " + _fmt_rewards(after))
+    summary = {"agents": {n: {"val_reward_before": before[n]["eval/reward_mean"],
+                              "val_reward_after": after[n]["eval/reward_mean"],
+                              "val_win_rate_after": after[n]["eval/win_rate"],
+                              "eval_episodes": int(after[n]["eval/episodes"]),
+                              "policy_version": agents[n].version} for n in names},
+               "eval_opponent": cfg.match.eval_opponent, "steps": cfg.run.steps - first_step,
+               "seconds": round(time.monotonic() - start, 1)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _maybe_resume(cfg: TwoAgentConfig, agents: dict[str, Agent], barrier: PhaseBarrier,
+                  log: Callable[[str], None]) -> int:
+    if not cfg.run.resume:
+        return 0
+    steps = {n: a.load() for n, a in agents.items()}
+    if len(set(steps.values())) != 1:
+        raise RuntimeError(f"Expected both agents' latest checkpoints at the same step, got {steps}; "
+                           "remove the newer one or start afresh with run.resume=false.")
+    step = next(iter(steps.values())) or 0
+    if step:
+        log(f"resumed both agents from step {step}")
+    barrier.resume_at(step)
+    return step
+
+
+def _fmt_rewards(evals: dict[str, dict]) -> str:
+    return ", ".join(f"{n}={m['eval/reward_mean']:.3f} (win {m['eval/win_rate']:.2f}, "
+                     f"{m['eval/episodes']:.0f} games)" for n, m in evals.items())
+
+
+__all__ = ["train_two_agents", "evaluate", "train_matches", "eval_matches", "match_metrics", "build_pool"]
