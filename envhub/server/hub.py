@@ -190,10 +190,16 @@ class Hub:
         """Graceful shutdown: refuse new sessions, let in-flight requests finish, then close everything (1001)."""
         self.shutting_down = True
         deadline = time.monotonic() + grace_s
-        while any(s.busy for s in self.sessions.values()) and time.monotonic() < deadline:
+        while True:
+            # Idle sessions close at once; busy ones as soon as their reply has gone out (the frame
+            # loop sends without yielding after a request completes, so "not busy" means "answered").
+            timed_out = time.monotonic() >= deadline
+            done = [s for s in self.sessions.values() if timed_out or not s.busy]
+            await asyncio.gather(*(self.close_session(s, CLOSE_GOING_AWAY, "server shutting down") for s in done),
+                                 return_exceptions=True)
+            if not self.sessions or timed_out:
+                break
             await asyncio.sleep(0.02)
-        await asyncio.gather(*(self.close_session(s, CLOSE_GOING_AWAY, "server shutting down")
-                               for s in list(self.sessions.values())), return_exceptions=True)
         if self._reaper is not None:
             self._reaper.cancel()
         self.pool.shutdown(wait=False, cancel_futures=True)

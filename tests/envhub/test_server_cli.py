@@ -114,21 +114,29 @@ def test_serve_then_sigterm_finishes_the_in_flight_step_and_closes_envs(tmp_path
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         assert httpx.get(f"http://127.0.0.1:{port}/metadata").json()["envhub"]["max_sessions"] == 4
 
-        async def session() -> tuple[dict, int]:
-            async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
-                await ws.send(json.dumps({"type": "reset"}))
-                await ws.recv()
+        async def session() -> tuple[dict, int, float, float]:
+            url = f"ws://127.0.0.1:{port}/ws"
+            async with websockets.connect(url) as ws, websockets.connect(url) as idle:
+                for conn in (ws, idle):
+                    await conn.send(json.dumps({"type": "reset"}))
+                    await conn.recv()
                 await ws.send(json.dumps({"type": "step", "data": {"text": "zz"}}))
                 await asyncio.sleep(0.2)
                 proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                with pytest.raises(ConnectionClosed):
+                    await asyncio.wait_for(idle.recv(), 10)
+                idle_closed_after = time.monotonic() - signalled
                 reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                reply_after = time.monotonic() - signalled
                 with pytest.raises(ConnectionClosed) as info:
                     await asyncio.wait_for(ws.recv(), 10)
-                return reply, info.value.rcvd.code
+                return reply, info.value.rcvd.code, idle_closed_after, reply_after
 
-        reply, code = asyncio.run(session())
+        reply, code, idle_closed_after, reply_after = asyncio.run(session())
         assert reply["data"]["observation"]["text"] == "slept zz"  # the in-flight step finished
         assert code == 1001
+        assert idle_closed_after < reply_after  # idle sessions did not wait for the busy one
         # uvicorn re-raises the captured SIGTERM once shutdown completed, so -SIGTERM is a clean exit too
         assert proc.wait(15) in (0, -signal.SIGTERM)
         assert marker.read_text() == "closed"
