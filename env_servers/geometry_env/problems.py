@@ -274,6 +274,8 @@ def generate(rng: random.Random, *, split: str = "train", kind: str | None = Non
     for _ in range(_MAX_TRIES):
         k = rng.choice(kinds)
         statement, answer, diagram = FAMILIES[k][1](rng)
+        if any(mark in answer for mark in ("\\sqrt", "\\pi", "\\frac")) and "exact" not in statement:
+            statement += " Give an exact answer (fractions, radicals and pi allowed)."
         if split_of(statement) == split:
             pid = f"{k}-{hashlib.sha256(statement.encode()).hexdigest()[:10]}"
             return GeometryProblem(pid, statement, answer, k, FAMILIES[k][0], split, diagram)
