@@ -105,11 +105,11 @@ async def _run(session: Session, message: dict[str, Any]) -> JSONResponse:
     assert session.lock is not None
     async with session.lock:
         effect = session.protocol.handle(message)
-        envelope = effect.envelope if isinstance(effect, Reply) else await session.execute(effect) \
-            if isinstance(effect, Call) else None
+        assert isinstance(effect, (Reply, Call)), effect  # HTTP never sends `close`
+        envelope = effect.envelope if isinstance(effect, Reply) else await session.execute(effect)
     headers = {SESSION_HEADER: session.id}
-    if envelope is None or envelope["type"] == "error":
-        return error_response(envelope["data"] if envelope else {"code": ErrorCode.UNKNOWN_TYPE}, headers)
+    if envelope["type"] == "error":
+        return error_response(envelope["data"], headers)
     data = envelope["data"]
     if envelope["type"] == "observation":
         data = {**data, "session_id": session.id}
