@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -94,30 +95,30 @@ def test_a_tool_env_can_be_forced_to_text_mode_and_bad_modes_fail() -> None:
         environment_factory("ws://127.0.0.1:1", mode="both")  # type: ignore[arg-type]
 
 
-def _train_two_steps(app, tmp_path: Path, tools: bool):
-    """Two GRPO steps of a tiny random Qwen2 on the CPU against ``app`` served on a loopback port."""
+def _tiny_qwen2(tok, model_cls=None):
     import torch
-    import trl
-    from transformers import AutoModelForCausalLM, Qwen2Config
-    from trl.chat_template_utils import qwen2_5_chat_template
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from adapters.trl import seed_dataset
-    from trainer.tokenizer import build_tiny_tokenizer
-
-    tok = build_tiny_tokenizer()
-    if tools:  # TRL parses tool calls only for chat templates it knows: its own copy of Qwen2.5's
-        tok.chat_template = qwen2_5_chat_template
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    model = AutoModelForCausalLM.from_config(config)
+    return (model_cls or Qwen2ForCausalLM)(config)
+
+
+def _train(app, model, tok, tmp_path: Path, *, steps: int, num_generations: int, max_completion_length: int):
+    """GRPO on the CPU against ``app`` served on a loopback port (rows: seeds 1, 2, ...)."""
+    import trl
+
+    from adapters.trl import seed_dataset
+
     with ServerThread(app) as server:
-        args = trl.GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
-                              num_generations=4, max_completion_length=8, learning_rate=1e-2, logging_steps=1,
-                              report_to="none", use_cpu=True, save_strategy="no", seed=0)
-        trainer = trl.GRPOTrainer(model=model, args=args, train_dataset=seed_dataset(8), processing_class=tok,
-                                  **grpo_kwargs(server.url))
+        args = trl.GRPOConfig(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4,
+                              num_generations=num_generations, max_completion_length=max_completion_length,
+                              learning_rate=1e-2, logging_steps=1, report_to="none", use_cpu=True,
+                              save_strategy="no", seed=0)
+        trainer = trl.GRPOTrainer(model=model, args=args, train_dataset=seed_dataset(8, start=1),
+                                  processing_class=tok, **grpo_kwargs(server.url))
         trainer.train()
     return trainer
 
@@ -126,10 +127,13 @@ def _train_two_steps(app, tmp_path: Path, tools: bool):
 def test_grpo_trainer_trains_two_steps_against_the_math_server(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("trl")
+    from trainer.tokenizer import build_tiny_tokenizer
+
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tok = build_tiny_tokenizer()
     # A missing \boxed{} answer scores -1 here, so the logged reward can only have come from the env.
     app = create_app(MathEnv, settings=QUIET, no_answer_reward=-1.0)
-    trainer = _train_two_steps(app, tmp_path, tools=False)
+    trainer = _train(app, _tiny_qwen2(tok), tok, tmp_path, steps=2, num_generations=4, max_completion_length=8)
     metrics = app.state.hub.metrics
     assert trainer.state.global_step == 2
     assert metrics.resets_total == metrics.steps_total == 8  # 2 steps x 4 rollouts, one answer each
@@ -137,14 +141,50 @@ def test_grpo_trainer_trains_two_steps_against_the_math_server(tmp_path: Path,
     assert len(logged) == 2 and all(r["rewards/text_answer_reward/mean"] == -1.0 for r in logged)
 
 
+def _scripted_turn(text: str, rollout: int) -> str:
+    """The scripted policy's next assistant turn: bisect the guessing game, or (odd rollouts) give up at once."""
+    low, high = 1, 100
+    turns = re.findall(r'"number": (\d+)\}\}\n</tool_call>.*?<tool_response>\n(.*?)\n</tool_response>', text, re.S)
+    if not turns and rollout % 2:
+        return "I give up.<|im_end|>"
+    for number, reply in turns:
+        if reply == "Correct!":
+            return "Solved.<|im_end|>"
+        low, high = (int(number) + 1, high) if reply == "Higher." else (low, int(number) - 1)
+    return '<tool_call>\n{"name": "guess", "arguments": {"number": %d}}\n</tool_call><|im_end|>' % ((low + high) // 2)
+
+
 @pytest.mark.slow
-def test_grpo_trainer_renders_and_scores_a_tool_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_grpo_trainer_runs_the_tool_loop_against_a_tool_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("trl")
+    import torch
+    from transformers import Qwen2ForCausalLM
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from trainer.tokenizer import build_tiny_tokenizer
+
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tok = build_tiny_tokenizer()
+    tok.chat_template = qwen2_5_chat_template  # TRL parses tool calls for the templates it ships
+
+    class ScriptedPolicy(Qwen2ForCausalLM):
+        """A real Qwen2 for the loss; its ``generate`` plays :func:`_scripted_turn` (a fake policy)."""
+
+        def generate(self, input_ids=None, attention_mask=None, **kwargs):
+            rows = [tok.encode(_scripted_turn(tok.decode(ids[mask.bool()]), i))
+                    for i, (ids, mask) in enumerate(zip(input_ids, attention_mask))]
+            out = torch.full((len(rows), max(map(len, rows))), tok.pad_token_id, dtype=input_ids.dtype)
+            for i, row in enumerate(rows):
+                out[i, :len(row)] = torch.tensor(row)
+            return torch.cat([input_ids, out], dim=1)
+
+    model = _tiny_qwen2(tok, ScriptedPolicy)
+    before = [p.detach().clone() for p in model.parameters()]
     app = create_app(GuessEnv, settings=QUIET)
-    trainer = _train_two_steps(app, tmp_path, tools=True)
-    assert trainer.state.global_step == 2
-    assert [t.__name__ for t in trainer.tools] == ["guess"]
-    assert app.state.hub.metrics.resets_total == 8  # one episode per rollout, scored by get_reward
-    logged = [r for r in trainer.state.log_history if "rewards/GuessEnv/mean" in r]
-    assert len(logged) == 2 and "tools/call_frequency" in logged[0]
+    trainer = _train(app, model, tok, tmp_path, steps=1, num_generations=2, max_completion_length=1024)
+    (log,) = [r for r in trainer.state.log_history if "rewards/GuessEnv/mean" in r]
+    # Seeds 1 and 2 hide 18 and 8: bisection takes 4 and 7 guesses; each group has one solver, one quitter.
+    assert app.state.hub.metrics.steps_total == 4 + 7
+    assert log["rewards/GuessEnv/mean"] == 0.5 and log["tools/call_frequency"] == (4 + 7) / 4
+    assert log["tools/failure_frequency"] == 0.0
+    assert log["grad_norm"] > 0 and any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
