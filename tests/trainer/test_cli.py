@@ -1,0 +1,48 @@
+"""``envhub-train``: TOML + overrides, config printing, clear errors, the SFT mode end to end."""
+
+from __future__ import annotations
+
+import json
+
+from trainer.cli import main
+from trainer.config import load_config
+
+
+def test_toml_then_overrides_then_print(tmp_path, capsys) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('[algo]\nname = "ppo"\n[run]\nsteps = 7\n[env]\nurl = "ws://a:1"\n')
+    assert main(["--config", str(path), "run.steps=9", "rollout.max_turns=3", "--print-config"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["algo"]["name"] == "ppo" and cfg["run"]["steps"] == 9 and cfg["rollout"]["max_turns"] == 3
+    assert cfg["env"]["url"] == "ws://a:1"
+
+
+def test_example_configs_load() -> None:
+    from pathlib import Path
+
+    configs = sorted(Path(__file__).resolve().parents[2].glob("examples/configs/*.toml"))
+    assert {p.stem.split("_")[0] for p in configs} >= {"math", "gomoku", "geometry", "code"}
+    for path in configs:
+        cfg = load_config(path)
+        assert cfg.env.all_urls(), path
+
+
+def test_bad_key_and_missing_env_are_clear_errors(capsys) -> None:
+    assert main(["algo.nmae=grpo"]) == 2
+    assert "Unknown key(s) ['nmae'] in [algo]" in capsys.readouterr().err
+    assert main(["run.steps=1"]) == 2
+    assert "env.url=ws://host:port" in capsys.readouterr().err
+    assert main(["algo.name=dpo"]) == 2
+    assert "Expected algo.name in" in capsys.readouterr().err
+
+
+def test_sft_mode_trains_and_exports(tmp_path, capsys) -> None:
+    data = tmp_path / "demos.jsonl"
+    demo = {"prompt": [{"role": "user", "content": "1+1?"}], "completion": "\\boxed{2}"}
+    data.write_text("\n".join(json.dumps(demo) for _ in range(4)))
+    rc = main(["sft", f"sft.data='{data}'", "sft.steps=3", "sft.batch_size=2", f"run.output_dir='{tmp_path / 'out'}'",
+               "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1"])
+    assert rc == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["final_loss"] > 0
+    assert (tmp_path / "out" / "model" / "config.json").exists()
