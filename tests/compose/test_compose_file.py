@@ -95,6 +95,26 @@ def test_every_server_runs_non_root_read_only_without_capabilities(name: str) ->
     assert spec["init"] is True
 
 
+def test_every_envhub_variable_is_a_real_setting_with_a_valid_value() -> None:
+    # The servers ignore unknown ENVHUB_* variables, so a typo here would silently do nothing.
+    from dataclasses import fields
+
+    import inspect
+
+    from env_servers.code_env.sandbox import SandboxConfig, probe
+    from envhub.settings import Settings
+
+    known = {f"ENVHUB_{f.name.upper()}" for f in fields(Settings)}
+    sandbox = set(re.findall(r'"(ENVHUB_SANDBOX_[A-Z_]+)"', inspect.getsource(probe)))  # what from_env reads
+    assert "ENVHUB_SANDBOX_BACKEND" in sandbox
+    for service in load_services(COMPOSE):
+        names = {k for k in service.env if k.startswith("ENVHUB_")}
+        assert names <= known | sandbox, f"{service.name}: unknown {sorted(names - known - sandbox)}"
+        Settings.from_env(service.env)  # parses: right types, valid ranges
+        config = SandboxConfig.from_env(service.env)
+        assert config.backend in ("auto", "docker")
+
+
 def test_code_sandbox_runs_model_code_in_hardened_per_slot_containers() -> None:
     spec = _services()["code"]
     env = spec["environment"]
