@@ -52,6 +52,7 @@ def to_openenv(env_cls: type[Env], **env_config: Any) -> tuple[type, type, type]
     Each OpenEnv session gets a fresh ``env_cls(**env_config)``, driven by an ``EnvRunner``,
     so rewards, tool dispatch, validation and episode limits behave as under envhub's server.
     """
+    # The classes are built in here: their bases come from openenv-core, which is imported lazily.
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action as OEAction
     from openenv.core.env_server.types import EnvironmentMetadata
@@ -111,8 +112,9 @@ def to_openenv(env_cls: type[Env], **env_config: Any) -> tuple[type, type, type]
             # Read on the server's event loop: only the runner's bookkeeping and a sync env.state().
             r = self.runner
             extra = {} if inspect.iscoroutinefunction(r.env.state) else (r.env.state() or {})
-            return OEState(episode_id=r.episode_id, step_count=r.step_count, done=r.ended,
-                           episode_reward=r.episode_reward, **_jsonable(extra))
+            base = {"episode_id": r.episode_id, "step_count": r.step_count, "done": r.ended,
+                    "episode_reward": r.episode_reward}
+            return OEState(**{**base, **_jsonable(extra)})  # env extras win, as in EnvRunner.state
 
         def get_metadata(self) -> Any:
             meta = env_cls.metadata()
