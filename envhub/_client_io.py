@@ -93,12 +93,22 @@ class Watchdog:
             self._handle = loop.call_at(self._due, self._check)
 
 
+def close_code(exc: Any) -> int:
+    """The code a ``ConnectionClosed`` stands for: the server's, else ours (1009: its reply was too big), else 1006."""
+    if exc.rcvd is not None:
+        return exc.rcvd.code
+    if exc.sent is not None:
+        return exc.sent.code
+    return 1006
+
+
 def closed_error(exc: Any, *, during: str) -> Any:
     """The typed error for a WebSocket close (``websockets.ConnectionClosed``), as the contract maps codes."""
     from envhub.errors import AuthError, CapacityError, MessageTooLargeError, SessionLostError
 
-    code = exc.rcvd.code if exc.rcvd is not None else 1006
-    reason = exc.rcvd.reason if exc.rcvd is not None else "no close frame"
+    code = close_code(exc)
+    frame = exc.rcvd if exc.rcvd is not None else exc.sent
+    reason = frame.reason if frame is not None else "no close frame"
     text = f"connection closed during {during} (code {code}: {reason or 'no reason'})"
     if code == 1008:
         return AuthError(text)

@@ -23,7 +23,8 @@ from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from envhub import _wire
-from envhub._client_io import BackgroundLoop, Watchdog, cached_metadata, closed_error, deadline, forget_metadata
+from envhub._client_io import (BackgroundLoop, Watchdog, cached_metadata, close_code, closed_error, deadline,
+                               forget_metadata)
 from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvHubError, ErrorCode,
                            ProtocolError, ServerError, SessionLostError, StepTimeoutError,
                            error_for_code)
@@ -285,7 +286,7 @@ class EnvClient:
                 last_words = await self._buffered_reply(ws, rid)
                 if last_words is not None:  # e.g. CAPACITY_REACHED sent right before the close
                     return last_words
-                code = exc.rcvd.code if exc.rcvd is not None else 1006
+                code = close_code(exc)
                 can_resume = (_wire.EXT_RESUME in self.extensions and self._ids and self.session_id
                               and code not in _NO_RESUME_CODES and resumes < max(self.retries, 1))
                 if not can_resume:

@@ -20,7 +20,7 @@ from websockets.http11 import Response
 
 from envhub.client import EnvClient
 from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvExecutionError,
-                           SessionLostError, StepTimeoutError)
+                           MessageTooLargeError, SessionLostError, StepTimeoutError)
 
 ALL_EXT = ["request_id", "msgpack", "tools", "resume", "step_timeout"]
 TOOLS = [{"type": "function", "function": {"name": "echo", "description": "Echo a message.",
@@ -120,6 +120,8 @@ class FakeServer:
             await asyncio.sleep(float(m[6:]))
         if m.startswith("error:"):
             return {"type": "error", "data": {"code": m[6:], "message": "scripted"}}
+        if m == "big":
+            m = "x" * 5000
         if m.startswith("close:"):
             await ws.close(int(m[6:]))
             return None
@@ -349,3 +351,12 @@ async def test_using_a_client_from_another_event_loop_is_a_clear_error():
         with pytest.raises(RuntimeError, match="event loop"):
             await asyncio.to_thread(asyncio.run, env.step({"message": "x"}))
         assert (await env.step({"message": "still fine"})).observation.text == "still fine"
+
+
+@pytest.mark.parametrize("envhub", [False, True])
+async def test_reply_over_the_client_frame_limit_is_typed_and_not_retried(envhub):
+    async with FakeServer(envhub=envhub) as srv, EnvClient(srv.url, max_message_bytes=2000) as env:
+        await env.reset()
+        with pytest.raises(MessageTooLargeError):
+            await env.step({"message": "big"})
+        assert srv.connections == 1  # no resume loop re-fetching the same oversized reply
