@@ -32,6 +32,8 @@ from envhub.types import StepResult, ToolSpec
 
 MiB = 1024 * 1024
 _WANTED = (_wire.EXT_REQUEST_ID, _wire.EXT_MSGPACK, _wire.EXT_TOOLS, _wire.EXT_RESUME, _wire.EXT_STEP_TIMEOUT)
+_EXPECTED = {"reset": _wire.REPLY_OBSERVATION, "step": _wire.REPLY_OBSERVATION, "state": _wire.REPLY_STATE,
+             "tools": _wire.REPLY_TOOLS, "mcp": _wire.REPLY_MCP}
 # Close codes after which the server deliberately ended the session: resuming cannot help.
 _NO_RESUME_CODES = {1000, 1001, 1008, 1009, 1013, 4404}
 
@@ -253,12 +255,18 @@ class EnvClient:
             if self.step_timeout_s is not None and mtype == "step" and _wire.EXT_STEP_TIMEOUT in self.extensions:
                 msg["timeout_s"] = self.step_timeout_s
             reply = await self._exchange(msg, rid)
-        if reply.get("type") == _wire.REPLY_ERROR:
+        rtype = reply.get("type")
+        if rtype == _EXPECTED[mtype]:
+            return reply
+        if rtype == _wire.REPLY_ERROR:
             err = error_for_code(reply.get("data") or {})
             if err.code in ErrorCode.FATAL or isinstance(err, EnvConnectionError):
                 await self._drop(err)
             raise err
-        return reply
+        # A reply of the wrong kind means the stream is out of step: never hand it to the caller.
+        await self._drop(SessionLostError(f"session dropped: expected a {_EXPECTED[mtype]!r} reply to "
+                                          f"{mtype!r}, got {rtype!r}; call reset() to start a new session."))
+        raise ProtocolError(f"Expected a {_EXPECTED[mtype]!r} reply to {mtype!r}, got {rtype!r}.")
 
     async def _exchange(self, msg: dict[str, Any], rid: Any) -> dict[str, Any]:
         """Send one request and return its reply. Kept in one piece because the three ways a

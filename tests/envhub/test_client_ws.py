@@ -20,7 +20,7 @@ from websockets.http11 import Response
 
 from envhub.client import EnvClient
 from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvExecutionError,
-                           MessageTooLargeError, SessionLostError, StepTimeoutError)
+                           MessageTooLargeError, ProtocolError, SessionLostError, StepTimeoutError)
 
 ALL_EXT = ["request_id", "msgpack", "tools", "resume", "step_timeout"]
 TOOLS = [{"type": "function", "function": {"name": "echo", "description": "Echo a message.",
@@ -118,6 +118,8 @@ class FakeServer:
         m = str(data.get("message", ""))
         if m.startswith("sleep:"):
             await asyncio.sleep(float(m[6:]))
+        if m == "wrong-kind":
+            return {"type": "state", "data": {}}
         if m.startswith("error:"):
             return {"type": "error", "data": {"code": m[6:], "message": "scripted"}}
         if m == "big":
@@ -360,3 +362,12 @@ async def test_reply_over_the_client_frame_limit_is_typed_and_not_retried(envhub
         with pytest.raises(MessageTooLargeError):
             await env.step({"message": "big"})
         assert srv.connections == 1  # no resume loop re-fetching the same oversized reply
+
+
+async def test_reply_of_the_wrong_kind_is_a_protocol_error_and_drops_the_session():
+    async with FakeServer(envhub=False) as srv, EnvClient(srv.url) as env:
+        await env.reset()
+        with pytest.raises(ProtocolError, match="'observation' reply"):
+            await env.step({"message": "wrong-kind"})
+        with pytest.raises(SessionLostError):
+            await env.step({"message": "next"})
