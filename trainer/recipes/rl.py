@@ -239,6 +239,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         t0 = time.monotonic()
         # 1. rollouts with the current policy
         trajs = engine.run_sync(shard(train_tasks(cfg, step), info))
+        t_rollout = time.monotonic() - t0
         # 2. complete (and informative) groups only
         grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
         metrics = rollout_metrics(trajs, grouped)
@@ -257,6 +258,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
             log(f"step {step}: every group lost to env failures ({grouped.infra_failures} episodes); "
                 f"first error: {next(t.error for t in trajs if t.infra_failed)}")
         metrics["time/step_s"] = time.monotonic() - t0
+        metrics["time/rollout_s"] = t_rollout
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
             metrics.update(evaluate(engine, cfg))
