@@ -371,3 +371,13 @@ async def test_reply_of_the_wrong_kind_is_a_protocol_error_and_drops_the_session
             await env.step({"message": "wrong-kind"})
         with pytest.raises(SessionLostError):
             await env.step({"message": "next"})
+
+
+async def test_sync_clients_from_many_threads_share_one_loop_safely():
+    async with FakeServer() as srv:
+        def episode(k):
+            with EnvClient(srv.url).sync() as env:
+                env.reset()
+                return [env.step({"message": f"{k}-{i}"}).observation.text for i in range(10)]
+        results = await asyncio.gather(*(asyncio.to_thread(episode, k) for k in range(6)))
+        assert results == [[f"{k}-{i}" for i in range(10)] for k in range(6)]
