@@ -65,6 +65,10 @@ class Env:
     #: name shown in ``/metadata`` (default: the class name)
     env_name: ClassVar[str | None] = None
     env_version: ClassVar[str] = "0.1.0"
+    #: run sync methods on the server's event loop instead of its thread pool. Only for envs whose
+    #: every method is trivially cheap (microseconds): a slow inline step stalls every session and
+    #: cannot be interrupted by the step timeout.
+    run_inline: ClassVar[bool] = False
 
     _tools: ClassVar[dict[str, ToolInfo]] = {}
     _rewards: ClassVar[dict[str, RewardInfo]] = {}
@@ -164,7 +168,7 @@ class EnvRunner:
         return self.episode_id is not None
 
     async def _call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-        if inspect.iscoroutinefunction(fn):
+        if _is_async(fn):
             return await fn(*args, **kwargs)
         if self.executor is None:
             return fn(*args, **kwargs)
@@ -231,7 +235,7 @@ class EnvRunner:
         parsed = self.parse_action(action)
         fn, args = self._dispatch(parsed)
         try:
-            if self._sync_path and not inspect.iscoroutinefunction(fn):
+            if self._sync_path and not _is_async(fn):
                 result, components = await self._call(self._step_sync, fn, args)
             else:
                 result = _as_result(await self._call(fn, *args))
@@ -302,6 +306,23 @@ class EnvRunner:
 
     async def close(self) -> None:
         await self._call(self.env.close)
+
+
+_ASYNC_CACHE: dict[Any, bool] = {}
+
+
+def _is_async(fn: Callable) -> bool:
+    """``inspect.iscoroutinefunction``, memoised per code object (it is on every step's path).
+
+    Keyed by ``__code__`` so that closures made per call share one entry and the cache stays bounded.
+    """
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return inspect.iscoroutinefunction(fn)
+    cached = _ASYNC_CACHE.get(code)
+    if cached is None:
+        cached = _ASYNC_CACHE[code] = inspect.iscoroutinefunction(fn)
+    return cached
 
 
 def _accepted_kwargs(fn: Callable) -> tuple[frozenset[str], bool]:
