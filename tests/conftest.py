@@ -39,3 +39,33 @@ def serve_env() -> Iterator[Callable[..., Any]]:
     yield start
     for server in started:
         server.stop()
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _docker_engine_available() -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests skip without CUDA and ``docker`` tests without an engine, whatever the test itself checks."""
+    checks = {"gpu": (_cuda_available, "needs a CUDA GPU"), "docker": (_docker_engine_available, "needs a Docker engine")}
+    for marker, (probe, reason) in checks.items():
+        marked = [item for item in items if item.get_closest_marker(marker)]
+        if marked and not probe():
+            for item in marked:
+                item.add_marker(pytest.mark.skip(reason=reason))
