@@ -139,18 +139,21 @@ class EnvTool:
     # -- episode view ------------------------------------------------------------------------
     @property
     def last_result(self) -> StepResult | None:
+        """The env's latest result; an env that tracks its own (``OpenEnv``) is asked, so a reset shows."""
+        if hasattr(self.env, "last_result"):
+            return self.env.last_result
         return self._session.last_result
 
     @property
     def done(self) -> bool:
         """True once the last step (through any tool on this env) ended the episode."""
-        r = self._session.last_result
+        r = self.last_result
         return r is not None and r.ended
 
     @property
     def episode_reward(self) -> float:
         """``info["episode_reward"]`` of the last step if present, else its reward; 0 before any step."""
-        r = self._session.last_result
+        r = self.last_result
         if r is None:
             return 0.0
         return float(r.info.get("episode_reward", r.reward))
