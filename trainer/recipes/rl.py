@@ -29,7 +29,6 @@ Seeds: ``run.seed`` seeds torch/python RNGs (initial weights use ``model.init_se
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import random
@@ -78,7 +77,7 @@ def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
 def evaluate(engine: RolloutEngine, cfg: TrainConfig) -> dict[str, float]:
     """Greedy episodes on ``run.eval_problems`` held-out tasks; mean reward over those that ran."""
     kwargs = [{**cfg.env.eval_task, cfg.env.eval_key: i} for i in range(cfg.run.eval_problems)]
-    trajs = asyncio.run(engine.run(make_tasks(kwargs, 1, cfg.env.all_urls() or None), greedy=True))
+    trajs = engine.run_sync(make_tasks(kwargs, 1, cfg.env.all_urls() or None), greedy=True)
     ok = [t for t in trajs if not t.infra_failed]
     return {"eval/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1), "eval/episodes": float(len(ok)),
             "eval/infra_failures": float(len(trajs) - len(ok)),
@@ -277,6 +276,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     if cfg.run.steps > first_step:
         _save(cfg, out, model, optimizer, scheduler, cfg.run.steps)
     logger.close()
+    engine.close()
     summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
                "eval_episodes": int(after["eval/episodes"]), "steps": cfg.run.steps - first_step,
                "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name}

@@ -75,10 +75,18 @@ class RolloutEngine:
         self.config = config or RolloutConfig()
         self.renderer = ChatRenderer(tokenizer)
         self.states: dict[int, EpisodeState] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        set_demand = getattr(sampler, "set_demand", None)
+        if set_demand is not None:
+            set_demand(self.live_episodes)
 
+    def live_episodes(self) -> int:
+        """Episodes started and not yet terminated (each will ask the sampler for a turn soon)."""
+        return sum(s is not EpisodeState.TERMINATED for s in self.states.values())
     async def run(self, tasks: list[Task], *, greedy: bool = False) -> list[Trajectory]:
         """Run every task (at most ``max_in_flight`` at once); trajectories come back in task order."""
         gate = asyncio.Semaphore(self.config.max_in_flight)
+        self.states = {}
 
         async def one(i: int, task: Task) -> Trajectory:
             async with gate:
@@ -87,8 +95,18 @@ class RolloutEngine:
         return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
 
     def run_sync(self, tasks: list[Task], *, greedy: bool = False) -> list[Trajectory]:
-        """``run`` from synchronous code (the training loop)."""
-        return asyncio.run(self.run(tasks, greedy=greedy))
+        """``run`` from synchronous code (the training loop), on the engine's own event loop so that
+        env sessions stay open from one call to the next."""
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(self.run(tasks, greedy=greedy))
+
+    def close(self) -> None:
+        """Close idle env sessions and the engine's event loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.run_until_complete(self.pool.aclose())
+            self._loop.close()
+        self._loop = None
 
     async def run_episode(self, task: Task, *, greedy: bool = False, key: int = 0) -> Trajectory:
         """One episode, never raising for env trouble: the failure is the trajectory's stop reason."""
@@ -117,7 +135,10 @@ class RolloutEngine:
             traj.elapsed_s = time.monotonic() - start
             for session in held:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(session.close(), 5.0)
+                    if traj.stop_reason is not None and not traj.infra_failed:
+                        await self.pool.release(session, task.env_url)
+                    else:
+                        await asyncio.wait_for(session.close(), 5.0)
         return traj
 
     async def _play(self, session: EnvSession, traj: Trajectory, greedy: bool, key: int) -> StopReason:

@@ -65,7 +65,7 @@ class EnvPool:
     def __init__(self, urls: list[str] | None = None, env_cls: type[Env] | None = None, *,
                  connect_timeout_s: float = 10.0, connect_retry_s: float = 30.0,
                  message_timeout_s: float | None = 120.0, step_timeout_s: float | None = None,
-                 token: str | None = None):
+                 token: str | None = None, reuse_sessions: bool = True):
         if bool(urls) == (env_cls is not None):
             raise ValueError("Expected exactly one of env URLs or an in-process env class, got "
                              f"urls={urls!r}, env_cls={env_cls!r}.")
@@ -77,6 +77,8 @@ class EnvPool:
         self.step_timeout_s = step_timeout_s
         self.token = token
         self._extensions: dict[str, tuple[str, ...]] = {}
+        self.reuse_sessions = reuse_sessions
+        self._idle: dict[str, list[Any]] = {}
         self.reconnects = 0  # connections that succeeded only after a retry
 
     def url_for(self, index: int) -> str | None:
@@ -86,7 +88,31 @@ class EnvPool:
         """A connected session (in process, or to ``url`` / the first URL)."""
         if self.env_cls is not None:
             return InProcessSession(self.env_cls())
-        return await self._connect(url or self.urls[0])
+        url = url or self.urls[0]
+        idle = self._idle.get(url)
+        while idle:
+            client = idle.pop()
+            if client.connected:
+                return client
+        return await self._connect(url)
+
+    async def release(self, session: EnvSession, url: str | None = None) -> None:
+        """Give back a session whose episode ended cleanly: over WebSocket the next episode resets on it
+        (saving a connection handshake per episode); anything else is closed."""
+        if self.env_cls is None and self.reuse_sessions and getattr(session, "connected", False):
+            self._idle.setdefault(url or self.urls[0], []).append(session)
+            return
+        await session.close()
+
+    async def aclose(self) -> None:
+        """Close every idle session."""
+        idle, self._idle = self._idle, {}
+        for clients in idle.values():
+            for client in clients:
+                try:
+                    await asyncio.wait_for(client.close(), 5.0)
+                except Exception:
+                    pass  # the server may be gone already; nothing left to release
 
     async def _connect(self, url: str) -> EnvSession:
         from envhub.client import EnvClient

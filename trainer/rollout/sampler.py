@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -36,7 +36,7 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_batch_size: int = 256
-    batch_wait_s: float = 0.002  # how long the first waiting request waits for others to join its batch
+    batch_wait_s: float = 0.05  # the longest a request waits for the other live episodes to join its batch
 
     def __post_init__(self) -> None:
         if self.backend not in ("hf", "vllm"):
@@ -65,6 +65,11 @@ class HFSampler:
         self.sequences = 0
         self._pending: list[tuple[GenRequest, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
+        self._demand: Callable[[], int] = lambda: 1
+
+    def set_demand(self, live_episodes: Callable[[], int]) -> None:
+        """Tell the sampler how many episodes are live: a batch waits (up to ``batch_wait_s``) until they all ask."""
+        self._demand = live_episodes
 
     def update_weights(self, model: Any, version: int) -> None:
         """The sampler holds the trainer's own model: only the version changes."""
@@ -81,8 +86,14 @@ class HFSampler:
         return await fut
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
-            await asyncio.sleep(self.config.batch_wait_s)
+            # Gather: one generate call for every live episode beats many small ones (CPU and GPU alike).
+            deadline = loop.time() + self.config.batch_wait_s
+            await asyncio.sleep(0)
+            while (len(self._pending) < min(self._demand(), self.config.max_batch_size)
+                   and loop.time() < deadline):
+                await asyncio.sleep(0.001)
             batch, self._pending = self._pending[:self.config.max_batch_size], self._pending[self.config.max_batch_size:]
             for greedy in (False, True):
                 part = [(r, f) for r, f in batch if r.greedy == greedy]
