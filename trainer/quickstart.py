@@ -184,7 +184,18 @@ def _quiet_log(message: str) -> None:
         print(f"[quickstart] {message}", flush=True)
 
 
+def _exit_on_sigterm() -> None:
+    # `kill` / a CI timeout sends SIGTERM: raise so that the server is stopped by the `finally` above.
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 if __name__ == "__main__":
+    _exit_on_sigterm()
     try:
         main()
     except KeyboardInterrupt:
