@@ -1,1 +1,6 @@
-"""trainer: the RL trainer, its rollout engine and the GPU scheduler."""
+"""trainer: rollouts from env services -> advantages and losses -> optimizer steps, plus the GPU scheduler.
+
+Entry points: ``envhub-train`` (:mod:`trainer.cli`), ``python -m trainer.quickstart``, and the loops in
+:mod:`trainer.recipes` (``rl.train``, ``sft.train_sft``). The rollout engine is :mod:`trainer.rollout`;
+pure advantages and losses are :mod:`trainer.algos`. Submodules import torch; this package does not.
+"""
