@@ -89,3 +89,23 @@ async def test_a_player_leaving_mid_match_is_an_infra_end_for_the_other(serve_en
     assert x.stop_reason is StopReason.TURN_LIMIT and not x.infra_failed  # its own limit: trained on
     assert o.info["end_reason"] == "opponent_disconnected"
     assert o.infra_failed and o.stop_reason is StopReason.ENV_ERROR and not result.decisive
+
+
+class BrokenSampler(ScriptedSampler):
+    """A policy whose generate fails (a bug, not the env): the rollout must fail loudly."""
+
+    async def generate(self, request):
+        raise RuntimeError("sampler exploded")
+
+
+async def test_a_failing_policy_abandons_the_match_and_leaves_no_seat_playing(serve_env, tok) -> None:
+    from env_servers.gomoku_env.coordinator import REGISTRY
+    from rollout_fakes import wait_until
+
+    server = serve_env(GomokuMatchEnv, turn_timeout_s=10.0)
+    alice, bob = ScriptedSampler(tok, line_player("alice")), BrokenSampler(tok, line_player("bob"))
+    with pytest.raises(RuntimeError, match="sampler exploded"):
+        await rollout(server.url, tok, alice, bob).run(
+            [MatchSpec("boom-1", {"X": "alice", "O": "bob"}, {"board_size": 5, "opening": []})])
+    # Both sessions were closed: the server forgot the match instead of keeping alice waiting on bob.
+    wait_until(lambda: REGISTRY.get("boom-1") is None, timeout_s=5)

@@ -42,10 +42,11 @@ class AgentConfig:
 class MatchConfig:
     """How matches are played and agents validated.
 
-    ``eval_opponent``: ``"other"`` (each agent against the other one, both greedy and frozen, seats
+    ``eval_opponent``: ``"other"`` (each agent against the other one, both frozen, seats
     alternating) or ``"random"`` (each agent against a scripted player of random empty cells).
     Validation seeds are ``eval_seed_offset + i``, held out from training seeds
-    (``run.seed * 1_000_003 + n``). ``parallel_updates`` runs the agents' update phases in two
+    (``run.seed * 1_000_003 + n``). ``eval_greedy``: validation moves are greedy (else sampled at
+    ``sampling.temperature``: a greedy policy repeats an invalid move until it forfeits). ``parallel_updates`` runs the agents' update phases in two
     threads (they share nothing); the phase barrier waits for both either way.
     """
 
@@ -53,6 +54,7 @@ class MatchConfig:
     partner_grace_s: float = 5.0
     eval_opponent: str = "other"
     eval_seed_offset: int = 1_000_000_000
+    eval_greedy: bool = True
     parallel_updates: bool = True
     swap_seats: bool = True  # alternate which agent moves first from one group to the next
 

@@ -23,7 +23,7 @@ from envhub.types import StepResult
 from trainer.rollout.engine import RolloutConfig, RolloutEngine
 from trainer.rollout.envs import EnvPool, EnvSession
 from trainer.rollout.sampler import Sampler
-from trainer.rollout.types import StopReason, Task, Trajectory
+from trainer.rollout.types import EpisodeState, StopReason, Task, Trajectory
 
 #: ``end_reason`` values that say the match ended for a reason outside the game (not a loss)
 INFRA_END_REASONS: dict[str, StopReason] = {
@@ -131,6 +131,14 @@ class _MatchRecorder:
     async def open(self, url: str | None = None) -> _SeatSession:
         return _SeatSession(await self.pool.open(url), self)
 
+    async def release(self, session: EnvSession, url: str | None = None) -> None:
+        """A seat's episode ended: close its session, never keep it for reuse, so the seat leaves the
+        match at once (an opponent still playing learns it is over instead of waiting for a timeout)."""
+        await asyncio.wait_for(session.close(), 5.0)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
     def _joined(self, match_id: str) -> asyncio.Event:
         return self._joining.setdefault(match_id, asyncio.Event())
 
@@ -153,7 +161,7 @@ class _MatchRecorder:
                 return
             await asyncio.sleep(0.02)
 
-    def release(self, match_id: str) -> None:
+    def unblock(self, match_id: str) -> None:
         """The second seat will never join (its episode failed before reset): let the first one go on."""
         self._joined(match_id).set()
 
@@ -188,6 +196,15 @@ class MatchRollout:
                         for name, (sampler, tok) in policies.items()}
         self.max_matches_in_flight = max_matches_in_flight
         self.partner_grace_s = partner_grace_s
+        self._claim_samplers()
+
+    def _claim_samplers(self) -> None:
+        # A batching sampler waits for every live episode of its engine to ask for a turn; in a match
+        # half of them wait for the opponent instead, so count only the seats whose request is out.
+        for engine in self.engines.values():
+            set_demand = getattr(engine.sampler, "set_demand", None)
+            if set_demand is not None:
+                set_demand(lambda e=engine: sum(s is EpisodeState.GENERATING for s in e.states.values()))
 
     async def run(self, specs: list[MatchSpec], *, greedy: bool = False) -> list[MatchResult]:
         """Play every match (at most ``max_matches_in_flight`` at once, both seats together), in spec order."""
@@ -196,6 +213,7 @@ class MatchRollout:
             if set(spec.seats) != set(SEATS) or unknown:
                 raise ValueError(f"Expected match {spec.match_id!r} to seat agents {sorted(self.engines)} in "
                                  f"seats {list(SEATS)}, got {spec.seats}.")
+        self._claim_samplers()  # another rollout (validation) may have pointed them at its engines
         gate = asyncio.Semaphore(self.max_matches_in_flight)
 
         async def one(i: int, spec: MatchSpec) -> MatchResult:
@@ -214,14 +232,22 @@ class MatchRollout:
             spec.task(seat), greedy=greedy, key=2 * key + n)) for n, seat in enumerate(SEATS)}
         trajs: dict[str, Trajectory] = {}
         pending = set(tasks.values())
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for seat, task in tasks.items():
-                if task in done:
-                    trajs[seat] = task.result()
-            if pending and any(t.infra_failed for t in trajs.values()):
-                await self._stop_partner(spec, trajs, tasks, pending)
-                pending = set()
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for seat, task in tasks.items():
+                    if task in done:
+                        trajs[seat] = task.result()  # a sampler bug raises here: the match is abandoned
+                if pending and any(t.infra_failed for t in trajs.values()):
+                    await self._stop_partner(spec, trajs, tasks, pending)
+                    pending = set()
+        finally:
+            # Never leave a seat playing on its own (an error above, or the run was cancelled).
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            if len(trajs) < len(SEATS):  # abandoned
+                self.recorder.forget(spec.match_id)
         for seat, traj in trajs.items():
             self._annotate(spec, seat, traj)
         self.recorder.forget(spec.match_id)
@@ -231,7 +257,7 @@ class MatchRollout:
                             tasks: dict[str, asyncio.Task], pending: set[asyncio.Task]) -> None:
         # The failed seat may never have joined: the first seat must not wait for it, and the
         # other one gets a grace period to see the env end the match before it is cancelled.
-        self.recorder.release(spec.match_id)
+        self.recorder.unblock(spec.match_id)
         await asyncio.wait(pending, timeout=self.partner_grace_s)
         for seat, task in tasks.items():
             if seat in trajs:

@@ -13,9 +13,9 @@ Per step, between phase barriers (:class:`PhaseBarrier`):
    are left out; then the agent's own loss and optimizer step (:meth:`Agent.update`). The two
    updates may run in parallel threads; neither agent starts the next rollout before both are done.
 
-Validation, before and after training (and every ``run.eval_every`` steps): greedy matches on held-out
-seeds against the other agent (both frozen), or against a scripted random player
-(``match.eval_opponent``); each agent's ``eval/reward_mean`` (and win/loss/draw rates) is logged
+Validation, before and after training (and every ``run.eval_every`` steps): matches on held-out
+seeds (greedy unless ``match.eval_greedy=false``) against the other agent (both frozen), or against
+a scripted random player (``match.eval_opponent``); each agent's ``eval/reward_mean`` (and win/loss/draw rates) is logged
 in its own ``metrics.jsonl`` under ``run.output_dir/<agent>/``.
 """
 
@@ -88,9 +88,11 @@ def evaluate(cfg: TwoAgentConfig, agents: dict[str, Agent], pool: EnvPool, run_i
         for n, agent in agents.items():  # the scripted player renders with the agent's own tokenizer
             opponent = RandomMoveSampler(agent.tokenizer, seed=cfg.run.seed)
             rollout = _rollout(cfg, pool, {n: policies[n], RANDOM_OPPONENT: (opponent, agent.tokenizer)})
-            results += rollout.run_sync(eval_matches(cfg, [(n, RANDOM_OPPONENT)], run_id, f"{tag}-{n}"), greedy=True)
+            results += rollout.run_sync(eval_matches(cfg, [(n, RANDOM_OPPONENT)], run_id, f"{tag}-{n}"),
+                                        greedy=cfg.match.eval_greedy)
     else:
-        results = _rollout(cfg, pool, policies).run_sync(eval_matches(cfg, [tuple(names)], run_id, tag), greedy=True)
+        results = _rollout(cfg, pool, policies).run_sync(eval_matches(cfg, [tuple(names)], run_id, tag),
+                                                         greedy=cfg.match.eval_greedy)
     trajs = by_agent(results)
     return {n: outcome_metrics(trajs.get(n, []), "eval") for n in names}
 
