@@ -198,6 +198,9 @@ def rollout_metrics(trajs: list[Trajectory], grouped: Any) -> dict[str, float]:
             "train/policy_tokens_mean": sum(t.num_policy_tokens for t in ok) / n,
             "train/turns_mean": sum(t.num_turns for t in ok) / n,
             "train/parse_errors": float(sum(t.parse_errors for t in ok)),
+            # turns the env penalised (invalid moves, malformed answers...) among all turns
+            "train/penalised_turn_frac": sum(r < 0 for t in ok for r in t.turn_rewards)
+            / max(sum(len(t.turn_rewards) for t in ok), 1),
             **{f"rollout/{k}": v for k, v in grouped.metrics().items()}}
 
 

@@ -49,7 +49,8 @@ class RolloutConfig:
     tool_mode: str = "auto"
     stop_on_parse_error: bool = False
     max_tool_calls_per_turn: int = 4
-    system_prompt: str | None = None
+    system_prompt: str | None = None   # used when the env sends none (or always, with use_env_system_prompt=false)
+    use_env_system_prompt: bool = True
 
     def __post_init__(self) -> None:
         if self.tool_mode not in ("auto", "text", "tools"):
@@ -181,7 +182,8 @@ class RolloutEngine:
     def _first_messages(self, first: Any) -> list[dict[str, str]]:
         obs = first.observation
         system = obs.metadata.get("system_prompt") if isinstance(obs.metadata, dict) else None
-        system = system or self.config.system_prompt
+        if not self.config.use_env_system_prompt or not system:
+            system = self.config.system_prompt
         messages = [{"role": "system", "content": system}] if system else []
         return messages + [{"role": "user", "content": obs.text}]
 
