@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
             for name, agent in agents.items():
                 games = asyncio.run(scripted_games(pool, agent.tokenizer, cfg.rollout, matches=args.warmup_games,
                                                    seed=cfg.run.seed, reset_kwargs=cfg.env.train_task))
-                m = imitation_warmup(agent.model, agent.tokenizer, demos_from(games), steps=args.warmup_steps,
-                                     lr=args.warmup_lr, seed=cfg.run.seed)
+                m = imitation_warmup(agent.model, agent.tokenizer, demos_from(games, max_turns=2),
+                                     steps=args.warmup_steps, lr=args.warmup_lr, seed=cfg.run.seed)
                 print(f"[two-agent] {name}: imitation warm-up, {args.warmup_steps} steps on {len(games)} scripted "
                       f"seats, loss {m['sft_loss']:.3f}", flush=True)
         summary = train_two_agents(cfg, agents=agents, log=lambda line: print(f"[two-agent] {line}", flush=True))

@@ -149,3 +149,11 @@ def test_two_tiny_agents_train_against_each_other_over_websocket(serve_env, tmp_
         assert all(r["match/matches"] == 4 and r["rollout/infra_failures"] == 0 for r in trains)
         assert (tmp_path / name / "checkpoints" / "latest").exists()
         assert all(json.loads(line)["task"]["match_id"] for line in open(tmp_path / name / "trajectories.jsonl"))
+
+    # Resuming continues both agents from their own checkpoints, in step.
+    resumed = train_two_agents(tiny_config(tmp_path, f"env.url='{server.url}'", "run.steps=3", "run.resume=true",
+                                           "match.eval_opponent='random'"), log=lambda line: None)
+    assert resumed["steps"] == 1
+    for name in agents:
+        assert resumed["agents"][name]["policy_version"] == 3
+        assert [r["step"] for r in read_metrics(tmp_path / name / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3]

@@ -65,8 +65,8 @@ class Agent:
         """
         foreign = {t.info.get("agent") for t in trajectories} - {self.name}
         if foreign:
-            raise ValueError(f"Expected only agent {self.name!r}'s trajectories, got some of {sorted(map(str, foreign))}: "
-                             "each agent trains on its own seats only.")
+            raise ValueError(f"Expected only agent {self.name!r}'s trajectories, got some of "
+                             f"{sorted(map(str, foreign))}: each agent trains on its own seats only.")
         cfg = self.train_cfg
         grouped = build_groups(trajectories, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
         metrics = rollout_metrics(trajectories, grouped)

@@ -46,8 +46,9 @@ class MatchConfig:
     alternating) or ``"random"`` (each agent against a scripted player of random empty cells).
     Validation seeds are ``eval_seed_offset + i``, held out from training seeds
     (``run.seed * 1_000_003 + n``). ``eval_greedy``: validation moves are greedy (else sampled at
-    ``sampling.temperature``: a greedy policy repeats an invalid move until it forfeits). ``parallel_updates`` runs the agents' update phases in two
-    threads (they share nothing); the phase barrier waits for both either way.
+    ``sampling.temperature``: a greedy policy repeats an invalid move until it forfeits).
+    ``parallel_updates`` runs the agents' update phases in two threads (they share nothing); the
+    phase barrier waits for both either way.
     """
 
     max_matches_in_flight: int = 32

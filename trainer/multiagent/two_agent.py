@@ -15,8 +15,8 @@ Per step, between phase barriers (:class:`PhaseBarrier`):
 
 Validation, before and after training (and every ``run.eval_every`` steps): matches on held-out
 seeds (greedy unless ``match.eval_greedy=false``) against the other agent (both frozen), or against
-a scripted random player (``match.eval_opponent``); each agent's ``eval/reward_mean`` (and win/loss/draw rates) is logged
-in its own ``metrics.jsonl`` under ``run.output_dir/<agent>/``.
+a scripted random player (``match.eval_opponent``); each agent's ``eval/reward_mean`` (and
+win/loss/draw rates) is logged in its own ``metrics.jsonl`` under ``run.output_dir/<agent>/``.
 """
 
 from __future__ import annotations
