@@ -109,3 +109,34 @@ async def test_a_failing_policy_abandons_the_match_and_leaves_no_seat_playing(se
             [MatchSpec("boom-1", {"X": "alice", "O": "bob"}, {"board_size": 5, "opening": []})])
     # Both sessions were closed: the server forgot the match instead of keeping alice waiting on bob.
     wait_until(lambda: REGISTRY.get("boom-1") is None, timeout_s=5)
+
+
+class SecondConnectionRefused:
+    """A pool whose second connection fails (the O seat's, opened after X's): an env outage before joining."""
+
+    def __init__(self, pool: EnvPool):
+        self.pool, self.opened = pool, 0
+
+    async def open(self, url=None):
+        self.opened += 1
+        if self.opened == 2:
+            from envhub.errors import EnvConnectionError
+
+            raise EnvConnectionError("connection refused")
+        return await self.pool.open(url)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+async def test_a_seat_that_cannot_connect_stops_the_match_before_the_other_plays_alone(tok) -> None:
+    alice, bob = ScriptedSampler(tok, line_player("alice")), ScriptedSampler(tok, line_player("bob"))
+    pool = SecondConnectionRefused(EnvPool(env_cls=GomokuMatchEnv))
+    rollout = MatchRollout(pool, {"alice": (alice, tok), "bob": (bob, tok)},
+                           RolloutConfig(max_turns=12, max_tokens_per_turn=32, tool_mode="text"), partner_grace_s=30)
+    [result] = await rollout.run([MatchSpec("refused-1", {"X": "alice", "O": "bob"}, {"board_size": 5})])
+    x, o = result.trajectories["X"], result.trajectories["O"]
+    assert o.stop_reason is StopReason.ENV_ERROR and "connection refused" in o.error
+    assert x.stop_reason is StopReason.ENV_ERROR and "not starting the match alone" in x.error
+    assert x.elapsed_s < 5 and alice.requests == []  # no grace period spent, no move made
+    assert result.infra_failed and not result.decisive

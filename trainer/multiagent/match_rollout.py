@@ -19,6 +19,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from envhub.errors import EnvConnectionError
 from envhub.types import StepResult
 from trainer.rollout.engine import RolloutConfig, RolloutEngine
 from trainer.rollout.envs import EnvPool, EnvSession
@@ -127,6 +128,7 @@ class _MatchRecorder:
         self.join_timeout_s = join_timeout_s
         self.infos: dict[tuple[str, str], dict[str, Any]] = {}
         self._joining: dict[str, asyncio.Event] = {}
+        self._abandoned: set[str] = set()
 
     async def open(self, url: str | None = None) -> _SeatSession:
         return _SeatSession(await self.pool.open(url), self)
@@ -146,6 +148,9 @@ class _MatchRecorder:
         match_id, seat = key
         if seat == SEATS[0]:
             await self._joined(match_id).wait()
+            if match_id in self._abandoned:
+                raise EnvConnectionError(f"Match {match_id!r}: the other seat failed before it could join; "
+                                         "not starting the match alone.")
         else:
             self._joined(match_id).set()
 
@@ -161,13 +166,15 @@ class _MatchRecorder:
                 return
             await asyncio.sleep(0.02)
 
-    def unblock(self, match_id: str) -> None:
-        """The second seat will never join (its episode failed before reset): let the first one go on."""
+    def abandon(self, match_id: str) -> None:
+        """A seat failed: a first seat that has not joined yet must not start the match alone."""
+        self._abandoned.add(match_id)
         self._joined(match_id).set()
 
     def forget(self, match_id: str) -> None:
         """The match is over: drop what was kept for it."""
         self._joining.pop(match_id, None)
+        self._abandoned.discard(match_id)
         for seat in SEATS:
             self.infos.pop((match_id, seat), None)
 
@@ -255,9 +262,9 @@ class MatchRollout:
 
     async def _stop_partner(self, spec: MatchSpec, trajs: dict[str, Trajectory],
                             tasks: dict[str, asyncio.Task], pending: set[asyncio.Task]) -> None:
-        # The failed seat may never have joined: the first seat must not wait for it, and the
-        # other one gets a grace period to see the env end the match before it is cancelled.
-        self.recorder.unblock(spec.match_id)
+        # The failed seat may never have joined: a first seat still waiting to join gives up, and one
+        # already playing gets a grace period to see the env end the match before it is cancelled.
+        self.recorder.abandon(spec.match_id)
         await asyncio.wait(pending, timeout=self.partner_grace_s)
         for seat, task in tasks.items():
             if seat in trajs:
