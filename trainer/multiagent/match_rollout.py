@@ -184,9 +184,11 @@ class MatchRollout:
 
     ``policies`` maps an agent name to its ``(sampler, tokenizer)``; each agent gets its own
     :class:`RolloutEngine`, so its seats are sampled from its policy only (batched with its other
-    seats in flight). ``partner_grace_s``: when one seat's episode fails on infrastructure before
-    the match could start, the other seat is cancelled after this long instead of waiting for the
-    env's turn timeout.
+    seats in flight). When one seat's episode fails on infrastructure, a first seat that has not
+    joined yet gives up at once, and one already playing is cancelled after ``partner_grace_s``
+    unless the env ends its episode sooner (it would otherwise wait for the env's turn timeout).
+    A seat's session is closed as soon as its episode ends (never pooled for reuse), so the env
+    learns at once that the seat left.
 
     >>> rollout = MatchRollout(EnvPool(["ws://localhost:8003"]), {"a": (s_a, tok), "b": (s_b, tok)},
     ...                        RolloutConfig(max_turns=20))                        # doctest: +SKIP
