@@ -140,3 +140,19 @@ async def test_a_seat_that_cannot_connect_stops_the_match_before_the_other_plays
     assert x.stop_reason is StopReason.ENV_ERROR and "not starting the match alone" in x.error
     assert x.elapsed_s < 5 and alice.requests == []  # no grace period spent, no move made
     assert result.infra_failed and not result.decisive
+
+
+async def test_the_scripted_random_player_only_makes_legal_moves_over_a_whole_game(tok) -> None:
+    from trainer.multiagent import RandomMoveSampler
+
+    players = {"r1": (RandomMoveSampler(tok, seed=1), tok), "r2": (RandomMoveSampler(tok, seed=2), tok)}
+    rollout = MatchRollout(EnvPool(env_cls=GomokuMatchEnv), players,
+                           RolloutConfig(max_turns=13, max_tokens_per_turn=24, max_total_tokens=512,
+                                         max_context_tokens=16384, tool_mode="text"))
+    specs = [MatchSpec(f"rand-{i}", {"X": "r1", "O": "r2"} if i % 2 else {"X": "r2", "O": "r1"},
+                       {"board_size": 5, "seed": i}) for i in range(4)]
+    results = await rollout.run(specs)
+    for result in results:
+        reasons = set(result.end_reasons.values())
+        assert reasons in ({"win", "loss"}, {"draw"}), reasons  # every game played out, nobody forfeits
+        assert all(r >= 0 or r == -10 for t in result.trajectories.values() for r in t.turn_rewards)
