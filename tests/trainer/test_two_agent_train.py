@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from trainer.multiagent import (Agent, MatchRollout, MatchSpec, PhaseBarrier, by
 from trainer.multiagent.opponents import RandomMoveSampler, empty_cells
 from trainer.multiagent.two_agent import build_pool, evaluate
 from trainer.rollout import GenRequest
+from trainer.tokenizer import build_tiny_tokenizer
 
 TINY = ["name='tiny'", "hidden_size=32", "num_layers=1", "num_heads=2", "num_kv_heads=1", "intermediate_size=64"]
 
@@ -97,14 +100,10 @@ def test_validation_against_the_other_agent_and_against_a_random_player(pair) ->
     assert all(m["eval/episodes"] == 2 and m["eval/infra_failures"] == 0 for m in vs_random.values())
 
 
-def test_the_random_player_reads_the_board_and_moves_on_an_empty_cell(tok=None) -> None:
-    from trainer.tokenizer import build_tiny_tokenizer
-
+def test_the_random_player_reads_the_board_and_moves_on_an_empty_cell() -> None:
     tok = build_tiny_tokenizer()
     prompt = "old board:\n   0 1\n 0 . .\n 1 . .\nnow:\n   0 1 2\n 0 X O X\n 1 O X O\n 2 X . O\nYour turn."
     assert empty_cells(prompt) == [(2, 1)]
-    import asyncio
-
     result = asyncio.run(RandomMoveSampler(tok).generate(GenRequest(tok.encode(prompt), 32)))
     assert tok.decode(result.token_ids) == "<move>2,1</move><|im_end|>" and result.finish_reason == "stop"
 
@@ -116,8 +115,6 @@ def test_phase_barrier_refuses_phases_out_of_order_and_waits_for_every_agent() -
     assert barrier.joint("rollout", 0, lambda: "played") == "played"
     with pytest.raises(RuntimeError, match="Expected phase"):
         barrier.joint("rollout", 1, lambda: None)  # nobody updated on step 0 yet
-    import time
-
     assert barrier.each("update", 0, {"a": lambda: time.sleep(0.2) or "a", "b": lambda: "b"}) == {"a": "a", "b": "b"}
     waits = barrier.wait_times("update", 0)
     assert waits["b"] > 0.1 and waits["a"] < 0.05  # b waited at the barrier for a
