@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +155,15 @@ def test_two_tiny_agents_train_against_each_other_over_websocket(serve_env, tmp_
     for name in agents:
         assert resumed["agents"][name]["policy_version"] == 3
         assert [r["step"] for r in read_metrics(tmp_path / name / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3]
+
+
+def test_the_module_entry_point_resolves_the_config_and_refuses_a_missing_env(capsys) -> None:
+    from trainer.multiagent.__main__ import main
+
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "gomoku_two_agent.toml"
+    assert main(["--config", str(config), "agents.bob.optim.lr=0.01",
+                 "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["agents"]["bob"]["optim"]["lr"] == 0.01 and printed["agents"]["bob"]["model"]["lora_rank"] == 16
+    assert main(["agents.carol.optim.lr=0.1"]) == 2 and "exactly two agents" in capsys.readouterr().err
+    assert main([]) == 2 and "no match env" in capsys.readouterr().err
