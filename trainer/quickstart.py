@@ -112,9 +112,11 @@ def quickstart_config(url: str, args: argparse.Namespace):
         "rollout.max_tokens_per_turn=12", "rollout.max_total_tokens=12", "rollout.max_in_flight=256",
         "sampling.temperature=1.0",
         "algo.name='grpo'", "algo.filter_zero_variance=true", "algo.clip_eps=0.2",
-        f"optim.lr={args.lr}", "optim.micro_batch_size=256", "optim.grad_clip=1.0",
+        f"algo.epochs={args.epochs}", f"algo.minibatches={args.minibatches}",
+        f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}", f"optim.weight_decay={args.weight_decay}",
+        "optim.micro_batch_size=256", "optim.grad_clip=1.0",
         f"run.steps={args.steps}", f"run.batch_size={args.batch}", f"run.group_size={args.group}",
-        f"run.eval_problems={args.eval_problems}", f"run.seed={args.seed}", f"run.output_dir='{args.out}'",
+        f"run.eval_problems={args.eval_problems}", f"run.eval_every={args.eval_every}", f"run.seed={args.seed}", f"run.output_dir='{args.out}'",
         "run.log_trajectories=4", "run.device='cpu'",
     ])
 
@@ -127,10 +129,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-demos", type=int, default=512)
     p.add_argument("--batch", type=int, default=16, help="tasks per GRPO step")
     p.add_argument("--group", type=int, default=8, help="samples per task")
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=2e-3, help="GRPO learning rate")
+    p.add_argument("--sft-lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=10, help="GRPO learning-rate warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--epochs", type=int, default=1, help="optimisation passes over each batch of rollouts")
+    p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--eval-problems", type=int, default=64)
+    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N GRPO steps (0: before and after only)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for a tiny model)")
     p.add_argument("--out", default="runs/quickstart")
     return p.parse_args(argv)
@@ -161,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"[quickstart] tiny Qwen2 policy: {n_params / 1e3:.0f}k parameters, vocabulary {len(tok)}", flush=True)
         demos = asyncio.run(collect_demos(url, args.sft_demos, args.seed))
         print(f"[quickstart] SFT warm-up: {args.sft_steps} steps on {len(demos)} train-split demonstrations", flush=True)
-        sft = run_sft(model, tok, demos, steps=args.sft_steps, batch_size=32, lr=args.lr, seed=args.seed)
+        sft = run_sft(model, tok, demos, steps=args.sft_steps, batch_size=32, lr=args.sft_lr, seed=args.seed,
+                      weight_decay=args.weight_decay)
         print(f"[quickstart] GRPO: {args.steps} steps x {args.batch} tasks x {args.group} samples over {url}", flush=True)
         summary = train(cfg, model=model, tokenizer=tok, log=_quiet_log)
     plot = plot_rewards(out / "metrics.jsonl", out / "reward.png",

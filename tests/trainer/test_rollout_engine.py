@@ -139,3 +139,11 @@ async def test_hf_sampler_batches_concurrent_episodes_into_few_generate_calls() 
     lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.tokens[1:])[:, None])[:, 0]
     n = t.num_policy_tokens
     assert torch.allclose(lp[-n:], torch.tensor(t.logprobs[-n:]), atol=1e-4)
+
+
+async def test_configured_system_prompt_can_replace_the_envs(tok) -> None:
+    eng = engine(AddEnv, ScriptedSampler(tok, add_answer), tok, system_prompt="Sum.", use_env_system_prompt=False)
+    [traj] = await eng.run([Task({"a": 1, "b": 2})])
+    assert tok.decode(traj.tokens[:traj.prompt_len]).startswith("<|im_start|>system\nSum.<|im_end|>")
+    [traj] = await engine(AddEnv, ScriptedSampler(tok, add_answer), tok, system_prompt="Sum.").run([Task({"a": 1})])
+    assert tok.decode(traj.tokens[:traj.prompt_len]).startswith("<|im_start|>system\nAdd.<|im_end|>")
