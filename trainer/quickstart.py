@@ -125,7 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=200, help="GRPO steps")
-    p.add_argument("--sft-steps", type=int, default=120, help="SFT warm-up steps (format only: keep it brief)")
+    p.add_argument("--sft-steps", type=int, default=400, help="the most SFT warm-up steps")
+    p.add_argument("--sft-target", type=float, default=0.3,
+                   help="stop the SFT warm-up once greedy accuracy on train problems reaches this")
     p.add_argument("--sft-demos", type=int, default=512)
     p.add_argument("--batch", type=int, default=16, help="tasks per GRPO step")
     p.add_argument("--group", type=int, default=8, help="samples per task")
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from trainer.metrics import plot_rewards
     from trainer.model import load_policy
-    from trainer.recipes.rl import train
+    from trainer.recipes.rl import build_engine, train
     from trainer.recipes.sft import run_sft
 
     torch.set_num_threads(args.threads)
@@ -168,14 +170,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"[quickstart] tiny Qwen2 policy: {n_params / 1e3:.0f}k parameters, vocabulary {len(tok)}", flush=True)
         demos = asyncio.run(collect_demos(url, args.sft_demos, args.seed))
-        print(f"[quickstart] SFT warm-up: {args.sft_steps} steps on {len(demos)} train-split demonstrations", flush=True)
+        print(f"[quickstart] SFT warm-up: at most {args.sft_steps} steps on {len(demos)} train-split demonstrations, "
+              f"until greedy accuracy on train problems reaches {args.sft_target:.2f}", flush=True)
+        probe = build_engine(cfg, model, tok)
         sft = run_sft(model, tok, demos, steps=args.sft_steps, batch_size=32, lr=args.sft_lr, seed=args.seed,
-                      weight_decay=args.weight_decay)
+                      weight_decay=args.weight_decay, stop_when=lambda step: _warm(probe, url, step, args))
+        probe.close()
         print(f"[quickstart] GRPO: {args.steps} steps x {args.batch} tasks x {args.group} samples over {url}", flush=True)
         summary = train(cfg, model=model, tokenizer=tok, log=_quiet_log)
     plot = plot_rewards(out / "metrics.jsonl", out / "reward.png",
                         keys=["train/reward_mean", "eval/reward_mean"])
-    summary.update({"sft_steps": args.sft_steps, "sft_final_loss": round(sft["sft_loss"], 4), "seed": args.seed,
+    summary.update({"sft_steps": int(sft["steps"]), "sft_final_loss": round(sft["sft_loss"], 4), "seed": args.seed,
                     "parameters": n_params, "seconds": round(time.monotonic() - start, 1),
                     "rise": round(summary["val_reward_after"] - summary["val_reward_before"], 4),
                     "reward_plot": str(plot)})
@@ -185,6 +190,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"[quickstart] {summary['steps']} GRPO steps, {summary['seconds']:.0f} s in all; wrote {out}/summary.json "
           f"and {plot}", flush=True)
     return summary
+
+
+def train_accuracy(engine: Any, url: str, n: int = 64) -> float:
+    """Greedy accuracy on ``n`` train-split problems (never validation ones)."""
+    from trainer.rollout import make_tasks
+
+    trajs = engine.run_sync(make_tasks([{**TASK, "split": "train", "index": i} for i in range(n)], 1, [url]),
+                            greedy=True)
+    return sum(t.reward for t in trajs) / len(trajs)
+
+
+def _warm(engine: Any, url: str, step: int, args: argparse.Namespace) -> bool:
+    acc = train_accuracy(engine, url)
+    print(f"[quickstart] SFT step {step}: greedy accuracy on train problems {acc:.2f}", flush=True)
+    return acc >= args.sft_target
 
 
 def _quiet_log(message: str) -> None:

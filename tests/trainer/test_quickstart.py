@@ -25,9 +25,12 @@ def test_quickstart_plumbing_end_to_end(tmp_path, monkeypatch) -> None:
     assert written["steps"] == 2 and written["eval_episodes"] == 8
     assert 0.0 <= written["val_reward_before"] <= 1.0 and 0.0 <= written["val_reward_after"] <= 1.0
     assert (tmp_path / "reward.png").stat().st_size > 1000
-    trajs = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
-    assert trajs and all(t["stop_reason"] == "done" for t in trajs)
-    assert trajs[0]["task"]["split"] == "train" and "What is" in trajs[0]["text"]
+    records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert records and all(t["stop_reason"] == "done" for t in records)
+    train = [t for t in records if t.get("phase") != "eval"]
+    evals = [t for t in records if t.get("phase") == "eval"]
+    assert train[0]["task"]["split"] == "train" and "What is" in train[0]["text"]
+    assert evals and all(t["task"]["split"] == "validation" for t in evals)
     # The server is gone once the quick start returns.
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/health", timeout=1)

@@ -74,13 +74,22 @@ def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
     return make_tasks(kwargs, cfg.run.group_size, cfg.env.all_urls() or None)
 
 
-def evaluate(engine: RolloutEngine, cfg: TrainConfig) -> dict[str, float]:
-    """Greedy episodes on ``run.eval_problems`` held-out tasks; mean reward over those that ran."""
+def evaluate(engine: RolloutEngine, cfg: TrainConfig, logger: MetricsLogger | None = None,
+             step: int = 0) -> dict[str, float]:
+    """Greedy episodes on ``run.eval_problems`` held-out tasks; mean reward over those that ran.
+
+    ``eval/distinct_answers`` counts different completions: a policy answering everything the same
+    way scores by luck, and this shows it.
+    """
     kwargs = [{**cfg.env.eval_task, cfg.env.eval_key: i} for i in range(cfg.run.eval_problems)]
     trajs = engine.run_sync(make_tasks(kwargs, 1, cfg.env.all_urls() or None), greedy=True)
     ok = [t for t in trajs if not t.infra_failed]
+    if logger is not None:
+        tok = engine.tokenizer
+        logger.log_trajectories(step, [{"phase": "eval", **t.to_record(tok)} for t in trajs[:cfg.run.log_trajectories]])
+    completions = {tuple(t.tokens[t.prompt_len:]) for t in ok}
     return {"eval/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1), "eval/episodes": float(len(ok)),
-            "eval/infra_failures": float(len(trajs) - len(ok)),
+            "eval/infra_failures": float(len(trajs) - len(ok)), "eval/distinct_answers": float(len(completions)),
             "eval/tokens_mean": sum(t.num_policy_tokens for t in ok) / max(len(ok), 1)}
 
 
@@ -233,7 +242,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     logger = MetricsLogger(out, is_main=info.is_main)
     first_step = _maybe_resume(cfg, out, model, optimizer, scheduler, log)
 
-    before = evaluate(engine, cfg)
+    before = evaluate(engine, cfg, logger, first_step)
     logger.log(first_step, before)
     log(f"validation reward before: {before['eval/reward_mean']:.3f} on {before['eval/episodes']:.0f} episodes")
     progress = Progress(cfg.run.steps - first_step, desc=cfg.algo.name)
@@ -263,7 +272,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         metrics["time/rollout_s"] = t_rollout
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
-            metrics.update(evaluate(engine, cfg))
+            metrics.update(evaluate(engine, cfg, logger, step + 1))
         logger.log(step + 1, metrics)
         logger.log_trajectories(step + 1, [t.to_record(tokenizer) for t in trajs[:cfg.run.log_trajectories]])
         progress.update(1, reward=round(metrics["train/reward_mean"], 3), kept=int(metrics["rollout/groups_kept"]))
@@ -273,7 +282,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
             on_step(step + 1, metrics)
     progress.close()
 
-    after = evaluate(engine, cfg)
+    after = evaluate(engine, cfg, logger, cfg.run.steps)
     logger.log(cfg.run.steps, after)
     log(f"validation reward after: {after['eval/reward_mean']:.3f} on {after['eval/episodes']:.0f} episodes")
     if cfg.run.steps > first_step:
@@ -281,6 +290,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     logger.close()
     engine.close()
     summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
+               "val_distinct_answers_before": int(before["eval/distinct_answers"]),
+               "val_distinct_answers_after": int(after["eval/distinct_answers"]),
                "eval_episodes": int(after["eval/episodes"]), "steps": cfg.run.steps - first_step,
                "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -82,8 +82,13 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, batch: list[tuple[lis
 
 def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: int, batch_size: int, lr: float,
             seed: int = 0, grad_clip: float = 1.0, weight_decay: float = 0.0, logger: MetricsLogger | None = None,
-            desc: str = "sft", device: torch.device | str = "cpu") -> dict[str, float]:
-    """``steps`` AdamW steps of ``batch_size`` demonstrations drawn in shuffled epochs; returns the last metrics."""
+            desc: str = "sft", device: torch.device | str = "cpu", stop_when: Callable[[int], bool] | None = None,
+            check_every: int = 25) -> dict[str, float]:
+    """Up to ``steps`` AdamW steps of ``batch_size`` demonstrations drawn in shuffled epochs.
+
+    ``stop_when(step)``, called every ``check_every`` steps, ends the run early when it returns True.
+    Returns the last step's metrics plus ``steps`` (how many ran).
+    """
     encoded = [encode_demo(tokenizer, d) for d in demos]
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
@@ -102,8 +107,10 @@ def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: i
         if logger is not None:
             logger.log(step + 1, {f"sft/{k}": v for k, v in metrics.items()})
         progress.update(1, loss=round(metrics["sft_loss"], 3), acc=round(metrics["token_acc"], 3))
+        if stop_when is not None and (step + 1) % check_every == 0 and stop_when(step + 1):
+            break
     progress.close()
-    return metrics
+    return {**metrics, "steps": float(step + 1 if steps else 0)}
 
 
 def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
