@@ -240,11 +240,30 @@ def _check_close(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
 
 def _default_action(env_cls: type[Env]) -> dict[str, Any]:
     tools = env_cls.tools()
-    if tools and not tools[0].parameters.get("required"):
-        return {"tool_name": tools[0].name, "arguments": {}}
+    if tools:
+        return {"tool_name": tools[0].name, "arguments": _sample_arguments(tools[0].parameters)}
     if env_cls.action_model is EchoAction:
         return {"message": "hello"}
     return {"text": "hello"}
+
+
+_SAMPLE_BY_TYPE = {"integer": 1, "number": 1.0, "string": "1", "boolean": False, "array": [], "object": {}}
+
+
+def _sample_arguments(schema: dict[str, Any]) -> dict[str, Any]:
+    """Plausible values for a tool's required parameters (enum, default, else one per JSON type)."""
+    props = schema.get("properties", {})
+    args: dict[str, Any] = {}
+    for name in schema.get("required", []):
+        prop = props.get(name, {})
+        if "enum" in prop:
+            args[name] = prop["enum"][0]
+        elif "default" in prop:
+            args[name] = prop["default"]
+        else:
+            kind = prop.get("type") or next((p.get("type") for p in prop.get("anyOf", []) if p.get("type")), "string")
+            args[name] = copy.deepcopy(_SAMPLE_BY_TYPE.get(kind, "1"))
+    return args
 
 
 _CHECKS = [_check_reset, _check_seeding, _check_roundtrip, _check_tool_schemas, _check_reserved, _check_step,
