@@ -119,7 +119,9 @@ def test_echo_env_matches_the_openenv_echo_shape():
         runner.parse_action({"message": 1})
 
 
-def test_tool_env_with_required_arguments_skips_the_step_check_without_a_sample():
+def test_tool_env_with_required_arguments_is_stepped_with_arguments_from_its_schema():
+    seen: list[int] = []
+
     class NeedsArgs(Env):
         def reset(self, seed=None):
             return "go"
@@ -127,12 +129,15 @@ def test_tool_env_with_required_arguments_skips_the_step_check_without_a_sample(
         @tool
         def move(self, square: Annotated[int, "where"]) -> str:
             """Move."""
+            seen.append(square)
             return "moved"
 
     results = by_name(check_env(NeedsArgs))
-    assert "skipped" in results["a sample action steps without crashing"].detail
+    assert results["a sample action steps without crashing"].detail.startswith("reward=")
+    assert seen and isinstance(seen[0], int)
     step = by_name(check_env(NeedsArgs, sample_action={"tool_name": "move", "arguments": {"square": 4}}))
-    assert step["a sample action steps without crashing"].detail.startswith("reward=")
+    assert step["a sample action steps without crashing"].passed
+    assert seen[-1] == 4
 
 
 async def test_check_env_works_inside_a_running_event_loop():
