@@ -5,10 +5,13 @@
 1. starts the math env server as a local process (``python -m env_servers.math_env``) on a free
    loopback port, and stops it at the end, also on an error or Ctrl-C;
 2. builds a tiny Qwen2 model (random weights, the shipped byte-level tokenizer);
-3. warms it up briefly with SFT on demonstrations from the server's *train* split, so that it
-   knows the answer format (``\\boxed{N}``), but not yet the arithmetic;
+3. warms it up with SFT on demonstrations from the server's *train* split (the answer format
+   ``\\boxed{N}`` and a first grip on the sums), stopping as soon as its greedy accuracy on train
+   problems reaches ``--sft-target`` (0.3): early enough to leave GRPO most of the way to go;
 4. trains it with GRPO over WebSocket, evaluating greedy answers on held-out *validation*
-   problems (a disjoint split, graded by the same server) before and after;
+   problems (a disjoint split, graded by the same server) before and after. The validation split
+   of single-digit ``add`` holds 19 distinct problems; ``--eval-problems`` episodes draw from them
+   by index (so problems repeat; `eval/distinct_answers` in the metrics shows a constant-answer policy);
 5. writes ``runs/quickstart/``: ``summary.json``, ``metrics.jsonl``, ``trajectories.jsonl``,
    ``reward.png`` and a checkpoint.
 
@@ -124,14 +127,14 @@ def quickstart_config(url: str, args: argparse.Namespace):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=200, help="GRPO steps")
+    p.add_argument("--steps", type=int, default=150, help="GRPO steps")
     p.add_argument("--sft-steps", type=int, default=400, help="the most SFT warm-up steps")
     p.add_argument("--sft-target", type=float, default=0.3,
                    help="stop the SFT warm-up once greedy accuracy on train problems reaches this")
     p.add_argument("--sft-demos", type=int, default=512)
     p.add_argument("--batch", type=int, default=16, help="tasks per GRPO step")
-    p.add_argument("--group", type=int, default=8, help="samples per task")
-    p.add_argument("--lr", type=float, default=2e-3, help="GRPO learning rate")
+    p.add_argument("--group", type=int, default=16, help="samples per task")
+    p.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate")
     p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=10, help="GRPO learning-rate warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"until greedy accuracy on train problems reaches {args.sft_target:.2f}", flush=True)
         probe = build_engine(cfg, model, tok)
         sft = run_sft(model, tok, demos, steps=args.sft_steps, batch_size=32, lr=args.sft_lr, seed=args.seed,
-                      weight_decay=args.weight_decay, stop_when=lambda step: _warm(probe, url, step, args))
+                      weight_decay=args.weight_decay, stop_when=lambda step: _warm(probe, url, step, args),
+                      check_every=10)
         probe.close()
         print(f"[quickstart] GRPO: {args.steps} steps x {args.batch} tasks x {args.group} samples over {url}", flush=True)
         summary = train(cfg, model=model, tokenizer=tok, log=_quiet_log)
@@ -203,8 +207,10 @@ def train_accuracy(engine: Any, url: str, n: int = 64) -> float:
 
 def _warm(engine: Any, url: str, step: int, args: argparse.Namespace) -> bool:
     acc = train_accuracy(engine, url)
-    print(f"[quickstart] SFT step {step}: greedy accuracy on train problems {acc:.2f}", flush=True)
-    return acc >= args.sft_target
+    done = acc >= args.sft_target
+    if done or step % 50 == 0:
+        print(f"[quickstart] SFT step {step}: greedy accuracy on train problems {acc:.2f}", flush=True)
+    return done
 
 
 def _quiet_log(message: str) -> None:
