@@ -132,7 +132,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-target", type=float, default=0.5,
                    help="stop the SFT warm-up once greedy accuracy on train problems reaches this")
     p.add_argument("--sft-demos", type=int, default=512)
-    p.add_argument("--batch", type=int, default=16, help="tasks per GRPO step")
+    p.add_argument("--batch", type=int, default=32, help="tasks per GRPO step")
     p.add_argument("--group", type=int, default=16, help="samples per task")
     p.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate")
     p.add_argument("--sft-lr", type=float, default=3e-3)
