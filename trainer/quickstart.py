@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 SYSTEM_PROMPT = "Put the answer in \\boxed{}."
-TASK = {"kind": "add", "difficulty": 1}
 
 
 def free_port() -> int:
@@ -78,13 +77,18 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: f
     raise RuntimeError(f"The math server did not become healthy within {timeout_s:.0f} s; see {log_path}.")
 
 
-async def collect_demos(url: str, n: int, seed: int) -> list[dict[str, Any]]:
+def task_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The math env task family the quick start trains and evaluates on."""
+    return {"kind": args.kind, "difficulty": args.difficulty}
+
+
+async def collect_demos(url: str, n: int, seed: int, task: dict[str, Any]) -> list[dict[str, Any]]:
     """``n`` demonstrations from the server's train split: its prompt, and the answer its grader expects."""
     from envhub.client import EnvClient
 
     async def one(i: int) -> dict[str, Any]:
         async with EnvClient(url) as env:
-            first = await env.reset(seed=seed * 100_003 + i, split="train", **TASK)
+            first = await env.reset(seed=seed * 100_003 + i, split="train", **task)
             graded = await env.step({"text": ""})  # an empty answer: the grader reports the expected one
         truth = graded.info["ground_truth"]
         messages = [{"role": "system", "content": first.observation.metadata["system_prompt"]},
@@ -107,8 +111,8 @@ def quickstart_config(url: str, args: argparse.Namespace):
 
     return load_config(None, [
         f"env.url='{url}'",
-        f"env.train_task={{ split = 'train', kind = 'add', difficulty = 1 }}",
-        f"env.eval_task={{ split = 'validation', kind = 'add', difficulty = 1 }}",
+        f"env.train_task={{ split = 'train', kind = '{args.kind}', difficulty = {args.difficulty} }}",
+        f"env.eval_task={{ split = 'validation', kind = '{args.kind}', difficulty = {args.difficulty} }}",
         "env.eval_key='index'",
         f"model.hidden_size={args.hidden}", f"model.num_layers={args.layers}", "model.num_heads=4",
         "model.num_kv_heads=2", f"model.intermediate_size={4 * args.hidden}", f"model.init_seed={args.seed}",
@@ -127,6 +131,8 @@ def quickstart_config(url: str, args: argparse.Namespace):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kind", default="add", help="math_env task family (default: add, single digits at difficulty 1)")
+    p.add_argument("--difficulty", type=int, default=1, help="task difficulty 1-3 (default 1)")
     p.add_argument("--steps", type=int, default=60, help="GRPO steps")
     p.add_argument("--sft-steps", type=int, default=400, help="the most SFT warm-up steps")
     p.add_argument("--sft-target", type=float, default=0.5,
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model, tok = load_policy(cfg.model)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"[quickstart] tiny Qwen2 policy: {n_params / 1e3:.0f}k parameters, vocabulary {len(tok)}", flush=True)
-        demos = asyncio.run(collect_demos(url, args.sft_demos, args.seed))
+        demos = asyncio.run(collect_demos(url, args.sft_demos, args.seed, task_of(args)))
         print(f"[quickstart] SFT warm-up: at most {args.sft_steps} steps on {len(demos)} train-split demonstrations, "
               f"until greedy accuracy on train problems reaches {args.sft_target:.2f}", flush=True)
         probe = build_engine(cfg, model, tok)
@@ -196,17 +202,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-def train_accuracy(engine: Any, url: str, n: int = 64) -> float:
+def train_accuracy(engine: Any, url: str, task: dict[str, Any], n: int = 64) -> float:
     """Greedy accuracy on ``n`` train-split problems (never validation ones)."""
     from trainer.rollout import make_tasks
 
-    trajs = engine.run_sync(make_tasks([{**TASK, "split": "train", "index": i} for i in range(n)], 1, [url]),
+    trajs = engine.run_sync(make_tasks([{**task, "split": "train", "index": i} for i in range(n)], 1, [url]),
                             greedy=True)
     return sum(t.reward for t in trajs) / len(trajs)
 
 
 def _warm(engine: Any, url: str, step: int, args: argparse.Namespace) -> bool:
-    acc = train_accuracy(engine, url)
+    acc = train_accuracy(engine, url, task_of(args))
     done = acc >= args.sft_target
     if done or step % 50 == 0:
         print(f"[quickstart] SFT step {step}: greedy accuracy on train problems {acc:.2f}", flush=True)

@@ -4,6 +4,8 @@ Kinds (``kind=``) and what ``difficulty`` 1, 2, 3 means for each:
 
 ========== ==================================================================================
 add        addition/subtraction: 1 = single digits ("What is 3 + 5?"), 2 = two digits, 3 = three
+column     addition/subtraction with no carrying or borrowing ("What is 43 + 5?"): 1 = two digits and
+           one digit, 2 = two digits each, 3 = three digits each
 arithmetic order of operations: 1 = one product, 2 = sum and product, 3 = five terms with division
 fraction   1 = same denominator, 2 = different denominators, 3 = products and quotients
 power      1 = squares and square roots, 2 = small powers and cube roots, 3 = simplest radical form
@@ -72,6 +74,22 @@ def _add(rng: random.Random, d: int) -> tuple[str, str]:
 def _render_add(a: int, op: str, b: int) -> tuple[str, str]:
     if op == "-" and b > a:  # keep answers non-negative: easier for tiny models
         a, b = b, a
+    return f"What is {a} {op} {b}?", str(a + b if op == "+" else a - b)
+
+
+def _column(rng: random.Random, d: int) -> tuple[str, str]:
+    # Column arithmetic with no carrying or borrowing: each answer digit depends only on the digits
+    # above it, so a model can learn the rule from some problems and apply it to others.
+    width_b = {1: 1, 2: 2, 3: 3}[d]
+    width_a = max(2, width_b)
+    a_digits = [rng.randint(1, 9)] + [rng.randint(0, 9) for _ in range(width_a - 1)]
+    op = rng.choice("+-")
+    b_digits = []
+    for i, da in enumerate(a_digits[width_a - width_b:]):
+        lo = 1 if (i == 0 and width_b > 1) else 0
+        hi = 9 - da if op == "+" else da
+        b_digits.append(rng.randint(min(lo, hi), hi))
+    a, b = int("".join(map(str, a_digits))), int("".join(map(str, b_digits)))
     return f"What is {a} {op} {b}?", str(a + b if op == "+" else a - b)
 
 
@@ -196,7 +214,7 @@ def _word(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 FAMILIES: dict[str, Callable[[random.Random, int], tuple[str, str]]] = {
-    "add": _add, "arithmetic": _arithmetic, "fraction": _fraction, "power": _power,
+    "add": _add, "column": _column, "arithmetic": _arithmetic, "fraction": _fraction, "power": _power,
     "linear": _linear, "quadratic": _quadratic, "word": _word,
 }
 KINDS = tuple(FAMILIES)

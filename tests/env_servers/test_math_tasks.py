@@ -90,3 +90,21 @@ def test_parquet_records_are_read_when_pandas_is_available(tmp_path):
 def test_missing_file_says_where_it_looked(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         loaders.read_records(tmp_path / "nope.jsonl")
+
+
+def test_column_problems_never_carry_or_borrow_and_keep_their_split():
+    import random as _random
+
+    from env_servers.math_env.tasks import _column, split_of, task_at
+
+    rng = _random.Random(0)
+    for difficulty in (1, 2, 3):
+        for _ in range(300):
+            problem, answer = _column(rng, difficulty)
+            a, op, b = problem.removeprefix("What is ").removesuffix("?").split()
+            for da, db in zip(reversed(a), reversed(b)):
+                assert (int(da) + int(db) <= 9) if op == "+" else (int(da) >= int(db)), problem
+            assert int(answer) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+    for split in ("train", "validation"):
+        task = task_at(3, split=split, kind="column", difficulty=1)
+        assert split_of(task.problem) == split and task.kind == "column"

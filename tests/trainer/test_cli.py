@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainer.cli import main
 from trainer.config import load_config
 
@@ -46,3 +48,37 @@ def test_sft_mode_trains_and_exports(tmp_path, capsys) -> None:
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["final_loss"] > 0
     assert (tmp_path / "out" / "model" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_envhub_train_submits_itself_through_the_scheduler(tmp_path):
+    """``envhub-train --scheduler URL`` runs as a scheduler job and streams the job's output back."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    py = sys.executable
+    sched = subprocess.Popen([py, "-m", "trainer.scheduler.cli", "serve", "--port", "0", "--db",
+                              str(tmp_path / "s.db"), "--gpus", "0,1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        url = None
+        for line in sched.stdout:
+            if "serving on" in line:
+                url = line.rsplit(" ", 1)[1].strip()
+                break
+        assert url, "the scheduler did not start"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ENVHUB_SCHEDULER")}
+        run = subprocess.run([py, "-m", "trainer.cli", "--scheduler", url, "--gpus", "1", "--print-config",
+                              "algo.name=rloo"], capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0, run.stderr
+        assert "submitted to" in run.stderr
+        assert '"name": "rloo"' in run.stdout  # the job's own output, streamed back
+        jobs = subprocess.run([py, "-m", "trainer.scheduler.cli", "list", "--json", "--url", url],
+                              capture_output=True, text=True, timeout=60, env=env)
+        (job,) = json.loads(jobs.stdout)
+        assert job["state"] == "succeeded" and len(job["gpus"]) == 1
+    finally:
+        os.killpg(sched.pid, signal.SIGTERM)
+        sched.wait(timeout=30)
