@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from env_servers.code_env.sandbox import launcher
 from env_servers.code_env.sandbox.cgroups import SlotCgroup
 from env_servers.code_env.sandbox.limits import ExecResult, Limits, SandboxError, check_files
+from env_servers.code_env.sandbox.supervisor import Capture, supervise
 
 CGROUP_OVERHEAD_MB = 128
 
@@ -28,6 +31,23 @@ class Slot:
     index: int
     uid: int | None
     cgroup: SlotCgroup
+
+
+def supervise_slot_run(proc: subprocess.Popen, slot: Slot, limits: Limits) -> Capture:
+    """Supervise a run started in its own session; past a limit, SIGKILL its process group and the slot's cgroup."""
+    def kill_tree() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        slot.cgroup.kill()
+
+    try:
+        return supervise(proc, limits, kill_tree)
+    finally:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def default_slots() -> int:

@@ -15,9 +15,9 @@ import signal
 import subprocess
 
 from env_servers.code_env.sandbox import launcher, seccomp
-from env_servers.code_env.sandbox.base import Slot, SlotBackend
+from env_servers.code_env.sandbox.base import Slot, SlotBackend, supervise_slot_run
 from env_servers.code_env.sandbox.limits import ExecResult, Limits, decode_output
-from env_servers.code_env.sandbox.supervisor import Capture, supervise
+from env_servers.code_env.sandbox.supervisor import Capture
 
 # statuses bwrap reports as 128 + signal; other exit codes above 128 are left as exit codes
 _FATAL_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGABRT,
@@ -75,19 +75,7 @@ class BwrapBackend(SlotBackend):
         proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 pass_fds=pass_fds, env={"PATH": launcher.HOST_PATH}, start_new_session=True)
 
-        def kill_tree() -> None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            slot.cgroup.kill()
-
-        try:
-            cap = supervise(proc, limits, kill_tree)
-        finally:
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
+        cap = supervise_slot_run(proc, slot, limits)
         if slot.cgroup.pids():
             slot.cgroup.kill()
             slot.cgroup.wait_empty()

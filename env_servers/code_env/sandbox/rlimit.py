@@ -12,15 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 
 from env_servers.code_env.sandbox import launcher
-from env_servers.code_env.sandbox.base import Slot, SlotBackend
+from env_servers.code_env.sandbox.base import Slot, SlotBackend, supervise_slot_run
 from env_servers.code_env.sandbox.bwrap import to_result
 from env_servers.code_env.sandbox.limits import ExecResult, Limits
-from env_servers.code_env.sandbox.supervisor import supervise
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +48,7 @@ class RlimitBackend(SlotBackend):
             proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     cwd=scratch, env=env, start_new_session=True)
 
-            def kill_tree() -> None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                slot.cgroup.kill()
-
-            try:
-                cap = supervise(proc, limits, kill_tree)
-            finally:
-                for pipe in (proc.stdout, proc.stderr):
-                    if pipe is not None:
-                        pipe.close()
+            cap = supervise_slot_run(proc, slot, limits)
             self._kill_escapees(slot)
             return to_result(cap)
         finally:
