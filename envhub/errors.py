@@ -56,6 +56,12 @@ class EnvDefinitionError(EnvHubError, TypeError):
     """An env class is malformed: a reserved tool name, a tool without type hints, ..."""
 
 
+class ConfigError(EnvHubError, TypeError, ValueError):
+    """An unknown or invalid configuration key (a ``TypeError`` like an unexpected keyword argument)."""
+
+    code = ErrorCode.VALIDATION_ERROR
+
+
 class ProtocolError(EnvHubError, ValueError):
     """A frame that cannot be understood: not JSON, not an object, unknown type."""
 

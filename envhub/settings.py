@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from envhub._wire import DEFAULT_MAX_MESSAGE_BYTES
+from envhub.config import check_known
 
 ENV_PREFIX = "ENVHUB_"
 _NONE_WORDS = frozenset({"", "none", "null", "off"})
@@ -84,9 +85,7 @@ class Settings:
             raw = environ.get(ENV_PREFIX + f.name.upper())
             if raw is not None:
                 values[f.name] = _parse(f.name, str(f.type), raw)
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise TypeError(f"Unknown setting(s) {sorted(unknown)}; expected some of {[f.name for f in fields(cls)]}.")
+        check_known(cls, overrides, what="setting")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

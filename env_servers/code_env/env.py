@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from envhub import Env, Observation, StepResult, tool
+from envhub.config import from_kwargs
 from env_servers.code_env import grading
 from env_servers.code_env.sandbox import ExecResult, Limits, get_default_backend
 from env_servers.code_env.tasks import CodeTask, TaskSet, builtin_tasks, load_jsonl
@@ -63,11 +64,7 @@ class CodeEnvConfig:
 
     @classmethod
     def build(cls, config: dict[str, Any]) -> "CodeEnvConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ValueError(f"Unknown CodeEnv option(s) {unknown}; known: {', '.join(sorted(known))}.")
-        return cls(**config)
+        return from_kwargs(cls, config, what="CodeEnv")
 
 
 @functools.lru_cache(maxsize=8)

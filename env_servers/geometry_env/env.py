@@ -18,10 +18,11 @@ The first observation carries the statement and instruction (``text``), the diag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from envhub import Env, Observation, StepResult, tool
+from envhub.config import from_kwargs
 from envhub.errors import ActionValidationError
 from env_servers.geometry_env import calculator, loaders, problems
 from env_servers.geometry_env.calculator import CalculatorError
@@ -69,11 +70,7 @@ class GeometryConfig:
 
     @classmethod
     def build(cls, config: dict[str, Any]) -> "GeometryConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - names)
-        if unknown:
-            raise TypeError(f"Unknown {cls.__name__} option(s) {unknown}; expected some of {sorted(names)}.")
-        return cls(**config)
+        return from_kwargs(cls, config)
 
 
 class GeometryEnv(Env):

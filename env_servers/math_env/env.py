@@ -14,10 +14,11 @@ never builds its own prompt. The action is the whole assistant turn as free text
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from envhub import Env, Observation, StepResult
+from envhub.config import from_kwargs
 from envhub.errors import ActionValidationError
 from env_servers.math_env import loaders, tasks
 from env_servers.math_env.grading import GradeResult, grade
@@ -62,11 +63,7 @@ class MathConfig:
     @classmethod
     def build(cls, config: dict[str, Any]) -> "MathConfig":
         """The config from keyword arguments, naming the accepted keys when one is unknown."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - names)
-        if unknown:
-            raise TypeError(f"Unknown {cls.__name__} option(s) {unknown}; expected some of {sorted(names)}.")
-        return cls(**config)
+        return from_kwargs(cls, config)
 
 
 class MathEnv(Env):
