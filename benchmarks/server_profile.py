@@ -2,7 +2,8 @@
 
 Starts the server in a subprocess (so client and server each get their own interpreter),
 then runs N concurrent sessions doing reset + steps for a fixed time and prints steps/s.
-``--ceiling`` measures a bare ``websockets`` echo server instead: the transport ceiling.
+``--ceiling`` and ``--openenv`` measure the same baselines as ``ws_throughput.py`` (a bare
+``websockets`` echo server, an openenv-core echo server) under the same raw client.
 Server CPU microseconds per step (from /proc) are printed too: on a shared machine they are
 steadier than steps/s.
 
@@ -40,53 +41,9 @@ settings = Settings(port=port, max_sessions=1024, log_level="warning")
 uvicorn.Server(uvicorn_config(create_app(env_cls, settings=settings), settings, ws=ws_impl)).run()
 """
 
-# The same echo work on an openenv-core server, for a same-machine, same-minute comparison.
-OPENENV_CODE = """
-import sys, uuid, uvicorn
-from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
-class EchoAction(Action):
-    message: str
-class EchoObservation(Observation):
-    echoed_message: str = ""
-    message_length: int = 0
-class Echo(Environment):
-    SUPPORTS_CONCURRENT_SESSIONS = True
-    def __init__(self):
-        super().__init__()
-        self._state = State(episode_id=str(uuid.uuid4()), step_count=0)
-    def reset(self, seed=None, episode_id=None, **kw):
-        return EchoObservation(echoed_message="ready", reward=0.0, done=False)
-    def step(self, action, timeout_s=None, **kw):
-        self._state.step_count += 1
-        m = action.message
-        return EchoObservation(echoed_message=m, message_length=len(m), reward=len(m) * 0.1, done=False)
-    @property
-    def state(self):
-        return self._state
-app = create_app(Echo, EchoAction, EchoObservation, max_concurrent_envs=1024)
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
-"""
-
-CEILING_CODE = """
-import asyncio, sys, json, websockets
-REPLY = json.dumps({"type": "observation", "data": {"observation": {"echoed_message": "hello world",
-    "message_length": 11}, "reward": 1.1, "done": False}})
-async def handler(ws):
-    async for _ in ws:
-        await ws.send(REPLY)
-async def main():
-    async with websockets.serve(handler, "127.0.0.1", int(sys.argv[1]), compression=None):
-        await asyncio.Future()
-asyncio.run(main())
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The openenv-core echo server and the bare-websockets ceiling are ws_throughput's own (one
+# definition of the baseline for both scripts); only the envhub server here has profiling knobs.
+from ws_throughput import cpu_seconds, start_server  # noqa: E402  (sibling script)
 
 
 async def session(url: str, deadline: float, counts: list[int], idx: int) -> None:
@@ -108,14 +65,13 @@ async def drive(url: str, sessions: int, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - start)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU time of a process: a load-independent cost measure on a shared machine."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def wait_up(port: int, timeout_s: float = 15.0) -> None:
+def _wait_up(port: int, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -136,12 +92,15 @@ def main() -> None:
     parser.add_argument("--ceiling", action="store_true", help="bare websockets echo server instead of envhub")
     parser.add_argument("--openenv", action="store_true", help="an openenv-core echo server instead of envhub")
     args = parser.parse_args()
-    port = free_port()
-    code = CEILING_CODE if args.ceiling else OPENENV_CODE if args.openenv else SERVER_CODE
-    argv = [sys.executable, "-c", code, str(port), args.ws, "0" if args.no_inline else "1"]
-    server = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if args.ceiling or args.openenv:
+        server, base = start_server("ceiling" if args.ceiling else "openenv")
+        port = int(base.rsplit(":", 1)[1])
+    else:
+        port = _free_port()
+        argv = [sys.executable, "-c", SERVER_CODE, str(port), args.ws, "0" if args.no_inline else "1"]
+        server = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        wait_up(port)
+        _wait_up(port)
         label = "bare websockets echo" if args.ceiling else "openenv-core echo" if args.openenv else \
             f"envhub ws={args.ws} {'threaded' if args.no_inline else 'inline'}"
         for n in args.sessions:
