@@ -135,7 +135,9 @@ class RolloutEngine:
             self.states[key] = EpisodeState.TERMINATED
             traj.elapsed_s = time.monotonic() - start
             for session in held:
-                with contextlib.suppress(Exception):
+                # The server may already be gone: closing its session is best effort. Anything else
+                # (a bug in a custom pool) must surface, not leak sessions silently.
+                with contextlib.suppress(EnvHubError, ConnectionError, OSError, TimeoutError):
                     if traj.stop_reason is not None and not traj.infra_failed:
                         await self.pool.release(session, task.env_url)
                     else:
