@@ -72,8 +72,11 @@ class AlgoConfig:
     lam: float = 0.95
     value_coef: float = 0.5
     value_clip_eps: float = 0.2
+    negative_weight: float = 1.0  # scale of negative advantages: 1 = unbiased, 0 = better-than-baseline samples only
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.negative_weight <= 1.0:
+            raise ValueError(f"Expected algo.negative_weight in [0, 1], got {self.negative_weight}.")
         if self.name not in ALGORITHMS:
             raise ValueError(f"Expected algo.name in {ALGORITHMS}, got {self.name!r}.")
         if self.epochs < 1 or self.minibatches < 1:

@@ -14,6 +14,7 @@ from trainer.algos import (
     masked_mean,
     reinforce_pp_advantages,
     rloo_advantages,
+    weight_negatives,
 )
 
 EPS = 1e-6
@@ -119,3 +120,14 @@ def test_gae_with_lambda_one_and_zero_values_gives_discounted_returns():
     adv, _ = gae(torch.tensor([[1.0, 0.0, 2.0]]), torch.zeros(1, 3), torch.ones(1, 3), gamma=0.5, lam=1.0)
     close(adv, [[1.5, 1.0, 2.0]])
     assert not math.isnan(adv.sum().item())
+
+
+def test_weight_negatives_scales_only_negative_advantages():
+    # GRPO group [1, 0, 0, 0]: mean 0.25, std sqrt(0.75 / 3) = 0.5 -> [1.5, -0.5, -0.5, -0.5]
+    adv = grpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    close(weight_negatives(adv, 0.2), [[1.5, -0.1, -0.1, -0.1]])
+    close(weight_negatives(adv, 0.0), [[1.5, 0.0, 0.0, 0.0]])
+    assert weight_negatives(adv, 1.0) is adv  # the unbiased estimate, untouched
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="negative-advantage weight"):
+            weight_negatives(adv, bad)

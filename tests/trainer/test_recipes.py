@@ -102,3 +102,23 @@ def test_sft_masks_everything_but_assistant_turns_and_learns_them() -> None:
     first = run_sft(model, tok, [demo], steps=1, batch_size=1, lr=1e-2)
     last = run_sft(model, tok, [demo], steps=40, batch_size=1, lr=1e-2)
     assert last["sft_loss"] < first["sft_loss"] / 4 and last["token_acc"] == 1.0
+
+
+def test_negative_weight_reaches_every_algorithm_and_is_validated() -> None:
+    from trainer.recipes.rl import compute_advantages
+    from trainer.rollout.types import Task, Trajectory
+
+    def traj(reward: float, gid: int) -> Trajectory:
+        # prompt token (mask 0) then two policy tokens, one turn ending at the last token
+        return Trajectory(task=Task(reset_kwargs={}, group_id=gid), tokens=[1, 2, 3], mask=[0, 1, 1],
+                          logprobs=[0.0, -1.0, -1.0], reward=reward, turn_rewards=[reward], turn_ends=[2])
+
+    groups = [[traj(1.0, 0), traj(0.0, 0)]]
+    for name in ("grpo", "grpo_per_turn", "rloo", "reinforce_pp"):
+        full = compute_advantages(load_config(None, [f"algo.name='{name}'"]), groups)
+        none = compute_advantages(load_config(None, [f"algo.name='{name}'", "algo.negative_weight=0.0"]), groups)
+        assert full[1][1] < 0, name                       # the worse sample is pushed down by default
+        assert none[1] == [0.0, 0.0, 0.0], name           # and not at all with weight 0
+        assert none[0] == full[0] and none[0][1] > 0, name  # the better one keeps its full push
+    with pytest.raises(ValueError, match="negative_weight"):
+        load_config(None, ["algo.negative_weight=2.0"])

@@ -7,6 +7,7 @@ from trainer.algos.advantages import (
     masked_mean,
     reinforce_pp_advantages,
     rloo_advantages,
+    weight_negatives,
 )
 from trainer.algos.losses import aggregate, k3_kl, policy_loss, sft_loss, token_logprobs, value_loss
 from trainer.algos.value_head import ValueHead
@@ -25,4 +26,5 @@ __all__ = [
     "sft_loss",
     "token_logprobs",
     "value_loss",
+    "weight_negatives",
 ]

@@ -144,6 +144,25 @@ def gae(
     return advantages_BT, returns_BT
 
 
+def weight_negatives(advantages: Tensor, weight: float) -> Tensor:
+    """Advantages with the negative ones scaled by ``weight`` (any shape; ``weight=1`` returns them as they are).
+
+    ``weight=1`` is the unbiased policy gradient. Smaller weights push less on samples that did
+    worse than their baseline and keep the full push towards those that did better; ``0`` trains
+    on better-than-baseline samples only. With few, rarely-correct samples per prompt (tiny models,
+    a weak start) the negative pushes are mostly noise for the optimizer, and a small weight learns
+    several times faster; with capable models the full estimator keeps more exploration.
+
+    >>> weight_negatives(torch.tensor([1.5, -0.5, 0.0]), 0.2)
+    tensor([ 1.5000, -0.1000,  0.0000])
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"Expected a negative-advantage weight in [0, 1], got {weight}.")
+    if weight == 1.0:
+        return advantages
+    return torch.where(advantages < 0, advantages * weight, advantages)
+
+
 def _check_2d(x: Tensor, name: str) -> None:
     if x.dim() != 2:
         raise ValueError(f"Expected {name} of shape [B, G], got {tuple(x.shape)}; reshape to (groups, group_size).")

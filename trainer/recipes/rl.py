@@ -15,6 +15,8 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
    - ``reinforce_pp``: ``R`` normalised by the mean and std of the whole batch;
    - ``ppo``: GAE(``gamma``, ``lam``) from a value head on the policy's last hidden state, rewards on
      each turn's last token, advantages whitened over the batch; plus a clipped value loss.
+   Negative advantages are then scaled by ``algo.negative_weight`` (default 1, the unbiased
+   estimate; 0 learns from better-than-baseline samples only, which the CPU quick start uses).
 4. Loss: the clipped-ratio surrogate ``max(-A r, -A clip(r, 1-eps, 1+eps_high))`` with
    ``r = pi / pi_old``, ``pi_old`` the policy before this step's update (so ``r = 1`` on a single
    pass), log-probs of ``logits / temperature``; optional ``kl_coef`` * k3 KL to the frozen initial
@@ -95,14 +97,18 @@ def evaluate(engine: RolloutEngine, cfg: TrainConfig, logger: MetricsLogger | No
 
 # -- advantages --------------------------------------------------------------------------------
 def compute_advantages(cfg: TrainConfig, groups: list[list[Trajectory]]) -> list[list[float]]:
-    """Per-token advantages for every trajectory of ``groups`` (flattened in order); PPO fills them later."""
+    """Per-token advantages for every trajectory of ``groups`` (flattened in order); PPO fills them later.
+
+    Negative advantages are scaled by ``algo.negative_weight`` (1: as estimated).
+    """
     flat = [t for g in groups for t in g]
-    name = cfg.algo.name
+    name, w = cfg.algo.name, cfg.algo.negative_weight
     if name == "grpo_per_turn":
         per_turn = algos.grpo_per_turn_advantages([t.turn_rewards or [0.0] for t in flat],
                                                   [t.group_id for t in flat], gamma=cfg.algo.gamma,
                                                   normalize_std=cfg.algo.normalize_std)
-        return [token_advantages(t, a) for t, a in zip(flat, per_turn)]
+        return [token_advantages(t, algos.weight_negatives(torch.tensor(a), w).tolist())
+                for t, a in zip(flat, per_turn)]
     if name == "ppo":
         return [[0.0] * len(t.tokens) for t in flat]
     rewards_BG = torch.tensor([[t.reward for t in g] for g in groups], dtype=torch.float)
@@ -112,6 +118,7 @@ def compute_advantages(cfg: TrainConfig, groups: list[list[Trajectory]]) -> list
         adv_BG = algos.rloo_advantages(rewards_BG)
     else:
         adv_BG = algos.reinforce_pp_advantages(rewards_BG.flatten()).view_as(rewards_BG)
+    adv_BG = algos.weight_negatives(adv_BG, w)
     return [token_advantages(t, [a]) for t, a in zip(flat, adv_BG.flatten().tolist())]
 
 
@@ -128,7 +135,7 @@ def ppo_advantages(cfg: TrainConfig, model: Any, value_head: Any, batch: PackedB
     values_BS = torch.cat(values)
     adv_BS, returns_BS = algos.gae(batch.rewards_BS, values_BS, batch.mask_BS, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
     mean, std = algos.masked_mean(adv_BS, batch.mask_BS), adv_BS[batch.mask_BS.bool()].std().clamp_min(1e-6)
-    batch.advantages_BS = (adv_BS - mean) / std * batch.mask_BS
+    batch.advantages_BS = algos.weight_negatives((adv_BS - mean) / std, cfg.algo.negative_weight) * batch.mask_BS
     batch.rewards_BS = returns_BS  # the value targets travel in the rewards slot from here on
     return values_BS
 
