@@ -16,11 +16,13 @@ word       short word problems (shopping, speed, percentages, sharing); difficul
 
 ``add`` at difficulty 1 is meant for tiny models: the whole user prompt is under 80 characters.
 A problem's split is a stable hash of its statement, so no statement ever appears in two splits
-(80% train, 10% validation, 10% test); :func:`task_at` gives a deterministic task per index.
+(80% train, 10% validation, 10% test); :func:`task_at` gives a deterministic task per index
+(for ``add`` at difficulty 1-2: the split's problems in a stable order, each once per ``n`` indices).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from dataclasses import dataclass, field
@@ -243,11 +245,25 @@ def generate(rng: random.Random, *, split: str = "train", kind: str | None = Non
 
 
 def task_at(index: int, *, split: str = "train", kind: str | None = None, difficulty: int | None = None) -> MathTask:
-    """The deterministic task number ``index`` of a split (the same on every machine and run)."""
+    """The deterministic task number ``index`` of a split (the same on every machine and run).
+
+    For ``add`` at difficulty 1 or 2, whose splits are small enough to list, ``index`` walks the
+    split's full list (:func:`add_tasks`) and wraps around: indices ``0..n-1`` are each of its ``n``
+    problems exactly once, which is what an evaluation wants. Other families draw a seeded problem
+    per index (with a large space, repeats are rare).
+    """
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"Expected index to be a non-negative integer, got {index!r}.")
+    if kind == "add" and difficulty in (1, 2):
+        pool = _add_pool(split, difficulty)
+        return pool[index % len(pool)]
     return generate(random.Random(f"{split}/{kind}/{difficulty}/{index}"), split=split, kind=kind,
                     difficulty=difficulty)
+
+
+@functools.lru_cache(maxsize=None)
+def _add_pool(split: str, difficulty: int) -> tuple[MathTask, ...]:
+    return tuple(add_tasks(split, difficulty))
 
 
 def add_tasks(split: str, difficulty: int = 1) -> list[MathTask]:

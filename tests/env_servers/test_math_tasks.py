@@ -108,3 +108,11 @@ def test_column_problems_never_carry_or_borrow_and_keep_their_split():
     for split in ("train", "validation"):
         task = task_at(3, split=split, kind="column", difficulty=1)
         assert split_of(task.problem) == split and task.kind == "column"
+
+
+def test_index_walks_every_small_add_split_once_then_wraps():
+    for difficulty in (1, 2):
+        pool = add_tasks("validation", difficulty)
+        walked = [task_at(i, split="validation", kind="add", difficulty=difficulty) for i in range(len(pool))]
+        assert walked == pool  # each validation problem exactly once, in the stable order
+        assert task_at(len(pool), split="validation", kind="add", difficulty=difficulty) == pool[0]
