@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.algos.losses import AGGREGATIONS
 from trainer.model import ModelConfig
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
@@ -65,7 +66,7 @@ class AlgoConfig:
     kl_coef: float = 0.0
     normalize_std: bool = True
     filter_zero_variance: bool = True
-    aggregation: str = "token_mean"
+    aggregation: str = "token_mean"  # one of trainer.algos.losses.AGGREGATIONS
     epochs: int = 1            # optimisation passes over each batch of rollouts
     minibatches: int = 1       # optimizer steps per pass
     gamma: float = 1.0
@@ -79,6 +80,8 @@ class AlgoConfig:
             raise ValueError(f"Expected algo.negative_weight in [0, 1], got {self.negative_weight}.")
         if self.name not in ALGORITHMS:
             raise ValueError(f"Expected algo.name in {ALGORITHMS}, got {self.name!r}.")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"Expected algo.aggregation in {AGGREGATIONS}, got {self.aggregation!r}.")
         if self.epochs < 1 or self.minibatches < 1:
             raise ValueError(f"Expected algo.epochs and algo.minibatches >= 1, got {self.epochs}, {self.minibatches}.")
 

@@ -38,6 +38,17 @@ def test_bad_key_and_missing_env_are_clear_errors(capsys) -> None:
     assert "Expected algo.name in" in capsys.readouterr().err
 
 
+def test_aggregation_is_checked_when_the_config_loads(capsys) -> None:
+    from trainer.algos.losses import AGGREGATIONS
+
+    for name in AGGREGATIONS:  # every value the loss accepts loads
+        assert load_config(None, [f"algo.aggregation='{name}'"]).algo.aggregation == name
+    # a typo fails at start-up with the accepted values, not at the first loss computation
+    assert main(["algo.aggregation=token_sum", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "Expected algo.aggregation in" in err and "seq_mean_token_mean" in err
+
+
 def test_sft_mode_trains_and_exports(tmp_path, capsys) -> None:
     data = tmp_path / "demos.jsonl"
     demo = {"prompt": [{"role": "user", "content": "1+1?"}], "completion": "\\boxed{2}"}
