@@ -135,7 +135,12 @@ class SFTConfig:
     data: str = ""
     steps: int = 100
     batch_size: int = 16
-    epochs_limit: int = 0  # 0: no limit, loop over the data
+    epochs_limit: int = 0  # stop after this many passes over the data if sft.steps has not ended the run; 0: no limit
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.epochs_limit < 0:
+            raise ValueError(f"Expected sft.steps >= 0, sft.batch_size >= 1 and sft.epochs_limit >= 0 (0: no limit), "
+                             f"got {self.steps}, {self.batch_size}, {self.epochs_limit}.")
 
 
 @dataclass

@@ -59,6 +59,13 @@ def test_sft_mode_trains_and_exports(tmp_path, capsys) -> None:
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["final_loss"] > 0
     assert (tmp_path / "out" / "model" / "config.json").exists()
+    # sft.epochs_limit=1 ends the run after one pass over the 4 demonstrations: 2 steps, not 3
+    rc = main(["sft", f"sft.data='{data}'", "sft.steps=3", "sft.batch_size=2", "sft.epochs_limit=1",
+               f"run.output_dir='{tmp_path / 'one_pass'}'", "model.hidden_size=32", "model.num_layers=1",
+               "model.num_heads=2", "model.num_kv_heads=1"])
+    assert rc == 0
+    summary = json.loads((tmp_path / "one_pass" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["epochs"] == 1.0
 
 
 @pytest.mark.slow

@@ -104,6 +104,42 @@ def test_sft_masks_everything_but_assistant_turns_and_learns_them() -> None:
     assert last["sft_loss"] < first["sft_loss"] / 4 and last["token_acc"] == 1.0
 
 
+def test_sft_epochs_limit_ends_after_that_many_passes_whichever_comes_first(monkeypatch) -> None:
+    import trainer.recipes.sft as sft
+
+    tok = build_tiny_tokenizer()
+    demos = [{"prompt": "q", "completion": str(i)} for i in range(5)]
+    which = {tuple(encode_demo(tok, d)[0]): i for i, d in enumerate(demos)}
+    batches: list[list[int]] = []
+
+    def fake_step(model, optimizer, batch, **kwargs):
+        batches.append([which[tuple(ids)] for ids, _ in batch])
+        return {"sft_loss": 1.0, "token_acc": 0.0}
+
+    monkeypatch.setattr(sft, "sft_step", fake_step)
+
+    def run(steps: int, epochs_limit: int | None) -> tuple[dict[str, float], list[list[int]]]:
+        batches.clear()
+        out = run_sft(torch.nn.Linear(1, 1), tok, demos, steps=steps, batch_size=2, lr=1e-3, seed=3,
+                      epochs_limit=epochs_limit)
+        return out, list(batches)
+
+    # 2 passes over 5 demos in batches of 2: 5 steps, each demo exactly twice, the last batch short
+    out, got = run(100, 2)
+    assert out["steps"] == 5 and out["epochs"] == 2.0 and [len(b) for b in got] == [2, 2, 2, 2, 2]
+    assert sorted(i for b in got for i in b) == sorted(list(range(5)) * 2)
+    out, got = run(100, 1)
+    assert out["steps"] == 3 and out["epochs"] == 1.0 and [len(b) for b in got] == [2, 2, 1]
+    assert sorted(i for b in got for i in b) == list(range(5))
+    # steps first: the limit changes nothing, and the batches are those of an unlimited run
+    limited, got_limited = run(3, 2)
+    unlimited, got_unlimited = run(3, 0)
+    assert limited["steps"] == unlimited["steps"] == 3 and got_limited == got_unlimited
+    assert run(7, None)[0]["steps"] == 7  # None and 0: no limit, the data loops
+    with pytest.raises(ValueError, match="epochs_limit"):
+        load_config(None, ["sft.epochs_limit=-1"])
+
+
 def test_negative_weight_reaches_every_algorithm_and_is_validated() -> None:
     from trainer.recipes.rl import compute_advantages
     from trainer.rollout.types import Task, Trajectory

@@ -83,38 +83,55 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, batch: list[tuple[lis
 def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: int, batch_size: int, lr: float,
             seed: int = 0, grad_clip: float = 1.0, weight_decay: float = 0.0, logger: MetricsLogger | None = None,
             desc: str = "sft", device: torch.device | str = "cpu", stop_when: Callable[[int], bool] | None = None,
-            check_every: int = 25) -> dict[str, float]:
+            check_every: int = 25, epochs_limit: int | None = None) -> dict[str, float]:
     """Up to ``steps`` AdamW steps of ``batch_size`` demonstrations drawn in shuffled epochs.
 
-    ``stop_when(step)``, called every ``check_every`` steps, ends the run early when it returns True.
-    Returns the last step's metrics plus ``steps`` (how many ran).
+    Batches are consecutive slices of a stream of shuffled passes over ``demos`` (a batch may span
+    two passes). ``epochs_limit`` (0 or None: no limit) also ends the run after that many passes, the
+    last batch holding only what is left of the last pass; whichever of ``steps`` and ``epochs_limit``
+    comes first ends it. ``stop_when(step)``, called every ``check_every`` steps, ends the run early
+    when it returns True. Returns the last step's metrics plus ``steps`` (how many ran) and ``epochs``
+    (passes over the data, fractional).
     """
+    if epochs_limit is not None and epochs_limit < 0:
+        raise ValueError(f"Expected epochs_limit >= 0 (0 or None: no limit), got {epochs_limit}.")
+    if not demos:
+        raise ValueError("Expected at least one demonstration, got none.")
     encoded = [encode_demo(tokenizer, d) for d in demos]
+    total = steps
+    if epochs_limit:
+        total = min(steps, -(-epochs_limit * len(encoded) // batch_size))
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
     model.train()
     order: list[int] = []
+    passes = seen = done = 0
     metrics: dict[str, float] = {}
-    progress = Progress(steps, desc=desc)
-    for step in range(steps):
-        if len(order) < batch_size:
+    progress = Progress(max(total, 1), desc=desc)
+    for step in range(total):
+        if len(order) < batch_size and not (epochs_limit and passes == epochs_limit):
             fresh = list(range(len(encoded)))
             rng.shuffle(fresh)
             order += fresh
+            passes += 1
         batch, order = [encoded[i] for i in order[:batch_size]], order[batch_size:]
         metrics = sft_step(model, optimizer, batch, pad_id=tokenizer.pad_token_id, grad_clip=grad_clip,
                            device=torch.device(device))
+        seen, done = seen + len(batch), step + 1
         if logger is not None:
             logger.log(step + 1, {f"sft/{k}": v for k, v in metrics.items()})
         progress.update(1, loss=round(metrics["sft_loss"], 3), acc=round(metrics["token_acc"], 3))
         if stop_when is not None and (step + 1) % check_every == 0 and stop_when(step + 1):
             break
     progress.close()
-    return {**metrics, "steps": float(step + 1 if steps else 0)}
+    return {**metrics, "steps": float(done), "epochs": seen / len(encoded)}
 
 
 def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The ``envhub-train sft`` entry point: load the model, fine-tune on ``cfg.sft.data``, save a checkpoint."""
+    """The ``envhub-train sft`` entry point: load the model, fine-tune on ``cfg.sft.data``, save a checkpoint.
+
+    It runs ``sft.steps`` steps, or fewer when ``sft.epochs_limit`` passes over the data end first.
+    """
     start = time.monotonic()
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
@@ -129,12 +146,14 @@ def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[s
     logger = MetricsLogger(out)
     metrics = run_sft(model, tok, load_demos(cfg.sft.data), steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
                       lr=cfg.optim.lr, seed=cfg.run.seed, grad_clip=cfg.optim.grad_clip,
-                      weight_decay=cfg.optim.weight_decay, logger=logger, device=device)
+                      weight_decay=cfg.optim.weight_decay, logger=logger, device=device,
+                      epochs_limit=cfg.sft.epochs_limit)
     from trainer.checkpoint import export_hf
 
     export_hf(model, tok, out / "model")
     logger.close()
-    summary = {"steps": cfg.sft.steps, "final_loss": metrics.get("sft_loss"), "seconds": round(time.monotonic() - start, 1)}
+    summary = {"steps": int(metrics["steps"]), "epochs": round(metrics["epochs"], 3),
+               "final_loss": metrics.get("sft_loss"), "seconds": round(time.monotonic() - start, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
