@@ -8,6 +8,7 @@ Layout of a run directory::
         model.pt             # full state dict, or only the LoRA adapter for a peft model
         optimizer.pt
         scheduler.pt         # when a scheduler was given
+        value_head.pt ...    # one state dict per extra module given (``modules={"value_head": head}``)
         rng_rank0.pt ...     # python, numpy, torch CPU and CUDA generator states, one file per rank
         meta.json            # step, data_cursor, extra, world_size
 
@@ -45,12 +46,16 @@ def save_checkpoint(
     extra: dict | None = None,
     scheduler: Any = None,
     keep_last: int | None = None,
+    modules: dict[str, nn.Module] | None = None,
 ) -> Path:
     """Save everything needed to resume exactly into ``path/step_<step>``; returns that directory.
 
     ``data_cursor`` and ``extra`` must be JSON-serialisable. ``keep_last`` deletes older checkpoints.
+    ``modules`` are further trained modules outside ``model`` whose parameters ``optimizer`` updates
+    too (e.g. PPO's value head), saved as ``<name>.pt``; pass the same names to :func:`load_checkpoint`.
     """
     run_dir = Path(path)
+    modules = _check_module_names(modules)
     rank, world_size = _rank_world()
     meta = {"step": int(step), "data_cursor": data_cursor, "extra": extra or {}, "world_size": world_size}
     meta_text = _json_or_raise(meta)
@@ -58,6 +63,7 @@ def save_checkpoint(
     tmp = run_dir / f".tmp_step_{int(step):08d}"
     # gathering an FSDP model's full state is a collective: every rank takes part, rank 0 keeps it
     model_state, optim_state = _model_state(model), _optimizer_state(model, optimizer)
+    module_states = {name: _plain_state(module) for name, module in modules.items()}
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -68,6 +74,8 @@ def save_checkpoint(
         torch.save(optim_state, tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        for name, state in module_states.items():
+            torch.save(state, tmp / f"{name}.pt")
         (tmp / "meta.json").write_text(meta_text)
     _barrier()
     if rank == 0:
@@ -79,15 +87,24 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any = None
+    path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any = None,
+    modules: dict[str, nn.Module] | None = None,
 ) -> dict:
-    """Restore weights (or adapter), optimizer, scheduler and this rank's RNG states from a checkpoint.
+    """Restore weights (or adapter), optimizer, scheduler, extra ``modules`` and this rank's RNG states.
 
     ``path`` is a checkpoint directory or a run directory (its ``latest`` checkpoint is used).
+    ``modules`` names the extra modules given to :func:`save_checkpoint`; each must be in the checkpoint.
     Returns ``{"step", "data_cursor", "extra"}``.
     """
     ckpt = resolve_checkpoint(path)
     rank, _ = _rank_world()
+    modules = _check_module_names(modules)
+    missing = [name for name in modules if not (ckpt / f"{name}.pt").exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"Expected {', '.join(f'{name}.pt' for name in missing)} in {ckpt}: this checkpoint was saved without "
+            f"{missing}; resume it with the same modules it was saved with (e.g. the same algo.name)."
+        )
     _load_model_state(model, torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True))
     if optimizer is not None:
         optim_state = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
@@ -101,6 +118,8 @@ def load_checkpoint(
         if not (ckpt / "scheduler.pt").exists():
             raise FileNotFoundError(f"Expected {ckpt / 'scheduler.pt'}: this checkpoint was saved without a scheduler.")
         scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
+    for name, module in modules.items():
+        _unwrap(module).load_state_dict(torch.load(ckpt / f"{name}.pt", map_location="cpu", weights_only=True))
     rng_file = ckpt / f"rng_rank{rank}.pt"
     if not rng_file.exists():  # resuming on more ranks than were saved: fall back to rank 0's streams
         rng_file = ckpt / "rng_rank0.pt"
@@ -179,6 +198,23 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
         return get_optimizer_state_dict(model, optimizer, options=_full_state_options())
     return optimizer.state_dict()
+
+
+_RESERVED = {"model", "optimizer", "scheduler", "meta"}
+
+
+def _check_module_names(modules: dict[str, nn.Module] | None) -> dict[str, nn.Module]:
+    modules = dict(modules or {})
+    for name in modules:
+        if not name.isidentifier() or name in _RESERVED or name.startswith("rng_rank"):
+            raise ValueError(f"Expected module names that are identifiers other than {sorted(_RESERVED)} and "
+                             f"rng_rank*, got {name!r}.")
+    return modules
+
+
+def _plain_state(module: nn.Module) -> dict:
+    """A small unsharded module's state dict (DDP unwrapped), on CPU."""
+    return {k: v.detach().cpu().clone() for k, v in _unwrap(module).state_dict().items()}
 
 
 def _model_state(model: nn.Module) -> dict:

@@ -190,3 +190,68 @@ def test_export_hf_full_model_round_trips(tmp_path):
     out = export_hf(model, None, tmp_path / "hf")
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert torch.equal(_logits(reloaded, DATA[:1]), _logits(model, DATA[:1]))
+
+
+# ---------------------------------------------------------------- the RL loop: ppo's value head resumes too
+
+from envhub import Env, Observation, StepResult  # noqa: E402
+
+
+class AsciiEnv(Env):
+    """Reward: the share of ASCII characters in the answer (graded, so the value head has something to fit)."""
+
+    def reset(self, seed=None):
+        return Observation(text="Write plain text.")
+
+    def on_text(self, text: str):
+        return StepResult(reward=sum(ch.isascii() for ch in text) / max(len(text), 1), done=True)
+
+
+def _ppo_config(out, *extra: str):
+    from trainer.config import load_config
+
+    return load_config(None, [
+        f"env.env_class='{__name__}:AsciiEnv'", "env.train_task={}", "env.eval_task={}", "env.eval_key='seed'",
+        "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+        "model.intermediate_size=64", "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=6",
+        "algo.name='ppo'", "algo.filter_zero_variance=false", "run.batch_size=2", "run.group_size=2",
+        "run.eval_problems=1", "optim.lr=1e-2", "optim.warmup_steps=2",
+        # every episode of a step in one sampling batch, so the sampled tokens cannot depend on timing
+        "sampling.batch_wait_s=10.0", f"run.output_dir='{out}'", *extra])
+
+
+def test_ppo_resume_restores_the_value_head_and_continues_exactly(tmp_path):
+    from trainer.recipes.rl import train
+
+    quiet = {"log": lambda s: None}
+    train(_ppo_config(tmp_path / "straight", "run.steps=3"), **quiet)
+    train(_ppo_config(tmp_path / "resumed", "run.steps=2"), **quiet)
+    summary = train(_ppo_config(tmp_path / "resumed", "run.steps=3", "run.resume=true"), **quiet)
+    assert summary["steps"] == 1
+
+    def saved(run: str, step: int, name: str) -> dict[str, torch.Tensor]:
+        return torch.load(tmp_path / run / "checkpoints" / f"step_{step:08d}" / name, weights_only=True)
+
+    halfway = saved("resumed", 2, "value_head.pt")
+    assert any(v.abs().max() > 0 for v in halfway.values())  # trained away from its zero start: resuming matters
+    for name in ("value_head.pt", "model.pt"):
+        a, b = saved("straight", 3, name), saved("resumed", 3, name)
+        assert a.keys() == b.keys() and len(a) > 0
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"{name}:{key} differs after resume"
+
+
+def test_extra_modules_round_trip_and_a_missing_one_is_explained(tmp_path):
+    model, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.1)
+    save_checkpoint(tmp_path / "with", model=model, optimizer=optimizer, step=1, data_cursor=0,
+                    modules={"value_head": head})
+    fresh = torch.nn.Linear(2, 1)
+    load_checkpoint(tmp_path / "with", model=model, optimizer=optimizer, modules={"value_head": fresh})
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), fresh.state_dict().values()))
+    save_checkpoint(tmp_path / "without", model=model, optimizer=optimizer, step=1, data_cursor=0)
+    with pytest.raises(FileNotFoundError, match="value_head.pt"):
+        load_checkpoint(tmp_path / "without", model=model, optimizer=optimizer, modules={"value_head": fresh})
+    with pytest.raises(ValueError, match="module names"):
+        save_checkpoint(tmp_path / "bad", model=model, optimizer=optimizer, step=1, data_cursor=0,
+                        modules={"model": head})

@@ -125,6 +125,19 @@ def test_phase_barrier_refuses_phases_out_of_order_and_waits_for_every_agent() -
     assert max(r.released for r in updates) <= min(r.start for r in next_rollout)
 
 
+def test_a_ppo_agent_checkpoint_carries_its_value_head(tmp_path) -> None:
+    cfg = tiny_config(tmp_path, "agents.a.algo.name='ppo'")
+    agent = Agent("a", cfg.agents["a"], cfg, tmp_path / "a")
+    with torch.no_grad():
+        agent.value_head.proj.weight.normal_()  # as if trained: the head starts at zero
+    agent.save(1)
+    fresh = Agent("a", cfg.agents["a"], cfg, tmp_path / "a")
+    assert fresh.load() == 1
+    assert torch.equal(fresh.value_head.proj.weight, agent.value_head.proj.weight)
+    for a in (agent, fresh):
+        a.close()
+
+
 @pytest.mark.slow
 @pytest.mark.live
 def test_two_tiny_agents_train_against_each_other_over_websocket(serve_env, tmp_path) -> None:

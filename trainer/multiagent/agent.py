@@ -92,7 +92,8 @@ class Agent:
 
         return save_checkpoint(self.out_dir / "checkpoints", model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, step=step, data_cursor={"step": step},
-                               extra={"agent": self.name, "policy_version": self.version}, keep_last=keep_last)
+                               extra={"agent": self.name, "policy_version": self.version}, keep_last=keep_last,
+                               modules=self._extra_modules())
 
     def load(self) -> int | None:
         """Restore the latest checkpoint of this agent if there is one; returns its step."""
@@ -101,13 +102,17 @@ class Agent:
         if not (self.out_dir / "checkpoints" / "latest").exists():
             return None
         state = load_checkpoint(self.out_dir / "checkpoints", model=self.model, optimizer=self.optimizer,
-                                scheduler=self.scheduler)
+                                scheduler=self.scheduler, modules=self._extra_modules())
         self.version = int(state["extra"].get("policy_version", state["step"]))
         self.sampler.update_weights(self.model, self.version)
         return int(state["data_cursor"]["step"])
 
     def close(self) -> None:
         self.logger.close()
+
+    def _extra_modules(self) -> dict[str, Any]:
+        # PPO's value head is trained alongside the policy: a checkpoint carries it too
+        return {"value_head": self.value_head} if self.value_head is not None else {}
 
 
 #: how a seat's episode ended, from its env's ``end_reason``

@@ -247,7 +247,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     engine = build_engine(cfg, model, tokenizer)
     logger = MetricsLogger(out, is_main=info.is_main)
-    first_step = _maybe_resume(cfg, out, model, optimizer, scheduler, log)
+    first_step = _maybe_resume(cfg, out, model, optimizer, scheduler, log, value_head)
 
     before = evaluate(engine, cfg, logger, first_step)
     logger.log(first_step, before)
@@ -284,7 +284,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         logger.log_trajectories(step + 1, [t.to_record(tokenizer) for t in trajs[:cfg.run.log_trajectories]])
         progress.update(1, reward=round(metrics["train/reward_mean"], 3), kept=int(metrics["rollout/groups_kept"]))
         if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0:
-            _save(cfg, out, model, optimizer, scheduler, step + 1)
+            _save(cfg, out, model, optimizer, scheduler, step + 1, value_head)
         if on_step is not None:
             on_step(step + 1, metrics)
     progress.close()
@@ -293,7 +293,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     logger.log(cfg.run.steps, after)
     log(f"validation reward after: {after['eval/reward_mean']:.3f} on {after['eval/episodes']:.0f} episodes")
     if cfg.run.steps > first_step:
-        _save(cfg, out, model, optimizer, scheduler, cfg.run.steps)
+        _save(cfg, out, model, optimizer, scheduler, cfg.run.steps, value_head)
     logger.close()
     engine.close()
     summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
@@ -313,20 +313,27 @@ def _reference(model: Any) -> Any:
     return ref
 
 
-def _save(cfg: TrainConfig, out: Path, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
+def _extra_modules(value_head: Any) -> dict[str, Any]:
+    """Trained modules outside the policy that a checkpoint carries: PPO's value head."""
+    return {"value_head": value_head} if value_head is not None else {}
+
+
+def _save(cfg: TrainConfig, out: Path, model: Any, optimizer: Any, scheduler: Any, step: int,
+          value_head: Any = None) -> None:
     from trainer.checkpoint import save_checkpoint
 
     save_checkpoint(out / "checkpoints", model=model, optimizer=optimizer, scheduler=scheduler, step=step,
-                    data_cursor={"step": step}, keep_last=cfg.run.keep_last)
+                    data_cursor={"step": step}, keep_last=cfg.run.keep_last, modules=_extra_modules(value_head))
 
 
 def _maybe_resume(cfg: TrainConfig, out: Path, model: Any, optimizer: Any, scheduler: Any,
-                  log: Callable[[str], None]) -> int:
+                  log: Callable[[str], None], value_head: Any = None) -> int:
     if not cfg.run.resume or not (out / "checkpoints").exists():
         return 0
     from trainer.checkpoint import load_checkpoint
 
-    state = load_checkpoint(out / "checkpoints", model=model, optimizer=optimizer, scheduler=scheduler)
+    state = load_checkpoint(out / "checkpoints", model=model, optimizer=optimizer, scheduler=scheduler,
+                            modules=_extra_modules(value_head))
     log(f"resumed from step {state['step']}")
     return int(state["data_cursor"]["step"])
 
