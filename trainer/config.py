@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.algos.losses import AGGREGATIONS
+from trainer.distributed import STRATEGIES
 from trainer.model import ModelConfig
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
@@ -119,13 +120,15 @@ class RunConfig:
     seed: int = 0
     output_dir: str = "runs/train"
     resume: bool = False
-    strategy: str = "none"     # ddp | fsdp | none (under torchrun)
+    strategy: str = "auto"     # under torchrun: auto (DDP with > 1 rank) | ddp | fsdp | none (single process only)
     device: str = "auto"
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1 or self.group_size < 1:
             raise ValueError(f"Expected run.steps >= 0, run.batch_size >= 1, run.group_size >= 1, got "
                              f"{self.steps}, {self.batch_size}, {self.group_size}.")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"Expected run.strategy in {STRATEGIES}, got {self.strategy!r}.")
 
 
 @dataclass

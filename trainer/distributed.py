@@ -17,7 +17,9 @@ from torch import nn
 
 T = TypeVar("T")
 BACKENDS = ("auto", "gloo", "nccl")
-STRATEGIES = ("ddp", "fsdp", "none")
+#: ``run.strategy`` values: "auto" (the default) is DDP under a torchrun world of more than one rank and
+#: the plain model otherwise; "none" never synchronises and is refused with more than one rank.
+STRATEGIES = ("auto", "ddp", "fsdp", "none")
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,26 @@ def init_distributed(backend: str = "auto") -> DistInfo:
 
 
 def wrap_model(model: nn.Module, strategy: str, info: DistInfo) -> nn.Module:
-    """Wrap ``model`` for data parallelism: "ddp" (CPU or GPU), "fsdp" (CUDA only), "none".
+    """Wrap ``model`` for data parallelism: "auto", "ddp" (CPU or GPU), "fsdp" (CUDA only), "none".
 
-    On a single rank, "ddp" returns the model unchanged (there is nobody to synchronise with).
+    "auto" is "ddp" when ``info`` has more than one rank and the model unchanged otherwise. On a
+    single rank, "ddp" returns the model unchanged too (there is nobody to synchronise with).
     "fsdp" shards each decoder layer (``model._no_split_modules``, e.g. Qwen2DecoderLayer) and then
-    the root with ``fully_shard``.
+    the root with ``fully_shard``. "none" returns the model unchanged and raises ValueError with more
+    than one rank: every rank would train alone on its share of the data and the ranks would drift apart.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Expected strategy in {STRATEGIES}, got {strategy!r}.")
     if strategy == "none":
+        if info.distributed:
+            raise ValueError(
+                f"Expected run.strategy 'auto', 'ddp' or 'fsdp' with world_size={info.world_size}, got 'none': "
+                "each rank would train alone on its slice of the batch and the ranks would drift apart; "
+                "use run.strategy=auto (DDP), or launch one process without torchrun."
+            )
         return model
+    if strategy == "auto":
+        strategy = "ddp"
     if strategy == "fsdp":
         return _fsdp(model, info)
     if not info.distributed:

@@ -4,7 +4,9 @@ The multi-rank tests launch this very file with ``python -m torch.distributed.ru
 is the worker: each rank trains a tiny Qwen2 with the GRPO loss on its shard of a global batch, checks
 after every step that all ranks hold identical parameters, and rank 0 checks them against a copy of
 the model trained by one process on the full batch. Then checkpoints of a DDP and of an FSDP-sharded
-model are saved and loaded into fresh models on every rank, which must continue bit for bit.
+model are saved and loaded into fresh models on every rank, which must continue bit for bit. Launched
+with strategy "recipe", the worker runs the RL recipe itself (``train``) with ``run.strategy`` left at
+its default and checks that policy and value head stay identical on every rank.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from envhub import Env, Observation, StepResult
+from trainer.config import load_config
 from trainer.distributed import (
     DistInfo,
     all_reduce_mean,
@@ -66,6 +70,8 @@ def test_bad_strategy_and_fsdp_without_cuda_are_explained(no_torchrun_env):
     info = init_distributed("gloo")
     with pytest.raises(ValueError, match="Expected strategy in"):
         wrap_model(torch.nn.Linear(2, 2), "zero3", info)
+    with pytest.raises(ValueError, match="Expected run.strategy in"):
+        load_config(None, ["run.strategy='zero3'"])
     with pytest.raises(RuntimeError, match="strategy='ddp' on CPU"):
         wrap_model(torch.nn.Linear(2, 2), "fsdp", info)
     with pytest.raises(ValueError, match="Expected backend in"):
@@ -79,6 +85,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_default_strategy_is_auto_and_none_refuses_several_ranks(no_torchrun_env):
+    assert load_config(None, []).run.strategy == "auto"
+    model = torch.nn.Linear(2, 2)
+    one = init_distributed("gloo")
+    assert wrap_model(model, "auto", one) is model and wrap_model(model, "none", one) is model
+    # "none" with 2 ranks would let each rank train alone on its slice: refused before any collective
+    with pytest.raises(ValueError, match="drift apart"):
+        wrap_model(model, "none", DistInfo(rank=0, world_size=2))
 
 
 def _launch(tmp_path: Path, nproc: int, backend: str, strategy: str) -> list[dict]:
@@ -102,6 +118,17 @@ def test_two_gloo_ranks_stay_in_step_and_match_one_rank_on_the_full_batch(tmp_pa
     assert all(diff < 1e-5 for diff in results[0]["vs_single_rank"]), results[0]["vs_single_rank"]
     assert results[0]["moved"] > 1e-3  # the parameters really moved, far beyond the tolerance above
     _assert_resumed_exactly(results)
+
+
+@pytest.mark.slow
+def test_the_rl_recipe_with_the_default_strategy_keeps_two_gloo_ranks_in_step(tmp_path):
+    results = _launch(tmp_path, 2, "gloo", "recipe")
+    for result in results:
+        assert result["world_size"] == 2 and result["strategy"] == "auto"
+        assert result["policy_spread"] == [0.0] * RECIPE_STEPS  # bit-identical policies on every rank, every step
+        assert result["value_head_spread"] == [0.0] * RECIPE_STEPS  # and value heads
+    assert results[0]["samples_differ"]  # the ranks trained on different episodes...
+    assert results[0]["moved"] > 1e-3 and results[0]["head_moved"] > 0  # ...and really trained
 
 
 def _assert_resumed_exactly(results: list[dict]) -> None:
@@ -239,8 +266,76 @@ def _resume_round_trip(info, wrap, run_dir: Path) -> dict:
             "rng_files": sorted(p.name for p in resolve_checkpoint(run_dir).glob("rng_rank*.pt"))}
 
 
+RECIPE_STEPS = 2
+
+
+class SeededAsciiEnv(Env):
+    """Reward: the share of ASCII characters in the answer; the prompt depends on the task seed, so ranks differ."""
+
+    seeds: list[int] = []  # every seed this process's episodes were reset with
+
+    def reset(self, seed=None):
+        SeededAsciiEnv.seeds.append(seed)
+        return Observation(text=f"Write plain text about {seed}.")
+
+    def on_text(self, text: str):
+        return StepResult(reward=sum(ch.isascii() for ch in text) / max(len(text), 1), done=True)
+
+
+def _recipe_in_step(info, out_dir: str) -> dict:
+    """``train`` (PPO, KL to a reference) with run.strategy left at its default; per step, the spread across ranks."""
+    import torch.distributed as dist
+
+    from trainer import algos
+    from trainer.model import load_policy
+    from trainer.recipes.rl import train
+
+    heads = []
+
+    class RecordedValueHead(algos.ValueHead):  # lets this worker see the value head train() builds
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            heads.append(self)
+
+    algos.ValueHead = RecordedValueHead
+    cfg = load_config(None, [
+        f"env.env_class='{__name__}:SeededAsciiEnv'", "env.train_task={}", "env.eval_task={}", "env.eval_key='seed'",
+        "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+        "model.intermediate_size=64", "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=6",
+        "algo.name='ppo'", "algo.kl_coef=0.05", "algo.filter_zero_variance=false", "run.batch_size=2",
+        "run.group_size=2", "run.eval_problems=1", "optim.lr=1e-2", "sampling.batch_wait_s=10.0",
+        "run.seed=1", f"run.steps={RECIPE_STEPS}", f"run.output_dir='{Path(out_dir, 'run')}'"])
+    model, tok = load_policy(cfg.model)
+    start = _flat(model)
+    report = {"strategy": cfg.run.strategy, "policy_spread": [], "value_head_spread": []}
+
+    def spread(flat: torch.Tensor) -> float:
+        gathered = [torch.zeros_like(flat) for _ in range(info.world_size)]
+        dist.all_gather(gathered, flat)
+        return max((g - flat).abs().max().item() for g in gathered)
+
+    def on_step(step, metrics):
+        report["policy_spread"].append(spread(_flat(model)))
+        report["value_head_spread"].append(spread(_flat(heads[0])))
+
+    train(cfg, model=model, tokenizer=tok, on_step=on_step, log=lambda line: None)
+    train_seeds = {s for s in SeededAsciiEnv.seeds if s >= 1_000_003}  # validation uses seeds 0, 1, ...
+    per_rank = [None] * info.world_size
+    dist.all_gather_object(per_rank, sorted(train_seeds))
+    report["samples_differ"] = all(seeds for seeds in per_rank) and not set(per_rank[0]) & set(per_rank[1])
+    report["moved"] = (_flat(model) - start).abs().max().item()
+    report["head_moved"] = _flat(heads[0]).abs().max().item()
+    return report
+
+
 def _worker(out_dir: str, backend: str, strategy: str) -> None:
     info = init_distributed(backend)
+    if strategy == "recipe":
+        Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps({"world_size": info.world_size,
+                                                                      **_recipe_in_step(info, out_dir)}))
+        barrier()
+        cleanup()
+        return
     report = {"world_size": info.world_size, "device": str(info.device), **_train_in_step(info, strategy)}
     report["resume"] = {
         "ddp": _resume_round_trip(info, lambda m: wrap_model(m, "ddp", info), Path(out_dir, "ckpt_ddp")),

@@ -238,9 +238,13 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     device = info.device if info.distributed or cfg.run.device == "auto" else torch.device(cfg.run.device)
     if model is None:
         model, tokenizer = load_policy(cfg.model, device)
+    # run.strategy "auto": DDP under a torchrun world of more than one rank, the plain model otherwise
     model = wrap_model(model.to(device).train(), cfg.run.strategy, info)
-    value_head = algos.ValueHead(hidden_size_of(model)).to(device) if cfg.algo.name == "ppo" else None
     ref_model = _reference(model) if cfg.algo.kl_coef > 0 else None
+    value_head = None
+    if cfg.algo.name == "ppo":
+        # trained alongside the policy, so its gradients are averaged across ranks too (a no-op on one rank)
+        value_head = wrap_model(algos.ValueHead(hidden_size_of(model)).to(device), "ddp", info)
     params = trainable_parameters(model) + (list(value_head.parameters()) if value_head is not None else [])
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
     warmup = max(cfg.optim.warmup_steps, 1)
@@ -306,7 +310,9 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
 
 
 def _reference(model: Any) -> Any:
-    """A frozen copy of the initial policy for the KL term."""
+    """A frozen copy of the initial policy for the KL term (of the inner model under DDP: it is never trained)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
     ref = copy.deepcopy(model).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
