@@ -118,6 +118,22 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def world_size() -> int:
+    """The number of ranks of the live process group; 1 without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def max_over_ranks(value: int, device: torch.device | str = "cpu") -> int:
+    """The largest ``value`` of any rank (``value`` itself on a single rank); ``device`` must suit the backend."""
+    if world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def barrier() -> None:
     """Wait for every rank; a no-op on a single rank."""
     if dist.is_available() and dist.is_initialized():

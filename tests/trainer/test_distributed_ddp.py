@@ -6,7 +6,8 @@ after every step that all ranks hold identical parameters, and rank 0 checks the
 the model trained by one process on the full batch. Then checkpoints of a DDP and of an FSDP-sharded
 model are saved and loaded into fresh models on every rank, which must continue bit for bit. Launched
 with strategy "recipe", the worker runs the RL recipe itself (``train``) with ``run.strategy`` left at
-its default and checks that policy and value head stay identical on every rank.
+its default, one rank keeping a group per step and the other none, and checks that policy and value
+head stay identical on every rank.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from trainer.distributed import (
     broadcast_object,
     cleanup,
     init_distributed,
+    max_over_ranks,
     shard,
+    world_size,
     wrap_model,
 )
 
@@ -55,6 +58,7 @@ def test_single_process_fallback(no_torchrun_env):
     t = torch.tensor([1.0, 3.0])
     assert all_reduce_mean(t) is t and t.tolist() == [1.0, 3.0]
     assert broadcast_object({"seed": 3}) == {"seed": 3}
+    assert world_size() == 1 and max_over_ranks(3) == 3
     barrier()
     cleanup()
 
@@ -97,12 +101,12 @@ def test_default_strategy_is_auto_and_none_refuses_several_ranks(no_torchrun_env
         wrap_model(model, "none", DistInfo(rank=0, world_size=2))
 
 
-def _launch(tmp_path: Path, nproc: int, backend: str, strategy: str) -> list[dict]:
+def _launch(tmp_path: Path, nproc: int, backend: str, strategy: str, timeout: float = 300) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
            __file__, str(tmp_path), backend, strategy]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]
 
@@ -122,12 +126,14 @@ def test_two_gloo_ranks_stay_in_step_and_match_one_rank_on_the_full_batch(tmp_pa
 
 @pytest.mark.slow
 def test_the_rl_recipe_with_the_default_strategy_keeps_two_gloo_ranks_in_step(tmp_path):
-    results = _launch(tmp_path, 2, "gloo", "recipe")
+    results = _launch(tmp_path, 2, "gloo", "recipe", timeout=120)  # uneven work used to hang here
     for result in results:
         assert result["world_size"] == 2 and result["strategy"] == "auto"
         assert result["policy_spread"] == [0.0] * RECIPE_STEPS  # bit-identical policies on every rank, every step
         assert result["value_head_spread"] == [0.0] * RECIPE_STEPS  # and value heads
-    assert results[0]["samples_differ"]  # the ranks trained on different episodes...
+    # uneven work: rank 1's groups all have equal rewards and are filtered out, rank 0 trains on its own
+    assert results[0]["groups_kept"] == [1.0] * RECIPE_STEPS and results[1]["groups_kept"] == [0.0] * RECIPE_STEPS
+    assert results[0]["samples_differ"]  # the ranks ran different episodes...
     assert results[0]["moved"] > 1e-3 and results[0]["head_moved"] > 0  # ...and really trained
 
 
@@ -270,15 +276,20 @@ RECIPE_STEPS = 2
 
 
 class SeededAsciiEnv(Env):
-    """Reward: the share of ASCII characters in the answer; the prompt depends on the task seed, so ranks differ."""
+    """Reward: the share of ASCII characters in the answer, or 0.5 for odd-numbered tasks (whose groups are then
+    filtered out as zero-variance); the prompt depends on the task seed, so ranks differ.
+    """
 
     seeds: list[int] = []  # every seed this process's episodes were reset with
 
     def reset(self, seed=None):
         SeededAsciiEnv.seeds.append(seed)
+        self.constant = (seed - 1_000_003) % 2 == 1  # training seeds are 1_000_003 + task number (run.seed=1)
         return Observation(text=f"Write plain text about {seed}.")
 
     def on_text(self, text: str):
+        if self.constant:
+            return StepResult(reward=0.5, done=True)
         return StepResult(reward=sum(ch.isascii() for ch in text) / max(len(text), 1), done=True)
 
 
@@ -302,12 +313,12 @@ def _recipe_in_step(info, out_dir: str) -> dict:
         f"env.env_class='{__name__}:SeededAsciiEnv'", "env.train_task={}", "env.eval_task={}", "env.eval_key='seed'",
         "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
         "model.intermediate_size=64", "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=6",
-        "algo.name='ppo'", "algo.kl_coef=0.05", "algo.filter_zero_variance=false", "run.batch_size=2",
-        "run.group_size=2", "run.eval_problems=1", "optim.lr=1e-2", "sampling.batch_wait_s=10.0",
+        "algo.name='ppo'", "algo.kl_coef=0.05", "run.batch_size=2", "run.group_size=3", "run.eval_problems=1",
+        "optim.lr=1e-2", "optim.micro_batch_size=1", "sampling.batch_wait_s=10.0",
         "run.seed=1", f"run.steps={RECIPE_STEPS}", f"run.output_dir='{Path(out_dir, 'run')}'"])
     model, tok = load_policy(cfg.model)
     start = _flat(model)
-    report = {"strategy": cfg.run.strategy, "policy_spread": [], "value_head_spread": []}
+    report = {"strategy": cfg.run.strategy, "policy_spread": [], "value_head_spread": [], "groups_kept": []}
 
     def spread(flat: torch.Tensor) -> float:
         gathered = [torch.zeros_like(flat) for _ in range(info.world_size)]
@@ -315,6 +326,7 @@ def _recipe_in_step(info, out_dir: str) -> dict:
         return max((g - flat).abs().max().item() for g in gathered)
 
     def on_step(step, metrics):
+        report["groups_kept"].append(metrics["rollout/groups_kept"])
         report["policy_spread"].append(spread(_flat(model)))
         report["value_head_spread"].append(spread(_flat(heads[0])))
 

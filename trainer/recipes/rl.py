@@ -42,7 +42,7 @@ import torch
 
 from trainer import algos
 from trainer.config import TrainConfig
-from trainer.distributed import init_distributed, shard, wrap_model
+from trainer.distributed import all_reduce_mean, init_distributed, max_over_ranks, shard, world_size, wrap_model
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
@@ -134,7 +134,11 @@ def ppo_advantages(cfg: TrainConfig, model: Any, value_head: Any, batch: PackedB
             values.append(v)
     values_BS = torch.cat(values)
     adv_BS, returns_BS = algos.gae(batch.rewards_BS, values_BS, batch.mask_BS, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
-    mean, std = algos.masked_mean(adv_BS, batch.mask_BS), adv_BS[batch.mask_BS.bool()].std().clamp_min(1e-6)
+    valid_BS = batch.mask_BS.bool()
+    if int(valid_BS.sum()) > 1:
+        mean, std = algos.masked_mean(adv_BS, batch.mask_BS), adv_BS[valid_BS].std().clamp_min(1e-6)
+    else:  # nothing to whiten (a rank's padding-only batch under torchrun): no NaN from an empty std
+        mean, std = 0.0, 1.0
     batch.advantages_BS = algos.weight_negatives((adv_BS - mean) / std, cfg.algo.negative_weight) * batch.mask_BS
     batch.rewards_BS = returns_BS  # the value targets travel in the rewards slot from here on
     return values_BS
@@ -155,7 +159,13 @@ def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, bat
     for _ in range(a.epochs):
         for rows in _split(list(range(len(batch))), a.minibatches, gen):
             optimizer.zero_grad(set_to_none=True)
-            n_tokens = float(batch.mask_BS[rows].sum().clamp_min(1.0))
+            if world_size() > 1:
+                # DDP/FSDP average the ranks' gradients: dividing by the mean token count over ranks
+                # makes that average the token mean over the minibatches of all ranks together
+                mean_tokens = all_reduce_mean(batch.mask_BS[rows].sum().to(device, torch.float64))
+                n_tokens = max(float(mean_tokens), 1e-6)
+            else:
+                n_tokens = float(batch.mask_BS[rows].sum().clamp_min(1.0))
             for idx in micro_batches(len(rows), cfg.optim.micro_batch_size):
                 sel = [rows[i] for i in idx]
                 mb = _to(batch.select(sel), device)
@@ -265,10 +275,15 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         # 2. complete (and informative) groups only
         grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
         metrics = rollout_metrics(trajs, grouped)
-        if grouped.groups:
+        kept = grouped.trajectories if grouped.groups else []
+        # Under torchrun every rank must run the same forward/backward passes (DDP and FSDP communicate
+        # in them): a rank that kept fewer rows this step pads its batch with rows that train nothing.
+        rows = max_over_ranks(len(kept), device) if info.distributed else len(kept)
+        if rows:
             # 3. advantages, 4-5. clipped loss and optimizer steps
-            kept = grouped.trajectories
-            batch = pack(kept, compute_advantages(cfg, grouped.groups), tokenizer.pad_token_id)
+            batch = pack(kept, compute_advantages(cfg, grouped.groups), tokenizer.pad_token_id) if kept else None
+            if rows > len(kept):
+                batch = _pad_rows(batch, rows, tokenizer.pad_token_id)
             old_values = ppo_advantages(cfg, model, value_head, _to(batch, device)) if value_head is not None else None
             if old_values is not None:
                 batch = _to(batch, torch.device("cpu"))
@@ -276,7 +291,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
                                     old_values_BS=old_values, device=device))
             scheduler.step()
             engine.sampler.update_weights(model, step + 1)
-        elif grouped.infra_failures:
+        if not kept and grouped.infra_failures:
             log(f"step {step}: every group lost to env failures ({grouped.infra_failures} episodes); "
                 f"first error: {next(t.error for t in trajs if t.infra_failed)}")
         metrics["time/step_s"] = time.monotonic() - t0
@@ -307,6 +322,19 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
                "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _pad_rows(batch: PackedBatch | None, rows: int, pad_id: int) -> PackedBatch:
+    """``batch`` (or nothing) with rows appended up to ``rows``: two attended pad tokens, mask 0, so no loss."""
+    have = 0 if batch is None else len(batch)
+    width = 2 if batch is None else batch.tokens_BT.shape[1]
+    tokens = torch.full((rows - have, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((rows - have, width), dtype=torch.long)
+    attn[:, :2] = 1
+    pad = PackedBatch(tokens, attn, *(torch.zeros((rows - have, width - 1)) for _ in range(4)))
+    if batch is None:
+        return pad
+    return PackedBatch(*(torch.cat([getattr(batch, f), getattr(pad, f)]) for f in batch.__dataclass_fields__))
 
 
 def _reference(model: Any) -> Any:
