@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+LR_SCHEDULES = ("constant", "linear", "cosine")
 ALGORITHMS = ("grpo", "grpo_per_turn", "ppo", "rloo", "reinforce_pp")
 
 
@@ -89,12 +91,18 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warm-up, gradient accumulation over micro-batches and norm clipping."""
+    """AdamW with linear warm-up, an optional decay, gradient accumulation over micro-batches and norm clipping.
+
+    ``lr_schedule``: ``constant`` (after the warm-up), or ``linear`` / ``cosine`` decay from ``lr``
+    to ``min_lr_ratio * lr`` over the rest of the run.
+    """
 
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 16  # sequences per forward/backward; gradients accumulate over the rest
 
@@ -102,7 +110,26 @@ class OptimConfig:
         if self.lr <= 0 or self.micro_batch_size < 1:
             raise ValueError(f"Expected optim.lr > 0 and optim.micro_batch_size >= 1, got {self.lr}, "
                              f"{self.micro_batch_size}.")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"Expected optim.lr_schedule in {LR_SCHEDULES}, got {self.lr_schedule!r}.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"Expected optim.min_lr_ratio in [0, 1], got {self.min_lr_ratio}.")
         self.betas = tuple(self.betas)  # TOML gives a list
+
+    def lr_factor(self, step: int, total_steps: int) -> float:
+        """The multiplier of ``lr`` for optimizer step ``step`` (0-based) of a run of ``total_steps``.
+
+        >>> cfg = OptimConfig(warmup_steps=2, lr_schedule="linear")
+        >>> [round(cfg.lr_factor(s, 6), 2) for s in range(6)]
+        [0.5, 1.0, 0.8, 0.6, 0.4, 0.2]
+        """
+        warmup = max(self.warmup_steps, 1)
+        if step < warmup - 1 or self.lr_schedule == "constant":
+            return min(1.0, (step + 1) / warmup)
+        span = max(total_steps - warmup + 1, 1)  # the last step keeps a little learning rate
+        progress = min(max((step - warmup + 1) / span, 0.0), 1.0)
+        shape = 1.0 - progress if self.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape
 
 
 @dataclass

@@ -158,3 +158,19 @@ def test_negative_weight_reaches_every_algorithm_and_is_validated() -> None:
         assert none[0] == full[0] and none[0][1] > 0, name  # the better one keeps its full push
     with pytest.raises(ValueError, match="negative_weight"):
         load_config(None, ["algo.negative_weight=2.0"])
+
+
+def test_lr_schedules_warm_up_then_decay_to_the_floor() -> None:
+    from trainer.config import OptimConfig
+
+    linear = OptimConfig(warmup_steps=2, lr_schedule="linear", min_lr_ratio=0.5)
+    # warm-up 0.5, 1.0; then 1 - 0.5 * progress with progress 1/5 .. 4/5 over the 5 steps after the warm-up
+    assert [round(linear.lr_factor(s, 6), 3) for s in range(6)] == [0.5, 1.0, 0.9, 0.8, 0.7, 0.6]
+    cosine = OptimConfig(lr_schedule="cosine")
+    factors = [cosine.lr_factor(s, 5) for s in range(5)]  # progress 0, 1/5, ... 4/5
+    assert factors[0] == 1.0 and all(a > b for a, b in zip(factors, factors[1:])) and factors[-1] > 0
+    assert OptimConfig(warmup_steps=3).lr_factor(10, 20) == 1.0  # constant after the warm-up
+    with pytest.raises(ValueError, match="lr_schedule"):
+        OptimConfig(lr_schedule="step")
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        OptimConfig(min_lr_ratio=1.5)

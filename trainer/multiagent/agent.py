@@ -46,8 +46,8 @@ class Agent:
         self.ref_model = _frozen_copy(self.model) if cfg.algo.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                            weight_decay=cfg.optim.weight_decay)
-        warmup = max(cfg.optim.warmup_steps, 1)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: cfg.optim.lr_factor(s, shared.run.steps))
         self.sampler = HFSampler(self.model, self.tokenizer, shared.sampling)
         self.logger = MetricsLogger(self.out_dir)
         self.version = 0
