@@ -157,13 +157,16 @@ def _is_nan(value: Any) -> bool:
 class Progress:
     """A console progress bar: redraws in place on a TTY, prints a plain line every ``every_pct`` % otherwise.
 
+    A total of 0 (nothing left to do: ``run.steps=0``, or a resumed run already at its last step) is a
+    finished bar that prints nothing.
+
     >>> bar = Progress(100, desc="train")
     >>> bar.update(1, loss=0.5); bar.close()
     """
 
     def __init__(self, total: int, desc: str = "", *, file: TextIO | None = None, every_pct: float = 5.0) -> None:
-        if total <= 0:
-            raise ValueError(f"Expected a positive total, got {total}.")
+        if total < 0:
+            raise ValueError(f"Expected a total >= 0, got {total}.")
         self.total, self.desc, self.n = total, desc, 0
         self.file = file if file is not None else sys.stdout
         self.every_pct = every_pct
@@ -175,6 +178,8 @@ class Progress:
 
     def update(self, n: int = 1, **postfix: Any) -> None:
         """Advance by ``n`` and show ``postfix`` values (e.g. loss=0.3) next to the bar."""
+        if self.total == 0:  # nothing to do, nothing to show
+            return
         self.n = min(self.total, self.n + n)
         self._postfix.update(postfix)
         if self._is_tty:
@@ -192,7 +197,7 @@ class Progress:
         if self._closed:
             return
         self._closed = True
-        if self._is_tty:
+        if self._is_tty and self.total:
             self.file.write("\n")
             self.file.flush()
 

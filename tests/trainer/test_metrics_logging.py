@@ -91,5 +91,16 @@ def test_progress_on_a_tty_redraws_in_place():
         for _ in range(3):
             bar.update()
     assert out.getvalue().count("\r") == 3 and out.getvalue().endswith("\n")
-    with pytest.raises(ValueError, match="positive total"):
-        Progress(0)
+    with pytest.raises(ValueError, match="total >= 0"):
+        Progress(-1)
+
+
+def test_progress_with_nothing_to_do_prints_nothing():
+    class FakeTTY(io.StringIO):
+        def isatty(self):
+            return True
+
+    for out in (io.StringIO(), FakeTTY()):  # run.steps=0, or a resumed run already at its last step
+        with Progress(0, desc="grpo", file=out) as bar:
+            bar.update(1, reward=0.5)
+        assert out.getvalue() == ""

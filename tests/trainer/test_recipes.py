@@ -89,6 +89,33 @@ def test_infra_failures_are_excluded_not_trained_on(tmp_path) -> None:
     assert any("backend down" in m for m in messages)
 
 
+def test_zero_steps_and_a_resumed_finished_run_validate_summarise_and_return(tmp_path) -> None:
+    quiet = {"log": lambda s: None}
+    summary = train(config(tmp_path / "zero", "run.steps=0"), **quiet)
+    assert summary["steps"] == 0 and 0.0 <= summary["val_reward_after"] <= 1.0
+    assert json.loads((tmp_path / "zero" / "summary.json").read_text()) == summary
+    records = [json.loads(line) for line in (tmp_path / "zero" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 0] and all("eval/reward_mean" in r for r in records)
+    assert not (tmp_path / "zero" / "checkpoints").exists()
+
+    train(config(tmp_path / "done", "run.steps=1", "run.eval_problems=1"), **quiet)
+    for steps in (1, 0):  # resumed at run.steps, or past it
+        summary = train(config(tmp_path / "done", f"run.steps={steps}", "run.eval_problems=1", "run.resume=true"),
+                        **quiet)
+        assert summary["steps"] == 0
+        assert json.loads((tmp_path / "done" / "summary.json").read_text())["steps"] == 0
+    assert [p.name for p in (tmp_path / "done" / "checkpoints").glob("step_*")] == ["step_00000001"]
+
+
+def test_sft_with_zero_steps_returns_at_once() -> None:
+    model, tok = load_policy(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                         intermediate_size=64))
+    before = [p.detach().clone() for p in model.parameters()]
+    out = run_sft(model, tok, [{"prompt": "q", "completion": "a"}], steps=0, batch_size=1, lr=1e-2)
+    assert out == {"steps": 0.0, "epochs": 0.0}
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 def test_sft_masks_everything_but_assistant_turns_and_learns_them() -> None:
     tok = build_tiny_tokenizer()
     demo = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "2+3"},

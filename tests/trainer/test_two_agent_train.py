@@ -101,6 +101,17 @@ def test_validation_against_the_other_agent_and_against_a_random_player(pair) ->
     assert all(m["eval/episodes"] == 2 and m["eval/infra_failures"] == 0 for m in vs_random.values())
 
 
+def test_zero_steps_validate_summarise_and_return(tmp_path) -> None:
+    cfg = tiny_config(tmp_path, "env.env_class='env_servers.gomoku_env:GomokuMatchEnv'",
+                      "env.env_kwargs={board_size=5, max_invalid_moves=2}", "run.steps=0")
+    summary = train_two_agents(cfg, log=lambda line: None)
+    assert summary["steps"] == 0 and json.loads((tmp_path / "summary.json").read_text()) == summary
+    for name in ("a", "b"):
+        assert summary["agents"][name]["policy_version"] == 0 and summary["agents"][name]["eval_episodes"] == 2
+        assert [r["step"] for r in read_metrics(tmp_path / name / "metrics.jsonl")] == [0, 0]
+        assert not (tmp_path / name / "checkpoints").exists()
+
+
 def test_the_random_player_reads_the_board_and_moves_on_an_empty_cell() -> None:
     tok = build_tiny_tokenizer()
     prompt = "old board:\n   0 1\n 0 . .\n 1 . .\nnow:\n   0 1 2\n 0 X O X\n 1 O X O\n 2 X . O\nYour turn."

@@ -168,8 +168,9 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
             on_step(step + 1, updates)
 
     after = evaluate(cfg, agents, pool, run_id, "final")
+    last_step = max(cfg.run.steps, first_step)  # a resumed run may already be at (or past) run.steps
     for n, agent in agents.items():
-        agent.logger.log(cfg.run.steps, after[n])
+        agent.logger.log(last_step, after[n])
         if cfg.run.steps > first_step:
             agent.save(cfg.run.steps, cfg.run.keep_last)
         agent.close()
@@ -179,7 +180,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
                               "val_win_rate_after": after[n]["eval/win_rate"],
                               "eval_episodes": int(after[n]["eval/episodes"]),
                               "policy_version": agents[n].version} for n in names},
-               "eval_opponent": cfg.match.eval_opponent, "steps": cfg.run.steps - first_step,
+               "eval_opponent": cfg.match.eval_opponent, "steps": last_step - first_step,
                "seconds": round(time.monotonic() - start, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -265,7 +265,9 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     before = evaluate(engine, cfg, logger, first_step)
     logger.log(first_step, before)
     log(f"validation reward before: {before['eval/reward_mean']:.3f} on {before['eval/episodes']:.0f} episodes")
-    progress = Progress(cfg.run.steps - first_step, desc=cfg.algo.name)
+    # nothing left to do (run.steps=0, or a resumed run already at run.steps): validate and summarise
+    last_step = max(cfg.run.steps, first_step)
+    progress = Progress(last_step - first_step, desc=cfg.algo.name)
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
         # 1. rollouts with the current policy
@@ -307,8 +309,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
             on_step(step + 1, metrics)
     progress.close()
 
-    after = evaluate(engine, cfg, logger, cfg.run.steps)
-    logger.log(cfg.run.steps, after)
+    after = evaluate(engine, cfg, logger, last_step)
+    logger.log(last_step, after)
     log(f"validation reward after: {after['eval/reward_mean']:.3f} on {after['eval/episodes']:.0f} episodes")
     if cfg.run.steps > first_step:
         _save(cfg, out, model, optimizer, scheduler, cfg.run.steps, value_head)
@@ -317,7 +319,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
                "val_distinct_answers_before": int(before["eval/distinct_answers"]),
                "val_distinct_answers_after": int(after["eval/distinct_answers"]),
-               "eval_episodes": int(after["eval/episodes"]), "steps": cfg.run.steps - first_step,
+               "eval_episodes": int(after["eval/episodes"]), "steps": last_step - first_step,
                "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -107,7 +107,7 @@ def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: i
     order: list[int] = []
     passes = seen = done = 0
     metrics: dict[str, float] = {}
-    progress = Progress(max(total, 1), desc=desc)
+    progress = Progress(total, desc=desc)
     for step in range(total):
         if len(order) < batch_size and not (epochs_limit and passes == epochs_limit):
             fresh = list(range(len(encoded)))
