@@ -90,7 +90,8 @@ def load_checkpoint(
     path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any = None,
     modules: dict[str, nn.Module] | None = None,
 ) -> dict:
-    """Restore weights (or adapter), optimizer, scheduler, extra ``modules`` and this rank's RNG states.
+    """Restore weights (or adapter), optimizer, scheduler, extra ``modules`` and this rank's RNG states
+    (a rank the checkpoint holds none for, on resuming with more ranks, keeps its own).
 
     ``path`` is a checkpoint directory or a run directory (its ``latest`` checkpoint is used).
     ``modules`` names the extra modules given to :func:`save_checkpoint`; each must be in the checkpoint.
@@ -121,9 +122,10 @@ def load_checkpoint(
     for name, module in modules.items():
         _unwrap(module).load_state_dict(torch.load(ckpt / f"{name}.pt", map_location="cpu", weights_only=True))
     rng_file = ckpt / f"rng_rank{rank}.pt"
-    if not rng_file.exists():  # resuming on more ranks than were saved: fall back to rank 0's streams
-        rng_file = ckpt / "rng_rank0.pt"
-    _set_rng_state(torch.load(rng_file, weights_only=True))
+    # Resuming on more ranks than were saved: a new rank keeps its own streams (rank 0's would make it
+    # sample exactly what rank 0 samples).
+    if rng_file.exists() or rank == 0:
+        _set_rng_state(torch.load(rng_file, weights_only=True))
     meta = json.loads((ckpt / "meta.json").read_text())
     return {"step": meta["step"], "data_cursor": meta["data_cursor"], "extra": meta["extra"]}
 

@@ -8,6 +8,7 @@ single rank and every collective here is a no-op, so one code path serves both.
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
@@ -123,6 +124,33 @@ def world_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
+
+
+def rank() -> int:
+    """This process's rank in the live process group; 0 without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return 0
+
+
+#: ranks' sampling seeds are this far apart (see :func:`rank_seed`)
+RANK_SEED_STRIDE = 1_000_003
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The sampling seed of ``rank`` in a run seeded ``seed``: ``seed`` itself on rank 0 (and in a single
+    process), ``seed + RANK_SEED_STRIDE * rank`` elsewhere, so ranks never share a random stream.
+
+    >>> rank_seed(7, 0), rank_seed(7, 1)
+    (7, 1000010)
+    """
+    return seed + RANK_SEED_STRIDE * rank
+
+
+def seed_rngs(seed: int) -> None:
+    """Seed python's ``random`` and torch (CPU and every CUDA device) with ``seed``."""
+    random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def max_over_ranks(value: int, device: torch.device | str = "cpu") -> int:

@@ -149,6 +149,25 @@ def test_latest_pointer_atomic_layout_and_pruning(tmp_path):
     assert load_checkpoint(tmp_path / "step_00000002", model=model, optimizer=optimizer)["step"] == 2
 
 
+def test_a_rank_the_checkpoint_has_no_rng_state_for_keeps_its_own(tmp_path, monkeypatch):
+    import trainer.checkpoint as checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(1)
+    save_checkpoint(tmp_path, model=model, optimizer=optimizer, step=1, data_cursor=0)  # one rank: rng_rank0.pt
+    # resumed on two ranks: rank 1 must not take rank 0's streams (it would sample exactly what rank 0 samples)
+    monkeypatch.setattr(checkpoint, "_rank_world", lambda: (1, 2))
+    torch.manual_seed(2)
+    own = torch.get_rng_state()
+    load_checkpoint(tmp_path, model=model, optimizer=optimizer)
+    assert torch.equal(torch.get_rng_state(), own)
+    monkeypatch.setattr(checkpoint, "_rank_world", lambda: (0, 2))  # rank 0 restores its saved streams
+    load_checkpoint(tmp_path, model=model, optimizer=optimizer)
+    saved = torch.load(resolve_checkpoint(tmp_path) / "rng_rank0.pt", weights_only=True)["torch"]
+    assert torch.equal(torch.get_rng_state(), saved) and not torch.equal(saved, own)
+
+
 def test_save_rejects_unserialisable_cursor_and_load_explains_missing_dir(tmp_path):
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -7,7 +7,9 @@ the model trained by one process on the full batch. Then checkpoints of a DDP an
 model are saved and loaded into fresh models on every rank, which must continue bit for bit. Launched
 with strategy "recipe", the worker runs the RL recipe itself (``train``) with ``run.strategy`` left at
 its default, one rank keeping a group per step and the other none, and checks that policy and value
-head stay identical on every rank.
+head stay identical on every rank. With strategy "sampling" it runs ``train`` on an env whose prompt
+ignores the task seed: the ranks must start from identical weights yet sample different completions,
+and the same ones again on a rerun.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -68,6 +71,19 @@ def test_shard_gives_each_rank_a_contiguous_slice():
     assert shard(items, DistInfo(rank=1, world_size=2, is_main=False)) == [4, 5, 6, 7]
     with pytest.raises(ValueError, match="divisible by world_size=3"):
         shard(items, DistInfo(rank=0, world_size=3))
+
+
+def test_each_rank_samples_with_its_own_seed_and_a_single_process_with_run_seed():
+    from trainer.distributed import rank, rank_seed, seed_rngs
+
+    assert rank() == 0 and rank_seed(5, 0) == 5  # a single process (and rank 0) samples with run.seed itself
+    seeds = {rank_seed(seed, r) for seed in range(4) for r in range(8)}
+    assert len(seeds) == 32  # no two (run.seed, rank) pairs nearby share a stream
+    draws = []
+    for seed in (rank_seed(5, 0), rank_seed(5, 1), rank_seed(5, 0)):
+        seed_rngs(seed)
+        draws.append((torch.rand(3).tolist(), random.random()))
+    assert draws[0] == draws[2] and draws[0] != draws[1]
 
 
 def test_bad_strategy_and_fsdp_without_cuda_are_explained(no_torchrun_env):
@@ -135,6 +151,17 @@ def test_the_rl_recipe_with_the_default_strategy_keeps_two_gloo_ranks_in_step(tm
     assert results[0]["groups_kept"] == [1.0] * RECIPE_STEPS and results[1]["groups_kept"] == [0.0] * RECIPE_STEPS
     assert results[0]["samples_differ"]  # the ranks ran different episodes...
     assert results[0]["moved"] > 1e-3 and results[0]["head_moved"] > 0  # ...and really trained
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_sample_differently_from_one_prompt_with_identical_initial_weights(tmp_path):
+    results = _launch(tmp_path, 2, "gloo", "sampling", timeout=180)
+    for result in results:
+        assert result["world_size"] == 2
+        assert result["init_spread"] == [0.0, 0.0]  # train() built the same LoRA-wrapped policy on every rank
+        assert result["completions"] and result["completions"] == result["again"]  # a rerun samples the same
+    # every rank saw the same prompt, yet sampled its own completions
+    assert not set(results[0]["completions"]) & set(results[1]["completions"])
 
 
 def _assert_resumed_exactly(results: list[dict]) -> None:
@@ -340,11 +367,62 @@ def _recipe_in_step(info, out_dir: str) -> dict:
     return report
 
 
+class ConstantPromptEnv(Env):
+    """The same prompt whatever the task seed; records (seed, answer) of every episode of this process."""
+
+    answers: list[tuple[int, str]] = []
+
+    def reset(self, seed=None):
+        self.seed = seed
+        return Observation(text="Write plain text.")
+
+    def on_text(self, text: str):
+        ConstantPromptEnv.answers.append((self.seed, text))
+        return StepResult(reward=sum(ch.isascii() for ch in text) / max(len(text), 1), done=True)
+
+
+def _sampling(info, out_dir: str) -> dict:
+    """``train`` twice with the same config (a LoRA policy built by train itself) on a seed-blind env:
+    the training completions of each run, and the spread across ranks of the policy train() built,
+    taken before DDP wraps it (so before DDP's broadcast from rank 0 could hide a difference).
+    """
+    import torch.distributed as dist
+
+    import trainer.recipes.rl as rl
+
+    spreads: list[float] = []
+    wrap = rl.wrap_model
+
+    def recording_wrap(model, strategy, info_):
+        if hasattr(model, "generate"):  # the policy, not the value head
+            flat = _flat(model)
+            gathered = [torch.zeros_like(flat) for _ in range(info_.world_size)]
+            dist.all_gather(gathered, flat)
+            spreads.append(max((g - flat).abs().max().item() for g in gathered))
+        return wrap(model, strategy, info_)
+
+    rl.wrap_model = recording_wrap
+    runs = []
+    for n in range(2):
+        cfg = load_config(None, [
+            f"env.env_class='{__name__}:ConstantPromptEnv'", "env.train_task={}", "env.eval_task={}",
+            "env.eval_key='seed'", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+            "model.num_kv_heads=1", "model.intermediate_size=64", "model.lora_rank=2",
+            "rollout.max_tokens_per_turn=8", "rollout.max_total_tokens=8", "algo.filter_zero_variance=false",
+            "run.batch_size=2", "run.group_size=2", "run.eval_problems=1", "optim.lr=1e-2",
+            "sampling.batch_wait_s=10.0", "run.seed=1", "run.steps=1", f"run.output_dir='{Path(out_dir, f'run{n}')}'"])
+        ConstantPromptEnv.answers = []
+        rl.train(cfg, log=lambda line: None)
+        runs.append(sorted(text for seed, text in ConstantPromptEnv.answers if seed >= 1_000_003))  # not validation
+    return {"completions": runs[0], "again": runs[1], "init_spread": spreads}
+
+
 def _worker(out_dir: str, backend: str, strategy: str) -> None:
     info = init_distributed(backend)
-    if strategy == "recipe":
+    if strategy in ("recipe", "sampling"):
+        run = _recipe_in_step if strategy == "recipe" else _sampling
         Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps({"world_size": info.world_size,
-                                                                      **_recipe_in_step(info, out_dir)}))
+                                                                      **run(info, out_dir)}))
         barrier()
         cleanup()
         return

@@ -25,7 +25,11 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
    of ``optim.micro_batch_size`` sequences, clipped to ``optim.grad_clip``; then the sampler gets the
    new weights and the policy version goes up.
 
-Seeds: ``run.seed`` seeds torch/python RNGs (initial weights use ``model.init_seed``); task seeds are
+Seeds: ``run.seed`` seeds torch/python RNGs while the model is built (the tiny model's initial weights
+use ``model.init_seed``; a LoRA adapter draws from ``run.seed``), so every rank builds the same one.
+Then each rank reseeds them with :func:`~trainer.distributed.rank_seed` (``run.seed`` on rank 0 and in
+a single process, ``run.seed + 1_000_003 * rank`` elsewhere) for sampling: ranks given the same prompt
+sample different completions, and a rerun samples the same ones. Task seeds are
 ``run.seed * 1_000_003 + global task number``, so a resumed run sees the same tasks.
 """
 
@@ -42,7 +46,8 @@ import torch
 
 from trainer import algos
 from trainer.config import TrainConfig
-from trainer.distributed import all_reduce_mean, init_distributed, max_over_ranks, shard, world_size, wrap_model
+from trainer.distributed import (all_reduce_mean, init_distributed, max_over_ranks, rank, rank_seed, seed_rngs, shard,
+                                 world_size, wrap_model)
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
@@ -63,7 +68,8 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
     if cfg.sampling.backend == "vllm":
         from trainer.rollout.vllm_sampler import VLLMSampler
 
-        sampler = VLLMSampler(model, tok, cfg.sampling, lora=cfg.model.lora_rank > 0)
+        sampler = VLLMSampler(model, tok, cfg.sampling, lora=cfg.model.lora_rank > 0,
+                              seed=rank_seed(cfg.run.seed, rank()))  # ranks sample different completions
     else:
         sampler = HFSampler(model, tok, cfg.sampling)
     return RolloutEngine(pool, sampler, tok, cfg.rollout)
@@ -255,6 +261,10 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     if cfg.algo.name == "ppo":
         # trained alongside the policy, so its gradients are averaged across ranks too (a no-op on one rank)
         value_head = wrap_model(algos.ValueHead(hidden_size_of(model)).to(device), "ddp", info)
+    # Everything above drew from the shared run.seed stream, so every rank built the same model (DDP also
+    # broadcasts rank 0's; FSDP does not). Sampling draws from this rank's own stream from here on: ranks
+    # given the same prompt sample different completions (HFSampler samples with the global torch RNG).
+    seed_rngs(rank_seed(cfg.run.seed, info.rank))
     params = trainable_parameters(model) + (list(value_head.parameters()) if value_head is not None else [])
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cfg.optim.lr_factor(s, cfg.run.steps))

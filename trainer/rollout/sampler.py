@@ -51,6 +51,9 @@ class SamplingConfig:
 class HFSampler:
     """Batched Hugging Face ``generate``; shares the trainer's model object, so no weight copy is needed.
 
+    Sampling draws from the global torch RNG: seed it (``train`` gives every torchrun rank its own seed,
+    :func:`trainer.distributed.rank_seed`) for reproducible completions that differ across ranks.
+
     >>> sampler = HFSampler(model, tokenizer)                           # doctest: +SKIP
     >>> await sampler.generate(GenRequest(prompt_ids, max_new_tokens=16)) # doctest: +SKIP
     """
