@@ -116,6 +116,39 @@ def test_sft_with_zero_steps_returns_at_once() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_logged_loss_metrics_are_token_means_that_loss_free_padding_rows_leave_alone(tmp_path) -> None:
+    import copy
+
+    from trainer.recipes.batch import PackedBatch
+    from trainer.recipes.rl import _pad_rows, optimise
+
+    # rows of 10, 7 and 4 tokens, the first 3 of each a prompt (mask 0); sampler log-probs off the policy's
+    gen = torch.Generator().manual_seed(0)
+    lengths, T = [10, 7, 4], 10
+    tokens = torch.randint(3, 200, (3, T), generator=gen)
+    attn = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
+    mask = torch.tensor([[0.0] * 3 + [1.0] * (n - 3) + [0.0] * (T - n) for n in lengths])
+    adv = torch.randn(3, 1, generator=gen) * mask
+    batch = PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], torch.zeros(3, T - 1),
+                        -torch.rand(3, T - 1, generator=gen) * mask[:, 1:])
+    model, tok = load_policy(config(tmp_path).model)
+
+    def run(b: PackedBatch, micro_batch_size: int) -> dict[str, float]:
+        # two epochs: the second sees ratios away from 1, so clip_frac/approx_kl/ratio_mean carry information
+        cfg = config(tmp_path, "algo.epochs=2", "optim.lr=1e-1", f"optim.micro_batch_size={micro_batch_size}")
+        policy = copy.deepcopy(model)
+        return optimise(cfg, policy, torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr), b,
+                        device=torch.device("cpu"))
+
+    whole = run(batch, 16)
+    # a torchrun rank that kept 3 rows while another kept 5 pads with 2 loss-free rows; micro-batches of 1
+    padded = run(_pad_rows(batch, 5, tok.pad_token_id), 1)
+    assert whole["train/approx_kl"] > 0 and whole["train/ratio_mean"] != 1.0
+    for key in ("train/loss", "train/clip_frac", "train/approx_kl", "train/ratio_mean", "train/kl",
+                "train/logprob_mismatch"):
+        assert padded[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+
+
 def test_sft_masks_everything_but_assistant_turns_and_learns_them() -> None:
     tok = build_tiny_tokenizer()
     demo = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "2+3"},

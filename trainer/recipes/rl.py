@@ -154,12 +154,19 @@ def ppo_advantages(cfg: TrainConfig, model: Any, value_head: Any, batch: PackedB
 def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, batch: PackedBatch, *,
              ref_model: Any = None, value_head: Any = None, old_values_BS: torch.Tensor | None = None,
              device: torch.device) -> dict[str, float]:
-    """``epochs`` x ``minibatches`` clipped-surrogate AdamW steps over ``batch``; returns averaged metrics."""
+    """``epochs`` x ``minibatches`` clipped-surrogate AdamW steps over ``batch``; returns averaged metrics.
+
+    The loss metrics (loss, clip_frac, approx_kl, ratio_mean, kl, logprob_mismatch, value ones) are token
+    means over the policy tokens of all micro-batches: rows without any (a torchrun rank's loss-free
+    padding) count for nothing. grad_norm is the mean over the optimizer steps.
+    """
     a, T = cfg.algo, cfg.sampling.temperature
     single_pass = a.epochs == 1 and a.minibatches == 1
     old_lp_BS = None if single_pass else _logprobs_no_grad(cfg, model, batch, device)
     ref_lp_BS = _logprobs_no_grad(cfg, ref_model, batch, device) if ref_model is not None else None
-    metrics: dict[str, list[float]] = {}
+    sums: dict[str, float] = {}    # metric * policy tokens, summed over micro-batches
+    counts: dict[str, float] = {}  # policy tokens behind each sum
+    grad_norms: list[float] = []
     params = trainable_parameters(model) + (list(value_head.parameters()) if value_head is not None else [])
     gen = torch.Generator().manual_seed(cfg.run.seed)
     for _ in range(a.epochs):
@@ -189,17 +196,21 @@ def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, bat
                     loss = loss + a.value_coef * vloss
                     m = {**m, **vm, "value_loss": vloss.item()}
                 # token-mean over the whole minibatch, not the mean of micro-batch means
-                weight = float(mb.mask_BS.sum()) / n_tokens
-                (loss * weight).backward()
+                mb_tokens = float(mb.mask_BS.sum())
+                (loss * (mb_tokens / n_tokens)).backward()
+                if not mb_tokens:  # padding rows only: their metrics are zeros of nothing, not data
+                    continue
                 m["loss"] = loss.item()
                 m["logprob_mismatch"] = algos.masked_mean((lp_BS.detach() - mb.sampler_logprobs_BS).abs(),
                                                           mb.mask_BS).item()
                 for k, v in m.items():
-                    metrics.setdefault(k, []).append(v)
+                    sums[k] = sums.get(k, 0.0) + v * mb_tokens
+                    counts[k] = counts.get(k, 0.0) + mb_tokens
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-            metrics.setdefault("grad_norm", []).append(float(norm))
+            grad_norms.append(float(norm))
             optimizer.step()
-    return {f"train/{k}": sum(v) / len(v) for k, v in metrics.items()}
+    return {**{f"train/{k}": v / counts[k] for k, v in sums.items()},
+            "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1)}
 
 
 def _split(rows: list[int], parts: int, gen: torch.Generator) -> list[list[int]]:
