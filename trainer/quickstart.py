@@ -5,13 +5,16 @@
 1. starts the math env server as a local process (``python -m env_servers.math_env``) on a free
    loopback port, and stops it at the end, also on an error or Ctrl-C;
 2. builds a tiny Qwen2 model (random weights, the shipped byte-level tokenizer);
-3. warms it up with SFT on demonstrations from the server's *train* split (the answer format
-   ``\\boxed{N}`` and a first grip on the sums), stopping as soon as its greedy accuracy on train
-   problems reaches ``--sft-target`` (0.5; validation accuracy is then about 0.3);
-4. trains it with GRPO over WebSocket, evaluating greedy answers on held-out *validation*
-   problems (a disjoint split, graded by the same server) before and after. The validation split
-   of single-digit ``add`` holds 19 distinct problems; ``--eval-problems`` episodes draw from them
-   by index (so problems repeat; `eval/distinct_answers` in the metrics shows a constant-answer policy);
+3. warms it up with SFT on demonstrations from the server's *train* split (each of its 125
+   single-digit ``add`` problems once: the answer format ``\\boxed{N}`` and a first grip on the
+   sums), stopping as soon as its greedy accuracy on the train problems reaches ``--sft-target``
+   (0.5; validation accuracy is then about 0.3);
+4. trains it with GRPO over WebSocket (48 problems x 8 samples per step; negative advantages
+   weighted by ``--negative-weight``, 0 by default: each step learns from the samples that beat
+   their group's mean, which a tiny model from a weak start does several times faster than with
+   the full estimator; the learning rate decays linearly to 0), evaluating greedy answers on
+   held-out *validation* problems before and after: every one of the validation split's 19
+   problems once (a disjoint split: sums the model never trained on, graded by the same server);
 5. writes ``runs/quickstart/``: ``summary.json``, ``metrics.jsonl``, ``trajectories.jsonl``,
    ``reward.png`` and a checkpoint.
 
@@ -82,13 +85,18 @@ def task_of(args: argparse.Namespace) -> dict[str, Any]:
     return {"kind": args.kind, "difficulty": args.difficulty}
 
 
-async def collect_demos(url: str, n: int, seed: int, task: dict[str, Any]) -> list[dict[str, Any]]:
-    """``n`` demonstrations from the server's train split: its prompt, and the answer its grader expects."""
+async def collect_demos(url: str, n: int, seed: int, task: dict[str, Any], *, by_index: bool = False) -> list[dict[str, Any]]:
+    """``n`` demonstrations from the server's train split: its prompt, and the answer its grader expects.
+
+    ``by_index`` asks for train problems ``0..n-1`` (for a split the env lists whole, each problem
+    once); otherwise each demonstration is a problem drawn with its own seed.
+    """
     from envhub.client import EnvClient
 
     async def one(i: int) -> dict[str, Any]:
+        pick = {"index": i} if by_index else {"seed": seed * 100_003 + i}
         async with EnvClient(url) as env:
-            first = await env.reset(seed=seed * 100_003 + i, split="train", **task)
+            first = await env.reset(split="train", **pick, **task)
             graded = await env.step({"text": ""})  # an empty answer: the grader reports the expected one
         truth = graded.info["ground_truth"]
         messages = [{"role": "system", "content": first.observation.metadata["system_prompt"]},
@@ -119,13 +127,25 @@ def quickstart_config(url: str, args: argparse.Namespace):
         "rollout.max_tokens_per_turn=12", "rollout.max_total_tokens=12", "rollout.max_in_flight=256",
         "sampling.temperature=1.0",
         "algo.name='grpo'", "algo.filter_zero_variance=true", "algo.clip_eps=0.2",
+        f"algo.negative_weight={args.negative_weight}",
         f"algo.epochs={args.epochs}", f"algo.minibatches={args.minibatches}",
-        f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}", f"optim.weight_decay={args.weight_decay}",
+        f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}", "optim.lr_schedule='linear'",
+        f"optim.weight_decay={args.weight_decay}",
         "optim.micro_batch_size=256", "optim.grad_clip=1.0",
         f"run.steps={args.steps}", f"run.batch_size={args.batch}", f"run.group_size={args.group}",
-        f"run.eval_problems={args.eval_problems}", f"run.eval_every={args.eval_every}", f"run.seed={args.seed}", f"run.output_dir='{args.out}'",
+        f"run.eval_problems={args.eval_problems}", f"run.eval_every={args.eval_every}", f"run.seed={args.seed}",
+        f"run.output_dir='{args.out}'",
         "run.log_trajectories=4", "run.device='cpu'",
     ])
+
+
+def split_size(args: argparse.Namespace, split: str) -> int | None:
+    """How many problems ``split`` holds when the math env lists it whole (``add`` at difficulty 1-2), else None."""
+    if args.kind != "add" or args.difficulty not in (1, 2):
+        return None
+    from env_servers.math_env.tasks import add_tasks
+
+    return len(add_tasks(split, args.difficulty))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -133,26 +153,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kind", default="add", help="math_env task family (default: add, single digits at difficulty 1)")
     p.add_argument("--difficulty", type=int, default=1, help="task difficulty 1-3 (default 1)")
-    p.add_argument("--steps", type=int, default=60, help="GRPO steps")
-    p.add_argument("--sft-steps", type=int, default=400, help="the most SFT warm-up steps")
+    p.add_argument("--steps", type=int, default=200, help="GRPO steps")
+    p.add_argument("--sft-steps", type=int, default=600, help="the most SFT warm-up steps")
     p.add_argument("--sft-target", type=float, default=0.5,
                    help="stop the SFT warm-up once greedy accuracy on train problems reaches this")
-    p.add_argument("--sft-demos", type=int, default=512)
-    p.add_argument("--batch", type=int, default=32, help="tasks per GRPO step")
-    p.add_argument("--group", type=int, default=16, help="samples per task")
-    p.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate")
+    p.add_argument("--sft-demos", type=int, default=512,
+                   help="demonstrations drawn for the warm-up when the train split is not listed whole "
+                        "(add at difficulty 1-2 uses every train problem once)")
+    p.add_argument("--batch", type=int, default=48, help="tasks per GRPO step")
+    p.add_argument("--group", type=int, default=8, help="samples per task")
+    p.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
     p.add_argument("--sft-lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=10, help="GRPO learning-rate warm-up steps")
+    p.add_argument("--warmup", type=int, default=5, help="GRPO learning-rate warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--epochs", type=int, default=1, help="optimisation passes over each batch of rollouts")
     p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--eval-problems", type=int, default=64)
+    p.add_argument("--negative-weight", type=float, default=0.0,
+                   help="scale of negative GRPO advantages (default 0: learn from better-than-average samples; 1: unbiased)")
+    p.add_argument("--eval-problems", type=int, default=None,
+                   help="validation episodes (default: every validation problem once for add at difficulty 1-2, else 64)")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N GRPO steps (0: before and after only)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for a tiny model)")
     p.add_argument("--out", default="runs/quickstart")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.eval_problems is None:
+        args.eval_problems = split_size(args, "validation") or 64
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -178,7 +206,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model, tok = load_policy(cfg.model)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"[quickstart] tiny Qwen2 policy: {n_params / 1e3:.0f}k parameters, vocabulary {len(tok)}", flush=True)
-        demos = asyncio.run(collect_demos(url, args.sft_demos, args.seed, task_of(args)))
+        n_train = split_size(args, "train")
+        demos = asyncio.run(collect_demos(url, n_train or args.sft_demos, args.seed, task_of(args),
+                                          by_index=n_train is not None))
         print(f"[quickstart] SFT warm-up: at most {args.sft_steps} steps on {len(demos)} train-split demonstrations, "
               f"until greedy accuracy on train problems reaches {args.sft_target:.2f}", flush=True)
         probe = build_engine(cfg, model, tok)
@@ -202,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-def train_accuracy(engine: Any, url: str, task: dict[str, Any], n: int = 64) -> float:
+def train_accuracy(engine: Any, url: str, task: dict[str, Any], n: int) -> float:
     """Greedy accuracy on ``n`` train-split problems (never validation ones)."""
     from trainer.rollout import make_tasks
 
@@ -212,7 +242,7 @@ def train_accuracy(engine: Any, url: str, task: dict[str, Any], n: int = 64) -> 
 
 
 def _warm(engine: Any, url: str, step: int, args: argparse.Namespace) -> bool:
-    acc = train_accuracy(engine, url, task_of(args))
+    acc = train_accuracy(engine, url, task_of(args), split_size(args, "train") or 64)
     done = acc >= args.sft_target
     if done or step % 50 == 0:
         print(f"[quickstart] SFT step {step}: greedy accuracy on train problems {acc:.2f}", flush=True)
