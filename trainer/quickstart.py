@@ -162,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(add at difficulty 1-2 uses every train problem once)")
     p.add_argument("--batch", type=int, default=48, help="tasks per GRPO step")
     p.add_argument("--group", type=int, default=8, help="samples per task")
-    p.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
+    p.add_argument("--lr", type=float, default=2e-3, help="GRPO learning rate (decays linearly to 0)")
     p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=5, help="GRPO learning-rate warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.1)
