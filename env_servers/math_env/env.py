@@ -77,7 +77,12 @@ class MathEnv(Env):
     :mod:`env_servers.math_env.tasks`, whose ``add_tasks(split, difficulty)`` lists a whole split).
     With ``data_files``/``hf_dataset`` configured, ``kind``/``difficulty`` filter the records'
     ``type``/``level`` instead.
+
+    The observation's metadata carries ``split_size`` when the split is a fixed list (``add`` at
+    difficulty 1-2, or a configured dataset): ``index`` 0..split_size-1 then visits each problem once.
     """
+
+    split_size: int | None = None
 
     env_name = "math"
     config_class: type[MathConfig] = MathConfig
@@ -99,12 +104,14 @@ class MathEnv(Env):
 
     def _pick(self, split: str, kind: str | None, difficulty: int | None, index: int | None,
               problem: str | None, answer: str | None) -> MathTask:
+        self.split_size = None
         if problem is not None or answer is not None:
             if not (isinstance(problem, str) and problem.strip() and isinstance(answer, str) and answer.strip()):
                 raise ValueError("Expected both 'problem' and 'answer' as non-empty strings for a custom task.")
             digest = hashlib.sha256(f"{problem}\n{answer}".encode()).hexdigest()[:10]
             return MathTask(f"custom-{digest}", problem, answer, kind or "custom", difficulty, split)
         if kind in tasks.KINDS or not self._has_dataset():
+            self.split_size = tasks.listed_size(split, kind, difficulty)
             if index is not None:
                 return tasks.task_at(index, split=split, kind=kind, difficulty=difficulty)
             return tasks.generate(self.rng, split=split, kind=kind, difficulty=difficulty)
@@ -125,6 +132,7 @@ class MathEnv(Env):
                      and (difficulty is None or t.difficulty == difficulty))
         if not pool:
             raise ValueError(f"No {split} task has kind={kind!r} and difficulty={difficulty!r}.")
+        self.split_size = len(pool)
         if index is not None:
             if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(pool):
                 raise ValueError(f"Expected index in [0, {len(pool)}) for this split, got {index!r}.")
@@ -138,8 +146,11 @@ class MathEnv(Env):
 
     def task_metadata(self) -> dict[str, Any]:
         task = self.task
-        return {"system_prompt": self.config.system_prompt, "task_id": task.task_id, "split": task.split,
+        meta = {"system_prompt": self.config.system_prompt, "task_id": task.task_id, "split": task.split,
                 "kind": task.kind, "difficulty": task.difficulty}
+        if self.split_size is not None:  # the split is a fixed list: index 0..split_size-1 walks it once
+            meta["split_size"] = self.split_size
+        return meta
 
     # -- acting ------------------------------------------------------------------------------
     def on_text(self, text: str) -> StepResult:

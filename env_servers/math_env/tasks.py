@@ -261,6 +261,13 @@ def task_at(index: int, *, split: str = "train", kind: str | None = None, diffic
                     difficulty=difficulty)
 
 
+def listed_size(split: str, kind: str | None, difficulty: int | None) -> int | None:
+    """How many problems ``split`` holds when :func:`task_at` walks it whole (``add`` at difficulty 1-2), else None."""
+    if kind == "add" and difficulty in (1, 2):
+        return len(_add_pool(split, difficulty))
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _add_pool(split: str, difficulty: int) -> tuple[MathTask, ...]:
     return tuple(add_tasks(split, difficulty))
@@ -283,5 +290,5 @@ def _all_add(lo: int, hi: int) -> Iterator[tuple[str, str]]:
                 yield _render_add(a, op, b)
 
 
-__all__ = ["MathTask", "generate", "task_at", "add_tasks", "split_of", "FAMILIES", "KINDS", "SPLITS",
+__all__ = ["MathTask", "generate", "task_at", "listed_size", "add_tasks", "split_of", "FAMILIES", "KINDS", "SPLITS",
            "DIFFICULTIES"]

@@ -127,3 +127,14 @@ async def test_datasets_cache_source_never_downloads_and_explains_itself():
         expected = "not in the local datasets cache"
     with pytest.raises(ActionValidationError, match=expected):
         await EnvRunner(MathEnv(hf_dataset="envhub-test/definitely-not-cached")).reset(split="test")
+
+
+async def test_metadata_tells_the_size_of_a_listed_split_and_index_walks_it():
+    runner = EnvRunner(MathEnv())
+    first = await runner.reset(split="validation", kind="add", difficulty=1, index=0)
+    n = first.observation.metadata["split_size"]
+    texts = {(await EnvRunner(MathEnv()).reset(split="validation", kind="add", difficulty=1, index=i)).observation.text
+             for i in range(n)}
+    assert len(texts) == n  # every problem of the split once
+    drawn = await EnvRunner(MathEnv()).reset(split="validation", kind="fraction", seed=3)
+    assert "split_size" not in drawn.observation.metadata  # a generated family has no fixed list
