@@ -139,13 +139,13 @@ def quickstart_config(url: str, args: argparse.Namespace):
     ])
 
 
-def split_size(args: argparse.Namespace, split: str) -> int | None:
-    """How many problems ``split`` holds when the math env lists it whole (``add`` at difficulty 1-2), else None."""
-    if args.kind != "add" or args.difficulty not in (1, 2):
-        return None
-    from env_servers.math_env.tasks import add_tasks
+async def listed_size(url: str, split: str, task: dict[str, Any]) -> int | None:
+    """How many problems ``split`` holds when the env lists it whole (its ``split_size`` metadata), else None."""
+    from envhub.client import EnvClient
 
-    return len(add_tasks(split, args.difficulty))
+    async with EnvClient(url) as env:
+        first = await env.reset(split=split, index=0, **task)
+    return first.observation.metadata.get("split_size")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -177,10 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N GRPO steps (0: before and after only)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for a tiny model)")
     p.add_argument("--out", default="runs/quickstart")
-    args = p.parse_args(argv)
-    if args.eval_problems is None:
-        args.eval_problems = split_size(args, "validation") or 64
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -202,13 +199,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     port = free_port()
     print(f"[quickstart] starting the math env server on port {port} (log: {out / 'math_server.log'})", flush=True)
     with math_server(port, out / "math_server.log") as url:
+        args.train_size = asyncio.run(listed_size(url, "train", task_of(args)))
+        if args.eval_problems is None:
+            args.eval_problems = asyncio.run(listed_size(url, "validation", task_of(args))) or 64
         cfg = quickstart_config(url, args)
         model, tok = load_policy(cfg.model)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"[quickstart] tiny Qwen2 policy: {n_params / 1e3:.0f}k parameters, vocabulary {len(tok)}", flush=True)
-        n_train = split_size(args, "train")
-        demos = asyncio.run(collect_demos(url, n_train or args.sft_demos, args.seed, task_of(args),
-                                          by_index=n_train is not None))
+        demos = asyncio.run(collect_demos(url, args.train_size or args.sft_demos, args.seed, task_of(args),
+                                          by_index=args.train_size is not None))
         print(f"[quickstart] SFT warm-up: at most {args.sft_steps} steps on {len(demos)} train-split demonstrations, "
               f"until greedy accuracy on train problems reaches {args.sft_target:.2f}", flush=True)
         probe = build_engine(cfg, model, tok)
@@ -242,7 +241,7 @@ def train_accuracy(engine: Any, url: str, task: dict[str, Any], n: int) -> float
 
 
 def _warm(engine: Any, url: str, step: int, args: argparse.Namespace) -> bool:
-    acc = train_accuracy(engine, url, task_of(args), split_size(args, "train") or 64)
+    acc = train_accuracy(engine, url, task_of(args), args.train_size or 64)
     done = acc >= args.sft_target
     if done or step % 50 == 0:
         print(f"[quickstart] SFT step {step}: greedy accuracy on train problems {acc:.2f}", flush=True)
