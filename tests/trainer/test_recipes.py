@@ -234,3 +234,32 @@ def test_lr_schedules_warm_up_then_decay_to_the_floor() -> None:
         OptimConfig(lr_schedule="step")
     with pytest.raises(ValueError, match="min_lr_ratio"):
         OptimConfig(min_lr_ratio=1.5)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_micro_batches_give_the_gradient_of_the_whole_batch_for_every_aggregation(tmp_path, aggregation) -> None:
+    import copy
+
+    from trainer.recipes.batch import PackedBatch
+    from trainer.recipes.rl import optimise
+
+    # rows of 10, 7 and 4 tokens (the first 3 a prompt): micro-batches of one row each must add up
+    # to the loss of the whole batch, whether it averages over tokens or over sequences
+    gen = torch.Generator().manual_seed(1)
+    lengths, T = [10, 7, 4], 10
+    tokens = torch.randint(3, 200, (3, T), generator=gen)
+    attn = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
+    mask = torch.tensor([[0.0] * 3 + [1.0] * (n - 3) + [0.0] * (T - n) for n in lengths])
+    adv = torch.randn(3, 1, generator=gen) * mask
+    batch = PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], torch.zeros(3, T - 1), torch.zeros(3, T - 1))
+    model, _ = load_policy(config(tmp_path).model)
+
+    def grads(micro_batch_size: int) -> torch.Tensor:
+        cfg = config(tmp_path, f"algo.aggregation='{aggregation}'", f"optim.micro_batch_size={micro_batch_size}")
+        policy = copy.deepcopy(model)
+        optimise(cfg, policy, torch.optim.SGD(policy.parameters(), lr=0.0), batch, device=torch.device("cpu"))
+        return torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
+
+    whole, split = grads(16), grads(1)
+    assert whole.abs().sum() > 0
+    assert torch.allclose(split, whole, rtol=1e-4, atol=1e-7)

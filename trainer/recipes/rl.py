@@ -172,13 +172,15 @@ def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, bat
     for _ in range(a.epochs):
         for rows in _split(list(range(len(batch))), a.minibatches, gen):
             optimizer.zero_grad(set_to_none=True)
+            # The loss is a mean over units (policy tokens, or sequences for the seq_mean_* aggregations):
+            # each micro-batch's mean is weighted by its share of the minibatch's units.
             if world_size() > 1:
-                # DDP/FSDP average the ranks' gradients: dividing by the mean token count over ranks
-                # makes that average the token mean over the minibatches of all ranks together
-                mean_tokens = all_reduce_mean(batch.mask_BS[rows].sum().to(device, torch.float64))
-                n_tokens = max(float(mean_tokens), 1e-6)
+                # DDP/FSDP average the ranks' gradients: dividing by the mean unit count over ranks
+                # makes that average the mean over the minibatches of all ranks together
+                mean_units = all_reduce_mean(_units(batch.mask_BS[rows], a.aggregation).to(device, torch.float64))
+                n_units = max(float(mean_units), 1e-6)
             else:
-                n_tokens = float(batch.mask_BS[rows].sum().clamp_min(1.0))
+                n_units = max(float(_units(batch.mask_BS[rows], a.aggregation)), 1.0)
             for idx in micro_batches(len(rows), cfg.optim.micro_batch_size):
                 sel = [rows[i] for i in idx]
                 mb = _to(batch.select(sel), device)
@@ -195,9 +197,9 @@ def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, bat
                                                  mb.rewards_BS, mb.mask_BS, clip_eps=a.value_clip_eps)
                     loss = loss + a.value_coef * vloss
                     m = {**m, **vm, "value_loss": vloss.item()}
-                # token-mean over the whole minibatch, not the mean of micro-batch means
+                # the mean over the whole minibatch, not the mean of micro-batch means
                 mb_tokens = float(mb.mask_BS.sum())
-                (loss * (mb_tokens / n_tokens)).backward()
+                (loss * (float(_units(mb.mask_BS, a.aggregation)) / n_units)).backward()
                 if not mb_tokens:  # padding rows only: their metrics are zeros of nothing, not data
                     continue
                 m["loss"] = loss.item()
@@ -211,6 +213,13 @@ def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, bat
             optimizer.step()
     return {**{f"train/{k}": v / counts[k] for k, v in sums.items()},
             "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1)}
+
+
+def _units(mask_BS: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """What the loss averages over: policy tokens (``token_mean``), else sequences with a policy token."""
+    if aggregation == "token_mean":
+        return mask_BS.sum()
+    return (mask_BS.sum(dim=1) > 0).sum().to(mask_BS.dtype)
 
 
 def _split(rows: list[int], parts: int, gen: torch.Generator) -> list[list[int]]:
