@@ -85,7 +85,8 @@ def task_of(args: argparse.Namespace) -> dict[str, Any]:
     return {"kind": args.kind, "difficulty": args.difficulty}
 
 
-async def collect_demos(url: str, n: int, seed: int, task: dict[str, Any], *, by_index: bool = False) -> list[dict[str, Any]]:
+async def collect_demos(url: str, n: int, seed: int, task: dict[str, Any], *,
+                        by_index: bool = False) -> list[dict[str, Any]]:
     """``n`` demonstrations from the server's train split: its prompt, and the answer its grader expects.
 
     ``by_index`` asks for train problems ``0..n-1`` (for a split the env lists whole, each problem
@@ -171,9 +172,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--negative-weight", type=float, default=0.0,
-                   help="scale of negative GRPO advantages (default 0: learn from better-than-average samples; 1: unbiased)")
+                   help="scale of negative GRPO advantages "
+                        "(default 0: learn from better-than-average samples; 1: unbiased)")
     p.add_argument("--eval-problems", type=int, default=None,
-                   help="validation episodes (default: every validation problem once for add at difficulty 1-2, else 64)")
+                   help="validation episodes (default: every validation problem once when the server "
+                        "lists the split whole, as for add at difficulty 1-2; else 64)")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N GRPO steps (0: before and after only)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for a tiny model)")
     p.add_argument("--out", default="runs/quickstart")
