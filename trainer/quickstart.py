@@ -177,7 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-problems", type=int, default=None,
                    help="validation episodes (default: every validation problem once when the server "
                         "lists the split whole, as for add at difficulty 1-2; else 64)")
-    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N GRPO steps (0: before and after only)")
+    p.add_argument("--eval-every", type=int, default=25,
+                   help="also evaluate every N GRPO steps (0: before and after only)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for a tiny model)")
     p.add_argument("--out", default="runs/quickstart")
     return p.parse_args(argv)
