@@ -221,12 +221,16 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
-    """The config from a TOML file (or the defaults) with ``a.b=c`` overrides applied."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+def read_toml(path: str | Path | None) -> dict[str, Any]:
+    """The tables of a TOML config file; ``{}`` for ``None`` (the defaults)."""
+    if path is None:
+        return {}
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """``data`` with each ``a.b=c`` override set in place (missing sections are created); returns ``data``."""
     for item in overrides or []:
         keys, value = parse_override(item)
         node = data
@@ -235,7 +239,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             if not isinstance(node, dict):
                 raise ValueError(f"Cannot set {item!r}: {k!r} is not a section.")
         node[keys[-1]] = value
-    return from_dict(TrainConfig, data)
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """The config from a TOML file (or the defaults) with ``a.b=c`` overrides applied."""
+    return from_dict(TrainConfig, apply_overrides(read_toml(path), overrides))
 
 
 __all__ = ["TrainConfig", "EnvConfig", "AlgoConfig", "OptimConfig", "RunConfig", "SFTConfig", "ModelConfig",

@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.config import AlgoConfig, EnvConfig, OptimConfig, RunConfig, from_dict, parse_override
+from trainer.config import (AlgoConfig, EnvConfig, OptimConfig, RunConfig, apply_overrides, from_dict,
+                            read_toml)
 from trainer.model import ModelConfig
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 #: the seat name a scripted opponent takes in validation (not allowed as an agent name)
 RANDOM_OPPONENT = "random"
@@ -112,20 +107,10 @@ class TwoAgentConfig:
 
 def load_two_agent_config(path: str | Path | None, overrides: list[str] | None = None) -> TwoAgentConfig:
     """The config from a TOML file (or the defaults) with ``a.b=c`` overrides (``agents.NAME.optim.lr=...``)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+    data = read_toml(path)
     if "agents" not in data:  # overrides refine the default pair
         data["agents"] = {name: {"model": {"init_seed": a.model.init_seed}} for name, a in _default_agents().items()}
-    for item in overrides or []:
-        keys, value = parse_override(item)
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"Cannot set {item!r}: {k!r} is not a section.")
-        node[keys[-1]] = value
+    apply_overrides(data, overrides)
     env = data.get("env")
     if isinstance(env, dict):  # match envs take no split: default to no task arguments
         env.setdefault("train_task", {})
