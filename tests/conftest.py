@@ -1,10 +1,15 @@
-"""Shared fixtures: a factory that serves an env class on a loopback port for the duration of a test."""
+"""Shared fixtures: factories that serve an env on a loopback port for the duration of a test, in-process
+(``serve_env``) or as a subprocess (``serve_process``)."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -41,6 +46,72 @@ def serve_env() -> Iterator[Callable[..., Any]]:
         server.stop()
 
 
+@dataclass
+class ServerProcess:
+    """A server that ``serve_process`` started: the process, its port, and the file its output goes to."""
+
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+
+@pytest.fixture
+def serve_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
+    """``serve_process(argv, cwd=None, env=None, timeout_s=60)`` -> a ``ServerProcess`` that answers ``/health``.
+
+    Runs ``argv --port <free port>`` (``python -m env_servers.X ...``, ``envhub serve ...``) with stdout and
+    stderr in a log file, and fails with the log's tail if the process exits or ``/health`` is not 200 within
+    ``timeout_s``. Every process started here is terminated (killed if it lingers) when the test ends.
+    """
+    import httpx
+
+    started: list[ServerProcess] = []
+
+    def start(argv: Sequence[str], *, cwd: Any = None, env: dict[str, str] | None = None,
+              timeout_s: float = 60.0) -> ServerProcess:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = tmp_path_factory.mktemp("server") / "output.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([*argv, "--port", str(port)], cwd=cwd, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT)
+        server = ServerProcess(proc, port, log)
+        started.append(server)
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            try:
+                if httpx.get(server.url + "/health", timeout=1).status_code == 200:
+                    return server
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"{' '.join(argv)} did not answer /health within {timeout_s} s; its output:\n"
+                            f"{server.log_tail()}")
+            time.sleep(0.2)
+        pytest.fail(f"{' '.join(argv)} exited with code {proc.returncode}; its output:\n{server.log_tail()}")
+
+    yield start
+    for server in started:
+        server.proc.terminate()
+        try:
+            server.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -51,7 +122,6 @@ def _cuda_available() -> bool:
 
 def _docker_engine_available() -> bool:
     import shutil
-    import subprocess
 
     if shutil.which("docker") is None:
         return False

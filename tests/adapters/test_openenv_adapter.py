@@ -133,29 +133,9 @@ def test_from_openenv_needs_an_action_class_it_can_find() -> None:
     assert from_openenv(lambda: EchoEnvironment(), EchoAction, name="Echo").env_name == "Echo"
 
 
-def test_envhub_serve_runs_a_wrapped_openenv_env() -> None:
-    import socket
-    import subprocess
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "envhub", "serve", "openenv_echo_env:EchoAsEnvhub", "--port",
-                             str(port), "--log-level", "warning"], cwd=Path(__file__).resolve().parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "envhub serve did not become healthy"
-                time.sleep(0.2)
-        with EnvClient(f"http://127.0.0.1:{port}").sync() as env:
-            env.reset(greeting="cli")
-            assert env.step({"message": "bye"}).done
-    finally:
-        proc.terminate()
-        proc.wait(30)
+def test_envhub_serve_runs_a_wrapped_openenv_env(serve_process) -> None:
+    server = serve_process([sys.executable, "-m", "envhub", "serve", "openenv_echo_env:EchoAsEnvhub",
+                            "--log-level", "warning"], cwd=Path(__file__).resolve().parent, timeout_s=90)
+    with EnvClient(server.url).sync() as env:
+        env.reset(greeting="cli")
+        assert env.step({"message": "bye"}).done

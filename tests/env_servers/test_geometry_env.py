@@ -149,39 +149,19 @@ def test_geometry_agent_example_runs(capsys):
 
 
 @pytest.mark.live
-def test_python_dash_m_serves_single_mode(tmp_path):
-    import socket
-    import subprocess
+def test_python_dash_m_serves_single_mode(tmp_path, serve_process):
     import sys
-    import time
 
-    from envhub.errors import EnvConnectionError
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "env_servers.geometry_env", "--port", str(port), "--mode", "single",
-                             "--max-sessions", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = serve_process([sys.executable, "-m", "env_servers.geometry_env", "--mode", "single",
+                            "--max-sessions", "4"])
 
     async def play():
-        async with EnvClient(f"http://127.0.0.1:{port}") as env:
+        async with EnvClient(server.url) as env:
             first = await env.reset(**TRIANGLE)
             assert "<think>" in first.observation.text
             return (await env.step({"text": r"<think>cosine rule</think>\boxed{7}"})).reward
 
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert asyncio.run(play()) == pytest.approx(1.0)
-                break
-            except (OSError, EnvConnectionError):
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.3)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    assert asyncio.run(play()) == pytest.approx(1.0)
 
 
 async def test_geometry3k_data_is_served_with_its_own_image_and_rounded_answers(tmp_path):

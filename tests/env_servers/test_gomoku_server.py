@@ -10,7 +10,6 @@ from io import BytesIO
 import pytest
 
 from envhub.client import EnvClient
-from envhub.errors import EnvConnectionError
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
 from env_servers.gomoku_env import GomokuEnv, GomokuMatchEnv
@@ -136,33 +135,16 @@ def test_openenv_wrapper_and_envtool_play_a_game(gomoku_server):
 
 
 @pytest.mark.slow
-def test_python_dash_m_serves_on_the_given_port():
-    import socket
+def test_python_dash_m_serves_on_the_given_port(serve_process):
+    server = serve_process([sys.executable, "-m", "env_servers.gomoku_env", "--host", "127.0.0.1",
+                            "--board-size", "7", "--max-sessions", "4"])
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "env_servers.gomoku_env", "--host", "127.0.0.1", "--port", str(port),
-                             "--board-size", "7", "--max-sessions", "4"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        async def play():
-            async with EnvClient(f"http://127.0.0.1:{port}") as env:
-                first = await env.reset(seed=0)
-                return first.observation.metadata["board_size"]
+    async def play():
+        async with EnvClient(server.url) as env:
+            first = await env.reset(seed=0)
+            return first.observation.metadata["board_size"]
 
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert asyncio.run(play()) == 7
-                break
-            except (OSError, EnvConnectionError) as exc:  # not listening yet
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise AssertionError(f"server did not come up: {exc}") from exc
-                time.sleep(0.3)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    assert asyncio.run(play()) == 7
 
 
 @pytest.mark.slow

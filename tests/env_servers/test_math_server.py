@@ -1,7 +1,6 @@
 """The math envs served for real: many concurrent WebSocket sessions, the envhub and OpenEnv clients, the CLI."""
 
 import asyncio
-import subprocess
 import sys
 import time
 
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from envhub.client import EnvClient
-from envhub.errors import ActionValidationError, EnvConnectionError
+from envhub.errors import ActionValidationError
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
 from env_servers.math_env import MathEnv, MathToolEnv
@@ -84,32 +83,15 @@ def test_tool_env_over_the_wire_lists_tools_and_runs_code():
     [sys.executable, "-m", "env_servers.math_env", "--format-reward", "0.5"],
     [sys.executable, "-m", "envhub.cli", "serve", "env_servers.math_env:MathEnv", "--set", "format_reward=0.5"],
 ], ids=["python-m", "envhub-serve"])
-def test_both_launch_commands_serve_on_the_given_port(command):
-    import socket
+def test_both_launch_commands_serve_on_the_given_port(command, serve_process):
+    server = serve_process([*command, "--host", "127.0.0.1", "--max-sessions", "4"])
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port), "--max-sessions", "4"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        async def play():
-            async with EnvClient(f"http://127.0.0.1:{port}") as env:
-                await env.reset(problem="1+1?", answer="2")
-                return (await env.step({"text": r"\boxed{2}"})).reward
+    async def play():
+        async with EnvClient(server.url) as env:
+            await env.reset(problem="1+1?", answer="2")
+            return (await env.step({"text": r"\boxed{2}"})).reward
 
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert asyncio.run(play()) == 1.5
-                break
-            except (OSError, EnvConnectionError) as exc:  # not listening yet
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise AssertionError(f"server did not come up: {exc}") from exc
-                time.sleep(0.3)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    assert asyncio.run(play()) == 1.5
 
 
 def test_math_agent_example_runs(capsys):

@@ -6,8 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -42,24 +40,6 @@ ENV_MODULE = textwrap.dedent('''
         def close(self):
             Path(self.marker).write_text("closed")
 ''')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "server exited"
-        try:
-            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise AssertionError("server did not become healthy")
 
 
 def test_settings_from_env_with_overrides_and_validation():
@@ -102,45 +82,38 @@ def test_check_command_reports_results(capsys):
 
 
 @pytest.mark.slow
-def test_serve_then_sigterm_finishes_the_in_flight_step_and_closes_envs(tmp_path: Path):
+def test_serve_then_sigterm_finishes_the_in_flight_step_and_closes_envs(tmp_path: Path, serve_process):
     (tmp_path / "slow_env.py").write_text(ENV_MODULE)
-    port = free_port()
     marker = tmp_path / "closed.txt"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "envhub", "serve", "slow_env:SlowEnv", "--port", str(port),
+    server = serve_process(
+        [sys.executable, "-m", "envhub", "serve", "slow_env:SlowEnv",
          "--set", f"marker={json.dumps(str(marker))}", "--set", "delay=1.0", "--max-sessions", "4"],
-        cwd=tmp_path, stderr=subprocess.PIPE, env={**os.environ, "ENVHUB_LOG_LEVEL": "warning"})
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc)
-        assert httpx.get(f"http://127.0.0.1:{port}/metadata").json()["envhub"]["max_sessions"] == 4
+        cwd=tmp_path, env={**os.environ, "ENVHUB_LOG_LEVEL": "warning"}, timeout_s=20)
+    proc = server.proc
+    assert httpx.get(f"{server.url}/metadata").json()["envhub"]["max_sessions"] == 4
 
-        async def session() -> tuple[dict, int, float, float]:
-            url = f"ws://127.0.0.1:{port}/ws"
-            async with websockets.connect(url) as ws, websockets.connect(url) as idle:
-                for conn in (ws, idle):
-                    await conn.send(json.dumps({"type": "reset"}))
-                    await conn.recv()
-                await ws.send(json.dumps({"type": "step", "data": {"text": "zz"}}))
-                await asyncio.sleep(0.2)
-                proc.send_signal(signal.SIGTERM)
-                signalled = time.monotonic()
-                with pytest.raises(ConnectionClosed):
-                    await asyncio.wait_for(idle.recv(), 10)
-                idle_closed_after = time.monotonic() - signalled
-                reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
-                reply_after = time.monotonic() - signalled
-                with pytest.raises(ConnectionClosed) as info:
-                    await asyncio.wait_for(ws.recv(), 10)
-                return reply, info.value.rcvd.code, idle_closed_after, reply_after
+    async def session() -> tuple[dict, int, float, float]:
+        async with websockets.connect(server.ws_url) as ws, websockets.connect(server.ws_url) as idle:
+            for conn in (ws, idle):
+                await conn.send(json.dumps({"type": "reset"}))
+                await conn.recv()
+            await ws.send(json.dumps({"type": "step", "data": {"text": "zz"}}))
+            await asyncio.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(idle.recv(), 10)
+            idle_closed_after = time.monotonic() - signalled
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            reply_after = time.monotonic() - signalled
+            with pytest.raises(ConnectionClosed) as info:
+                await asyncio.wait_for(ws.recv(), 10)
+            return reply, info.value.rcvd.code, idle_closed_after, reply_after
 
-        reply, code, idle_closed_after, reply_after = asyncio.run(session())
-        assert reply["data"]["observation"]["text"] == "slept zz"  # the in-flight step finished
-        assert code == 1001
-        assert idle_closed_after < reply_after  # idle sessions did not wait for the busy one
-        # uvicorn re-raises the captured SIGTERM once shutdown completed, so -SIGTERM is a clean exit too
-        assert proc.wait(15) in (0, -signal.SIGTERM)
-        assert marker.read_text() == "closed"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    reply, code, idle_closed_after, reply_after = asyncio.run(session())
+    assert reply["data"]["observation"]["text"] == "slept zz"  # the in-flight step finished
+    assert code == 1001
+    assert idle_closed_after < reply_after  # idle sessions did not wait for the busy one
+    # uvicorn re-raises the captured SIGTERM once shutdown completed, so -SIGTERM is a clean exit too
+    assert proc.wait(15) in (0, -signal.SIGTERM)
+    assert marker.read_text() == "closed"

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,37 +16,16 @@ sys.path.insert(0, str(ROOT))
 pytestmark = pytest.mark.live
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_envhub_serve_runs_the_one_file_env() -> None:
+def test_envhub_serve_runs_the_one_file_env(serve_process) -> None:
     from envhub import EnvTool, OpenEnv
 
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "envhub", "serve", "examples.guess_env:GuessEnv", "--port",
-                             str(port), "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "envhub serve did not become healthy"
-                time.sleep(0.2)
-        with OpenEnv(f"ws://127.0.0.1:{port}") as env:
-            env.reset(seed=1, low=1, high=4)
-            (guess,) = EnvTool.from_env(env)
-            replies = [guess(number=n) for n in (1, 2, 3, 4) if not guess.done]
-        assert replies[-1] == "Correct!" and guess.episode_reward == 1.0
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    server = serve_process([sys.executable, "-m", "envhub", "serve", "examples.guess_env:GuessEnv",
+                            "--log-level", "warning"], cwd=ROOT)
+    with OpenEnv(f"ws://127.0.0.1:{server.port}") as env:
+        env.reset(seed=1, low=1, high=4)
+        (guess,) = EnvTool.from_env(env)
+        replies = [guess(number=n) for n in (1, 2, 3, 4) if not guess.done]
+    assert replies[-1] == "Correct!" and guess.episode_reward == 1.0
 
 
 def test_openai_agent_example_solves_every_episode() -> None:
