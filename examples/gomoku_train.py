@@ -3,12 +3,13 @@
     python examples/gomoku_train.py [--steps 40] [--seed 0]
 
 Starts the gomoku env server (``python -m env_servers.gomoku_env``, 5x5 board, random opponent) on a
-free loopback port, warms the tiny model up with a few SFT steps on ``<move>r,c</move>`` replies to
-real opening boards (random cells, many of them occupied: it learns the format, not the rules),
+free loopback port, warms the tiny model up with 150 SFT steps on ``<move>r,c</move>`` replies to
+real opening boards (random cells, many of them occupied: it learns the format, not the rules; with
+much fewer steps its replies end after ``<move>``),
 then trains it with per-turn GRPO over several moves per game. Every invalid move costs -1 and
 the game goes on, so the rate of penalised turns is the invalid-move rate; it is printed before
 and after and plotted to ``runs/gomoku/invalid_rate.png``. Slower than the quick start (longer
-multi-turn sequences): a few minutes on 2 CPU cores.
+multi-turn sequences): about 10 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ async def demos(url: str, n: int, rng: random.Random) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--sft-steps", type=int, default=30)
+    p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/gomoku")
     args = p.parse_args()

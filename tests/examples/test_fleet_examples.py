@@ -58,3 +58,16 @@ def test_trl_grpo_example_trains_a_step(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     logs = trl_grpo.main(["--steps", "1", "--max-completion-length", "8", "--output-dir", str(tmp_path)])
     assert len(logs) == 1 and logs[0]["step"] == 1 and isinstance(logs[0]["reward"], float)
+
+
+@pytest.mark.slow
+def test_gomoku_example_warms_up_to_legal_replies_and_trains(tmp_path) -> None:
+    # Shortened: the default warm-up, two per-turn GRPO steps. After the warm-up the policy must
+    # already write parseable moves often enough that some turns are not penalised.
+    out = tmp_path / "gomoku"
+    proc = subprocess.run([sys.executable, "examples/gomoku_train.py", "--steps", "2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and (out / "invalid_rate.png").exists()
+    assert summary["invalid_rate_first_steps"] < 1.0, "the warm-up did not teach the <move>r,c</move> format"
