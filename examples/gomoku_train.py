@@ -18,14 +18,13 @@ import argparse
 import asyncio
 import json
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.quickstart import _wait_healthy, free_port  # noqa: E402
+from trainer.quickstart import env_server  # noqa: E402
 
 SYSTEM = "Reply with one move as <move>row,col</move> on an empty cell ('.')."
 
@@ -65,13 +64,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "env_servers.gomoku_env", "--host", "127.0.0.1", "--port", str(port),
-                               "--board-size", "5", "--opponent", "random", "--opening-max-stones", "6",
-                               "--empty-board-prob", "0"], stdout=open(out / "server.log", "w"), stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, server, out / "server.log")
+    server_args = ["--board-size", "5", "--opponent", "random", "--opening-max-stones", "6", "--empty-board-prob", "0"]
+    with env_server("env_servers.gomoku_env", server_args, out / "server.log") as url:
         cfg = load_config(None, [
             f"env.url='{url}'", "env.train_task={}", "env.eval_task={}", "env.eval_key='seed'",
             "model.hidden_size=64", "model.num_layers=2", f"model.init_seed={args.seed}",
@@ -86,9 +80,6 @@ def main() -> None:
         run_sft(model, tok, data, steps=args.sft_steps, batch_size=16, lr=3e-3, seed=args.seed)
         start = time.monotonic()
         summary = train(cfg, model=model, tokenizer=tok, log=lambda m: None if m.startswith("config") else print(m))
-    finally:
-        server.terminate()
-        server.wait(10)
     rates = [json.loads(line)["train/penalised_turn_frac"] for line in (out / "metrics.jsonl").read_text().splitlines()
              if "train/penalised_turn_frac" in line]
     k = max(len(rates) // 5, 1)

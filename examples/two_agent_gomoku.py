@@ -19,48 +19,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from trainer.quickstart import env_server
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "examples" / "configs" / "gomoku_two_agent.toml"
 
 
-@contextmanager
-def match_server(log_path: Path, board_size: int) -> Iterator[str]:
+def match_server(log_path: Path, board_size: int) -> AbstractContextManager[str]:
     """``python -m env_servers.gomoku_env --two-agent`` on a free port until the block ends."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "env_servers.gomoku_env", "--two-agent", "--host", "127.0.0.1",
-            "--port", str(port), "--board-size", str(board_size), "--max-invalid-moves", "3"]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"The gomoku match server did not start; see {log_path}.")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                        break
-                except OSError:
-                    time.sleep(0.2)
-            yield f"ws://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    return env_server("env_servers.gomoku_env", ["--two-agent", "--board-size", str(board_size),
+                                                 "--max-invalid-moves", "3"], log_path, cwd=ROOT)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -46,13 +45,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def math_server(port: int, log_path: Path) -> Iterator[str]:
-    """Run ``python -m env_servers.math_env`` on ``port`` until the block ends (whatever ends it)."""
+def env_server(module: str, args: list[str], log_path: Path, *, port: int | None = None,
+               cwd: str | Path | None = None) -> Iterator[str]:
+    """Run ``python -m <module> --host 127.0.0.1 --port <port> <args>`` until the block ends (whatever ends it).
+
+    Yields the server's ``http://`` URL once ``/health`` answers; output goes to ``log_path``.
+    """
+    port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "env_servers.math_env", "--host", "127.0.0.1", "--port", str(port),
-            "--system-prompt", SYSTEM_PROMPT, "--instruction", ""]
+    argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_healthy(url, proc, log_path)
@@ -66,18 +69,24 @@ def math_server(port: int, log_path: Path) -> Iterator[str]:
                 proc.wait()
 
 
+def math_server(port: int, log_path: Path) -> AbstractContextManager[str]:
+    """The math env server (the quick start's system prompt, no extra instruction) on ``port``."""
+    return env_server("env_servers.math_env", ["--system-prompt", SYSTEM_PROMPT, "--instruction", ""], log_path,
+                      port=port)
+
+
 def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"The math server exited with code {proc.returncode}; see {log_path}.")
+            raise RuntimeError(f"The env server exited with code {proc.returncode}; see {log_path}.")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
                 if resp.status == 200:
                     return
         except OSError:
             time.sleep(0.2)
-    raise RuntimeError(f"The math server did not become healthy within {timeout_s:.0f} s; see {log_path}.")
+    raise RuntimeError(f"The env server did not become healthy within {timeout_s:.0f} s; see {log_path}.")
 
 
 def task_of(args: argparse.Namespace) -> dict[str, Any]:
