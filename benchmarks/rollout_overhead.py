@@ -20,13 +20,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from env_servers.math_env.env import MathEnv  # noqa: E402
-from trainer.model import ModelConfig, load_policy  # noqa: E402
-from trainer.quickstart import SYSTEM_PROMPT, TASK, free_port, math_server  # noqa: E402
-from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, make_tasks  # noqa: E402
-from trainer.rollout.types import GenRequest, GenResult  # noqa: E402
+from env_servers.math_env.env import MathEnv
+from trainer.model import ModelConfig, load_policy
+from trainer.quickstart import SYSTEM_PROMPT, TASK, free_port, math_server
+from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, make_tasks
+from trainer.rollout.types import GenRequest, GenResult
 
 
 class InProcessMath(MathEnv):

@@ -29,7 +29,7 @@ SANDBOX_PYTHON = "/usr/bin/python3"
 def percentiles(samples_s: list[float]) -> tuple[float, float]:
     ordered = sorted(samples_s)
     p50 = statistics.median(ordered)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return p50 * 1000, p99 * 1000
 
 

@@ -10,8 +10,9 @@ import json
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Coroutine, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
@@ -46,7 +47,7 @@ class Watchdog:
     cancelled and :meth:`stop` reports it, so the caller raises ``TimeoutError`` instead.
     """
 
-    __slots__ = ("_task", "_due", "_handle", "_fired", "_baseline")
+    __slots__ = ("_baseline", "_due", "_fired", "_handle", "_task")
 
     def __init__(self) -> None:
         self._task: asyncio.Task | None = None
@@ -122,7 +123,7 @@ def closed_error(exc: Any, *, during: str) -> Any:
 class BackgroundLoop:
     """One daemon thread running an asyncio loop, shared by every sync client of the process."""
 
-    _shared: "BackgroundLoop | None" = None
+    _shared: BackgroundLoop | None = None
     _guard = threading.Lock()
 
     def __init__(self) -> None:
@@ -131,7 +132,7 @@ class BackgroundLoop:
         self._thread.start()
 
     @classmethod
-    def shared(cls) -> "BackgroundLoop":
+    def shared(cls) -> BackgroundLoop:
         with cls._guard:
             if cls._shared is None or not cls._shared._thread.is_alive():
                 cls._shared = cls()

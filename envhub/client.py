@@ -16,18 +16,37 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import msgpack
-from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from envhub import _wire
-from envhub._client_io import (BackgroundLoop, Watchdog, cached_metadata, close_code, closed_error, deadline,
-                               forget_metadata)
-from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvHubError, ErrorCode,
-                           ProtocolError, ServerError, SessionLostError, StepTimeoutError,
-                           error_for_code)
+from envhub._client_io import (
+    BackgroundLoop,
+    Watchdog,
+    cached_metadata,
+    close_code,
+    closed_error,
+    deadline,
+    forget_metadata,
+)
+from envhub.errors import (
+    ActionValidationError,
+    AuthError,
+    CapacityError,
+    EnvConnectionError,
+    EnvHubError,
+    ErrorCode,
+    ProtocolError,
+    ServerError,
+    SessionLostError,
+    StepTimeoutError,
+    error_for_code,
+)
 from envhub.types import StepResult, ToolSpec
 
 MiB = 1024 * 1024
@@ -82,7 +101,7 @@ class EnvClient:
     def connected(self) -> bool:
         return self._ws is not None
 
-    async def connect(self) -> "EnvClient":
+    async def connect(self) -> EnvClient:
         """Open the session now (normally it opens on the first call)."""
         async with self._lock:
             if self._ws is None:
@@ -146,13 +165,13 @@ class EnvClient:
         except Exception:
             pass
 
-    async def __aenter__(self) -> "EnvClient":
+    async def __aenter__(self) -> EnvClient:
         return await self.connect()
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    def sync(self) -> "SyncEnvClient":
+    def sync(self) -> SyncEnvClient:
         """A blocking client with the same API, driving this one on a background event loop."""
         return SyncEnvClient(self)
 
@@ -377,7 +396,7 @@ class SyncEnvClient:
         self.client = client
         self._loop = BackgroundLoop.shared()
 
-    def connect(self) -> "SyncEnvClient":
+    def connect(self) -> SyncEnvClient:
         self._loop.run(self.client.connect())
         return self
 
@@ -396,7 +415,7 @@ class SyncEnvClient:
     def close(self) -> None:
         self._loop.run(self.client.close())
 
-    def __enter__(self) -> "SyncEnvClient":
+    def __enter__(self) -> SyncEnvClient:
         return self.connect()
 
     def __exit__(self, *exc: Any) -> None:

@@ -36,13 +36,20 @@ import inspect
 import json
 import random
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from envhub.errors import (ActionValidationError, EnvDefinitionError, EnvExecutionError, EnvHubError,
-                           EpisodeStateError, ErrorCode)
+from envhub.errors import (
+    ActionValidationError,
+    EnvDefinitionError,
+    EnvExecutionError,
+    EnvHubError,
+    EpisodeStateError,
+    ErrorCode,
+)
 from envhub.tools import RESERVED_NAMES, RewardInfo, ToolInfo, collect_rewards, collect_tools, validate_arguments
 from envhub.types import Action, Observation, StepResult, ToolSpec
 

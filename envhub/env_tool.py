@@ -20,7 +20,8 @@ import inspect
 import json
 import threading
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from envhub.errors import ActionValidationError, EnvHubError
 from envhub.parsers import decode_arguments
@@ -87,7 +88,7 @@ class EnvTool:
         self._session = _session_of(env)
 
     @classmethod
-    def from_env(cls, env: Any) -> list["EnvTool"]:
+    def from_env(cls, env: Any) -> list[EnvTool]:
         """One tool per entry of ``env.tools()`` (all sharing the env), or one generic ``env_action`` tool.
 
         For an async env, call ``await EnvTool.afrom_env(env)`` instead.
@@ -95,13 +96,13 @@ class EnvTool:
         return cls._build(env, env.tools() if hasattr(env, "tools") else [])
 
     @classmethod
-    async def afrom_env(cls, env: Any) -> list["EnvTool"]:
+    async def afrom_env(cls, env: Any) -> list[EnvTool]:
         """:meth:`from_env` for an async env (its ``tools()`` is a coroutine)."""
         specs = env.tools() if hasattr(env, "tools") else []
         return cls._build(env, await specs if inspect.isawaitable(specs) else specs)
 
     @classmethod
-    def _build(cls, env: Any, specs: Iterable[Any]) -> list["EnvTool"]:
+    def _build(cls, env: Any, specs: Iterable[Any]) -> list[EnvTool]:
         tools = []
         for spec in specs or []:
             spec = spec if isinstance(spec, ToolSpec) else ToolSpec.from_openai(spec)

@@ -22,12 +22,27 @@ the transport shell thin and every rule of the wire contract unit-testable::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
-from envhub._wire import (ALL_EXTENSIONS, DEFAULT_MAX_MESSAGE_BYTES, EXT_MSGPACK, EXT_REQUEST_ID, EXT_RESUME,
-                          EXT_STEP_TIMEOUT, EXT_TOOLS, REPLY_ERROR, REPLY_HELLO, REPLY_MCP, REPLY_OBSERVATION,
-                          REPLY_STATE, REPLY_TOOLS, decode, encode)
+from envhub._wire import (
+    ALL_EXTENSIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EXT_MSGPACK,
+    EXT_REQUEST_ID,
+    EXT_RESUME,
+    EXT_STEP_TIMEOUT,
+    EXT_TOOLS,
+    REPLY_ERROR,
+    REPLY_HELLO,
+    REPLY_MCP,
+    REPLY_OBSERVATION,
+    REPLY_STATE,
+    REPLY_TOOLS,
+    decode,
+    encode,
+)
 from envhub.errors import EnvHubError, ErrorCode, ProtocolError
 from envhub.types import StepResult, ToolSpec
 

@@ -19,12 +19,19 @@ import importlib
 import inspect
 import json
 import re
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from envhub._client_io import BackgroundLoop, cached_metadata
 from envhub.client import EnvClient
-from envhub.errors import (ActionValidationError, EnvConnectionError, EnvHubError, SessionLostError,
-                           StepTimeoutError, error_for_code)
+from envhub.errors import (
+    ActionValidationError,
+    EnvConnectionError,
+    EnvHubError,
+    SessionLostError,
+    StepTimeoutError,
+    error_for_code,
+)
 from envhub.types import Observation, StepResult, ToolSpec
 
 ActionMapper = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -209,7 +216,7 @@ class AsyncOpenEnv:
                     pass  # closing a dead session has nothing left to report
                 return
 
-    async def __aenter__(self) -> "AsyncOpenEnv":
+    async def __aenter__(self) -> AsyncOpenEnv:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -300,7 +307,7 @@ class OpenEnv:
     def done(self) -> bool:
         return self.aenv.done
 
-    def __enter__(self) -> "OpenEnv":
+    def __enter__(self) -> OpenEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -74,7 +75,7 @@ class FunctionEnv(Env):
     @classmethod
     def from_functions(cls, reset_fn: Callable[..., Any], step_fn: Callable[[dict, Any], Any], *,
                        name: str = "FunctionEnv", action_model: type[BaseModel] | None = None,
-                       max_steps: int | None = None) -> type["FunctionEnv"]:
+                       max_steps: int | None = None) -> type[FunctionEnv]:
         """A new env class: ``reset_fn(state, rng, **task)`` and ``step_fn(state, action)`` share a per-session dict.
 
         ``reset_fn`` gets a fresh ``state`` dict, the seeded ``rng`` and the reset task kwargs;
@@ -162,7 +163,7 @@ async def _reset(env_cls: type[Env], config: dict, seed: int) -> tuple[EnvRunner
 
 @_named("reset returns an observation")
 def _check_reset(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
-    runner, first = _run(_reset(env_cls, config, seed))
+    _runner, first = _run(_reset(env_cls, config, seed))
     assert isinstance(first.observation, Observation), f"Expected an Observation, got {first.observation!r}"
     return f"{type(first.observation).__name__} with {len(first.observation.to_wire())} field(s)"
 

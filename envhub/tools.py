@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -158,7 +159,7 @@ def _split_annotated(hint: Any) -> tuple[Any, str | None]:
         base, *extras = get_args(hint)
         desc = next((e for e in extras if isinstance(e, str)), None)
         rest = [e for e in extras if not isinstance(e, str)]
-        return (Annotated[tuple([base, *rest])] if rest else base), desc  # type: ignore[misc]
+        return (Annotated[(base, *rest)] if rest else base), desc  # type: ignore[misc]
     return hint, None
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist

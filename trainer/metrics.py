@@ -11,8 +11,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -92,7 +93,7 @@ class MetricsLogger:
             self._writer = None
         self.is_main = False
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -211,7 +212,7 @@ class Progress:
         counts = f"{self.n}/{self.total} [{elapsed_s:.0f}s, {rate:.2f}it/s]"
         return f"{prefix}{100 * frac:5.1f}% |{bar}| {counts} {post}".rstrip()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from env_servers.math_env.expressions import sympy_module
 from env_servers.math_env.tasks import SPLITS, split_of

@@ -33,7 +33,7 @@ class GomokuRewards:
     step_limit: float = -20.0
 
     @classmethod
-    def coerce(cls, value: "GomokuRewards | dict[str, float] | None") -> "GomokuRewards":
+    def coerce(cls, value: GomokuRewards | dict[str, float] | None) -> GomokuRewards:
         """A reward table from a ``GomokuRewards``, a partial dict of overrides, or None (defaults)."""
         if value is None:
             return cls()
@@ -104,12 +104,12 @@ class GomokuConfig:
             if not ok:
                 raise ValueError(f"Expected {expected}, got {got!r}.")
 
-    def replace(self, **changes: Any) -> "GomokuConfig":
+    def replace(self, **changes: Any) -> GomokuConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_kwargs(cls, config: "GomokuConfig | None" = None, **kwargs: Any) -> "GomokuConfig":
+    def from_kwargs(cls, config: GomokuConfig | None = None, **kwargs: Any) -> GomokuConfig:
         """A config from an optional base plus keyword overrides; unknown keys name the accepted ones."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)

@@ -209,8 +209,8 @@ def _pieces(normalised: str) -> tuple[str, list[str]]:
 
 def _expand_pm(piece: str) -> list[str]:
     r"""``a \pm b`` is the two solutions ``a + b`` and ``a - b``."""
-    left, sep, right = piece.partition("\pm")
-    if not sep or "\pm" in right or not right:
+    left, sep, right = piece.partition(r"\pm")
+    if not sep or r"\pm" in right or not right:
         return [piece]
     return [f"{left}+{right}", f"{left}-{right}"]
 

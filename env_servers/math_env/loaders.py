@@ -16,9 +16,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from env_servers.math_env.grading import extract_boxed
 from env_servers.math_env.tasks import MathTask

@@ -25,13 +25,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Iterator
+from typing import Any
 
 SPLITS = ("train", "validation", "test")
 DIFFICULTIES = (1, 2, 3)
-_SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "test": range(90, 100)}
+_SPLIT_BUCKETS = {"train": range(80), "validation": range(80, 90), "test": range(90, 100)}
 _MAX_TRIES = 2000
 
 
@@ -268,7 +269,7 @@ def listed_size(split: str, kind: str | None, difficulty: int | None) -> int | N
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _add_pool(split: str, difficulty: int) -> tuple[MathTask, ...]:
     return tuple(add_tasks(split, difficulty))
 

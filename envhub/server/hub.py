@@ -8,8 +8,9 @@ import logging
 import secrets
 import time
 import uuid
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Coroutine
+from typing import Any
 
 from envhub.env import Env, EnvRunner
 from envhub.errors import CapacityError, EnvHubError, ErrorCode

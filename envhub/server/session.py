@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, Future
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from envhub.env import Env, EnvRunner
 from envhub.errors import EnvExecutionError, EnvHubError
@@ -44,7 +45,7 @@ class SessionExecutor(Executor):
 class Attachment:
     """The socket a session currently talks through: how to send to it and how to close it."""
 
-    __slots__ = ("send", "close")
+    __slots__ = ("close", "send")
 
     def __init__(self, send: Callable[[str | bytes], Awaitable[None]],
                  close: Callable[[int, str], Awaitable[None]]):
@@ -55,7 +56,7 @@ class Attachment:
 class Session:
     """An env instance with its runner and protocol state, registered in the hub under ``id``."""
 
-    def __init__(self, hub: "Hub", protocol: SessionProtocol, env: Env, *, kind: str = "ws"):
+    def __init__(self, hub: Hub, protocol: SessionProtocol, env: Env, *, kind: str = "ws"):
         self.hub = hub
         self.id = protocol.session_id
         self.protocol = protocol

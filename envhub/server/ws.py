@@ -11,13 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 from envhub._wire import EXT_MSGPACK, encode
 from envhub.errors import AuthError, EnvHubError, ErrorCode
-from envhub.protocol import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_SESSION_LOST,
-                             CLOSE_TRY_AGAIN, Call, Close, Reply, error_envelope, negotiate)
+from envhub.protocol import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_SESSION_LOST,
+    CLOSE_TRY_AGAIN,
+    Call,
+    Close,
+    Reply,
+    error_envelope,
+    negotiate,
+)
 from envhub.server.hub import Hub
 from envhub.server.session import Attachment, Session
 

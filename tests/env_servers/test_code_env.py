@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from envhub import EnvRunner
-from envhub.testing import check_env
 from env_servers.code_env import CodeEnv
 from env_servers.code_env.sandbox import available_backends
 from env_servers.code_env.tasks import builtin_tasks, reference_solutions
+from envhub import EnvRunner
+from envhub.testing import check_env
 
 pytestmark = [pytest.mark.sandbox,
               pytest.mark.skipif(os.geteuid() != 0 or "local-zygote" not in available_backends(),

@@ -2,19 +2,18 @@
 
 import asyncio
 import io
-
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from env_servers.geometry_env import GeometryEnv
 from envhub import EnvRunner
 from envhub.client import EnvClient
 from envhub.errors import ActionValidationError
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
 from envhub.testing import check_env
-from env_servers.geometry_env import GeometryEnv
 
 TRIANGLE = dict(problem="In triangle ABC, AB = 5, AC = 8 and angle A is 60 degrees. Find BC.", answer="7")
 

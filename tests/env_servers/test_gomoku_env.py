@@ -7,11 +7,11 @@ from io import BytesIO
 
 import pytest
 
+from env_servers.gomoku_env import GomokuEnv
+from env_servers.gomoku_env.board import Board, O, X
+from env_servers.gomoku_env.opponents import HeuristicOpponent, RandomOpponent
 from envhub import EnvRunner
 from envhub.errors import ActionValidationError
-from env_servers.gomoku_env import GomokuEnv
-from env_servers.gomoku_env.board import O, X, Board
-from env_servers.gomoku_env.opponents import HeuristicOpponent, RandomOpponent
 
 
 def board_of(result) -> Board:

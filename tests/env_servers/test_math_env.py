@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from env_servers.math_env import MathEnv
 from envhub import EnvRunner
 from envhub.errors import ActionValidationError
 from envhub.testing import check_env
-from env_servers.math_env import MathEnv
 
 
 async def play(answer_text, env=None, **task):

@@ -6,8 +6,16 @@ import pytest
 
 from env_servers.math_env import bounded, grading
 from env_servers.math_env.expressions import ExpressionError, is_cheap, parse_expression, try_parse
-from env_servers.math_env.grading import (GRADE_TIMEOUT_S, extract_boxed, grade, grade_answer, has_think_then_boxed,
-                                          is_equiv, last_boxed_only_string, strip_string)
+from env_servers.math_env.grading import (
+    GRADE_TIMEOUT_S,
+    extract_boxed,
+    grade,
+    grade_answer,
+    has_think_then_boxed,
+    is_equiv,
+    last_boxed_only_string,
+    strip_string,
+)
 
 
 @pytest.fixture

@@ -2,10 +2,10 @@
 
 import pytest
 
-from envhub import EnvRunner
-from envhub.testing import check_env
 from env_servers.math_env import MathToolEnv
 from env_servers.math_env.code_runner import LocalSubprocessRunner, make_runner
+from envhub import EnvRunner
+from envhub.testing import check_env
 
 # Tests run model code through the plain local runner: they check the loop, not isolation.
 LOCAL = {"python_runner": "local-subprocess"}

@@ -39,20 +39,38 @@ import copy
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from trainer import algos
 from trainer.config import TrainConfig
-from trainer.distributed import (all_reduce_mean, init_distributed, max_over_ranks, rank, rank_seed, seed_rngs, shard,
-                                 world_size, wrap_model)
+from trainer.distributed import (
+    all_reduce_mean,
+    init_distributed,
+    max_over_ranks,
+    rank,
+    rank_seed,
+    seed_rngs,
+    shard,
+    world_size,
+    wrap_model,
+)
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
-from trainer.rollout import (EnvPool, HFSampler, RolloutEngine, Task, Trajectory, build_groups, load_env_class,
-                             make_tasks)
+from trainer.rollout import (
+    EnvPool,
+    HFSampler,
+    RolloutEngine,
+    Task,
+    Trajectory,
+    build_groups,
+    load_env_class,
+    make_tasks,
+)
 
 
 # -- set-up ------------------------------------------------------------------------------------
