@@ -26,8 +26,15 @@ else:  # pragma: no cover - Python 3.10
         if delay is None:
             yield
             return
-        task, fired = asyncio.current_task(), []
-        handle = asyncio.get_running_loop().call_later(delay, lambda: (fired.append(1), task.cancel()))
+        task = asyncio.current_task()
+        fired: list[int] = []
+
+        def fire() -> None:
+            fired.append(1)
+            if task is not None:
+                task.cancel()
+
+        handle = asyncio.get_running_loop().call_later(delay, fire)
         try:
             yield
         except asyncio.CancelledError:
@@ -50,7 +57,7 @@ class Watchdog:
     __slots__ = ("_baseline", "_due", "_fired", "_handle", "_task")
 
     def __init__(self) -> None:
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0.0
         self._fired = False
@@ -78,7 +85,7 @@ class Watchdog:
         fired, self._fired = self._fired, False
         if fired and task is not None and hasattr(task, "uncancel"):
             # Another cancellation arrived too: let it win, as asyncio.timeout does.
-            return task.uncancel() <= self._baseline
+            return bool(task.uncancel() <= self._baseline)
         return fired
 
     def _check(self) -> None:
@@ -97,9 +104,9 @@ class Watchdog:
 def close_code(exc: Any) -> int:
     """The code a ``ConnectionClosed`` stands for: the server's, else ours (1009: its reply was too big), else 1006."""
     if exc.rcvd is not None:
-        return exc.rcvd.code
+        return int(exc.rcvd.code)
     if exc.sent is not None:
-        return exc.sent.code
+        return int(exc.sent.code)
     return 1006
 
 

@@ -44,8 +44,10 @@ _json_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), defaul
 def encode(message: dict[str, Any], *, binary: bool = False) -> str | bytes:
     """Serialise one envelope: msgpack bytes when ``binary``, else compact JSON text."""
     if binary:
-        return msgpack.packb(message, use_bin_type=True, default=str)
-    return _json_dumps(message)
+        packed: bytes = msgpack.packb(message, use_bin_type=True, default=str)
+        return packed
+    text: str = _json_dumps(message)
+    return text
 
 
 def decode(frame: str | bytes, *, binary_ok: bool = False,

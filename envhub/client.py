@@ -251,9 +251,7 @@ class EnvClient:
 
     # -- request / reply ----------------------------------------------------------------------
     def _encode(self, msg: dict[str, Any]) -> str | bytes:
-        if self._binary:
-            return msgpack.packb(msg, use_bin_type=True, default=str)
-        return _wire.encode(msg)
+        return _wire.encode(msg, binary=self._binary)
 
     async def _request(self, mtype: str, data: Any, *, fresh_ok: bool = False) -> dict[str, Any]:
         async with self._lock:

@@ -174,7 +174,7 @@ class EnvRunner:
     def started(self) -> bool:
         return self.episode_id is not None
 
-    async def _call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if _is_async(fn):
             return await fn(*args, **kwargs)
         if self.executor is None:
@@ -255,7 +255,7 @@ class EnvRunner:
             raise EnvExecutionError(f"step() raised {type(exc).__name__}: {exc}") from exc
         return self._finish_step(result, components)
 
-    def _dispatch(self, action: BaseModel) -> tuple[Callable, tuple]:
+    def _dispatch(self, action: BaseModel) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         env = self.env
         if _overrides(env, "step") or not isinstance(action, Action):
             return env.step, (action,)
@@ -281,7 +281,7 @@ class EnvRunner:
             return run_async_tool, ()
         return _run_sync_tool, (method, info.spec.name, kwargs)
 
-    def _step_sync(self, fn: Callable, args: tuple) -> tuple[StepResult, dict[str, float]]:
+    def _step_sync(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[StepResult, dict[str, float]]:
         # One executor hop for the whole step: action, then every reward component.
         result = _as_result(fn(*args))
         components = {r.name: float(getattr(self.env, r.method_name)() or 0.0) for r in self._rewards}
@@ -318,7 +318,7 @@ class EnvRunner:
 _ASYNC_CACHE: dict[Any, bool] = {}
 
 
-def _is_async(fn: Callable) -> bool:
+def _is_async(fn: Callable[..., Any]) -> bool:
     """``inspect.iscoroutinefunction``, memoised per code object (it is on every step's path).
 
     Keyed by ``__code__`` so that closures made per call share one entry and the cache stays bounded.
@@ -332,7 +332,7 @@ def _is_async(fn: Callable) -> bool:
     return cached
 
 
-def _accepted_kwargs(fn: Callable) -> tuple[frozenset[str], bool]:
+def _accepted_kwargs(fn: Callable[..., Any]) -> tuple[frozenset[str], bool]:
     params = inspect.signature(fn).parameters.values()
     names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
@@ -342,7 +342,7 @@ def _tool_error(message: str, kind: str) -> StepResult:
     return StepResult(observation=Observation(text=message), info={"tool_error": kind})
 
 
-def _run_sync_tool(method: Callable, name: str, kwargs: dict[str, Any]) -> Any:
+def _run_sync_tool(method: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> Any:
     try:
         return method(**kwargs)
     except EnvHubError:

@@ -38,7 +38,7 @@ class _Session:
     def __init__(self) -> None:
         self.last_result: StepResult | None = None
         self.thread_lock = threading.Lock()
-        self.async_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> asyncio.Lock
+        self.async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
     def async_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -48,7 +48,7 @@ class _Session:
         return lock
 
 
-_SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 _SESSIONS_GUARD = threading.Lock()
 
 
@@ -142,7 +142,8 @@ class EnvTool:
     def last_result(self) -> StepResult | None:
         """The env's latest result; an env that tracks its own (``OpenEnv``) is asked, so a reset shows."""
         if hasattr(self.env, "last_result"):
-            return self.env.last_result
+            result: StepResult | None = self.env.last_result
+            return result
         return self._session.last_result
 
     @property
@@ -207,6 +208,7 @@ class ToolManager:
         return list(await asyncio.gather(*(self.acall(c) for c in tool_calls)))
 
     def _prepare(self, tool_call: Any) -> tuple[str | None, str, Any, dict[str, Any], str | None]:
+        raw: Any  # a ToolCall's arguments are a dict; a raw tool call's may be JSON text
         if isinstance(tool_call, ToolCall):
             call_id, name, raw = tool_call.id, tool_call.name, tool_call.arguments
         elif isinstance(tool_call, dict) and isinstance(tool_call.get("function", tool_call), dict):

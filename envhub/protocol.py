@@ -49,7 +49,7 @@ from envhub.types import StepResult, ToolSpec
 try:  # orjson encodes a reply ~10x faster than the stdlib; optional, same output
     import orjson
 except ImportError:  # pragma: no cover - exercised where orjson is absent
-    orjson = None
+    orjson = None  # type: ignore[assignment]
 
 SERVER_NAME = "envhub/0.1.0"
 

@@ -19,8 +19,8 @@ import importlib
 import inspect
 import json
 import re
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal, TypeVar
 
 from envhub._client_io import BackgroundLoop, cached_metadata
 from envhub.client import EnvClient
@@ -35,6 +35,7 @@ from envhub.errors import (
 from envhub.types import Observation, StepResult, ToolSpec
 
 ActionMapper = Callable[[str, dict[str, Any]], dict[str, Any]]
+T = TypeVar("T")
 _TEXT_KEYS = ("result", "output", "content", "text", "message")
 _HOISTED = ("reward", "done", "metadata")
 _SERVER_ERROR = re.compile(r"Server error: (?P<message>.*) \(code: (?P<code>[A-Z_]+)\)", re.DOTALL)
@@ -194,7 +195,8 @@ class AsyncOpenEnv:
         if self.tool_schema is not None:
             return list(self.tool_schema)
         if _resolve(self.env_cls) is None or self._envhub:
-            return await (await self._ensure()).tools()
+            specs: list[ToolSpec] = await (await self._ensure()).tools()
+            return specs
         try:  # an OpenEnv-style client has no tool listing: ask /metadata (envhub servers publish tools there)
             meta = await cached_metadata(self.base_url, self.env_kwargs.get("token"), 10.0)
         except (OSError, TimeoutError) as exc:
@@ -277,7 +279,7 @@ class OpenEnv:
         self.aenv = AsyncOpenEnv(base_url, env_cls, env_kwargs, tool_schema, action_mapper,
                                  on_infra_error=on_infra_error)
 
-    def _run(self, coro: Any) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return BackgroundLoop.shared().run(coro)
 
     def reset(self, **task: Any) -> StepResult:

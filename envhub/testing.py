@@ -73,7 +73,7 @@ class FunctionEnv(Env):
     _step_fn: ClassVar[Callable[..., Any]]
 
     @classmethod
-    def from_functions(cls, reset_fn: Callable[..., Any], step_fn: Callable[[dict, Any], Any], *,
+    def from_functions(cls, reset_fn: Callable[..., Any], step_fn: Callable[[dict[str, Any], Any], Any], *,
                        name: str = "FunctionEnv", action_model: type[BaseModel] | None = None,
                        max_steps: int | None = None) -> type[FunctionEnv]:
         """A new env class: ``reset_fn(state, rng, **task)`` and ``step_fn(state, action)`` share a per-session dict.
@@ -156,20 +156,20 @@ def _run(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-async def _reset(env_cls: type[Env], config: dict, seed: int) -> tuple[EnvRunner, StepResult]:
+async def _reset(env_cls: type[Env], config: dict[str, Any], seed: int) -> tuple[EnvRunner, StepResult]:
     runner = EnvRunner(env_cls(**config))
     return runner, await runner.reset(seed=seed)
 
 
 @_named("reset returns an observation")
-def _check_reset(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
+def _check_reset(env_cls: type[Env], config: dict[str, Any], seed: int, _: Any) -> str:
     _runner, first = _run(_reset(env_cls, config, seed))
     assert isinstance(first.observation, Observation), f"Expected an Observation, got {first.observation!r}"
     return f"{type(first.observation).__name__} with {len(first.observation.to_wire())} field(s)"
 
 
 @_named("same seed gives the same first observation")
-def _check_seeding(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
+def _check_seeding(env_cls: type[Env], config: dict[str, Any], seed: int, _: Any) -> str:
     a = _run(_reset(env_cls, config, seed))[1].observation.to_wire()
     b = _run(_reset(env_cls, config, seed))[1].observation.to_wire()
     assert a == b, f"Expected equal first observations for seed={seed}, got {a!r} and {b!r}"
@@ -177,7 +177,7 @@ def _check_seeding(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
 
 
 @_named("observation survives the wire codec (JSON and msgpack)")
-def _check_roundtrip(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
+def _check_roundtrip(env_cls: type[Env], config: dict[str, Any], seed: int, _: Any) -> str:
     first = _run(_reset(env_cls, config, seed))[1]
     for binary in (False, True):
         frame = {"type": "observation", "data": first.to_wire(binary=binary)}
@@ -213,7 +213,7 @@ def _check_reserved(env_cls: type[Env], *_: Any) -> str:
 
 
 @_named("a sample action steps without crashing")
-def _check_step(env_cls: type[Env], config: dict, seed: int, sample_action: Any) -> str:
+def _check_step(env_cls: type[Env], config: dict[str, Any], seed: int, sample_action: Any) -> str:
     action = copy.deepcopy(sample_action) if sample_action is not None else _default_action(env_cls)
 
     async def go() -> StepResult:
@@ -230,7 +230,7 @@ def _check_step(env_cls: type[Env], config: dict, seed: int, sample_action: Any)
 
 
 @_named("close works")
-def _check_close(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
+def _check_close(env_cls: type[Env], config: dict[str, Any], seed: int, _: Any) -> str:
     async def go() -> None:
         runner, _ = await _reset(env_cls, config, seed)
         await runner.state()

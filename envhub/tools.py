@@ -13,7 +13,7 @@ import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, TypeVar, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -24,6 +24,9 @@ RESERVED_NAMES = frozenset({"reset", "step", "state", "close"})
 
 _TOOL_ATTR = "__envhub_tool__"
 _REWARD_ATTR = "__envhub_reward__"
+
+#: a decorated method: ``@tool`` and ``@reward`` return it unchanged, with their info attached
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,11 @@ class RewardInfo:
     is_async: bool
 
 
-def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None):
+@overload
+def tool(fn: F, /) -> F: ...
+@overload
+def tool(fn: None = None, *, name: str | None = None, description: str | None = None) -> Callable[[F], F]: ...
+def tool(fn: F | None = None, *, name: str | None = None, description: str | None = None) -> F | Callable[[F], F]:
     """Expose an env method to the model as an OpenAI function tool.
 
     >>> from typing import Annotated
@@ -59,7 +66,7 @@ def tool(fn: Callable | None = None, *, name: str | None = None, description: st
     ['a']
     """
 
-    def wrap(f: Callable) -> Callable:
+    def wrap(f: F) -> F:
         tool_name = name or f.__name__
         if tool_name in RESERVED_NAMES:
             raise EnvDefinitionError(
@@ -78,14 +85,18 @@ def tool(fn: Callable | None = None, *, name: str | None = None, description: st
     return wrap(fn) if fn is not None else wrap
 
 
-def reward(fn: Callable | None = None, *, weight: float = 1.0, name: str | None = None):
+@overload
+def reward(fn: F, /) -> F: ...
+@overload
+def reward(fn: None = None, *, weight: float = 1.0, name: str | None = None) -> Callable[[F], F]: ...
+def reward(fn: F | None = None, *, weight: float = 1.0, name: str | None = None) -> F | Callable[[F], F]:
     """Mark a method as a named reward component, evaluated after every step.
 
     The step reward is the sum of ``weight * component``; each component's value is reported
     in ``info["rewards"]``. Return 0 until the component applies (e.g. ``if not self.done``).
     """
 
-    def wrap(f: Callable) -> Callable:
+    def wrap(f: F) -> F:
         params = [p for p in inspect.signature(f).parameters.values() if p.name != "self"]
         if any(p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                for p in params):
@@ -132,7 +143,7 @@ def validate_arguments(info: ToolInfo, arguments: Any) -> dict[str, Any]:
     return {k: getattr(model, k) for k in type(model).model_fields}
 
 
-def _args_model(f: Callable, tool_name: str, arg_docs: dict[str, str]) -> type[BaseModel]:
+def _args_model(f: Callable[..., Any], tool_name: str, arg_docs: dict[str, str]) -> type[BaseModel]:
     sig = inspect.signature(f)
     try:
         hints = get_type_hints(f, include_extras=True)
@@ -158,8 +169,9 @@ def _split_annotated(hint: Any) -> tuple[Any, str | None]:
     if get_origin(hint) is Annotated:
         base, *extras = get_args(hint)
         desc = next((e for e in extras if isinstance(e, str)), None)
-        rest = [e for e in extras if not isinstance(e, str)]
-        return (Annotated[(base, *rest)] if rest else base), desc  # type: ignore[misc]
+        rest = tuple(e for e in extras if not isinstance(e, str))
+        params = (base, *rest)  # Annotated[params] is Annotated[base, *rest]
+        return (Annotated[params] if rest else base), desc
     return hint, None
 
 
@@ -199,7 +211,7 @@ def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
             return [strip(v) for v in node]
         return node
 
-    out = strip(schema)
+    out: dict[str, Any] = strip(schema)
     out["type"] = "object"
     out.setdefault("properties", {})
     out["additionalProperties"] = False

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -27,7 +27,7 @@ class EnvApp(FastAPI):
 
     ws_endpoint: WebSocketEndpoint
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket" and scope["path"] in ("/ws", scope.get("root_path", "") + "/ws"):
             return await self.ws_endpoint(scope, receive, send)
         await super().__call__(scope, receive, send)

@@ -39,8 +39,8 @@ class Hub:
         self.metrics = Metrics()
         self.shutting_down = False
         self._reserved = 0
-        self._tasks: set[asyncio.Task] = set()
-        self._reaper: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reaper: asyncio.Task[None] | None = None
         self._tools = env_cls.tools()
 
     # -- construction ------------------------------------------------------------------------
@@ -145,7 +145,7 @@ class Hub:
             return
         self.spawn(self.close_session(session))
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a background coroutine, keeping a reference so it is not garbage-collected."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

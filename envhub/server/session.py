@@ -30,14 +30,14 @@ class SessionExecutor(Executor):
 
     def __init__(self, pool: Executor):
         self._pool = pool
-        self.last: Future | None = None
+        self.last: Future[Any] | None = None
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         job = self._pool.submit(fn, *args, **kwargs)
         self.last = job
         return job
 
-    def busy_job(self) -> Future | None:
+    def busy_job(self) -> Future[Any] | None:
         job = self.last
         return job if job is not None and not job.done() else None
 
@@ -113,7 +113,7 @@ class Session:
             return self.runner.state()
         return handle_jsonrpc(call.payload, self.hub.env_cls, runner=self.runner)
 
-    def _abandon(self, call: Call, task: asyncio.Future) -> dict[str, Any]:
+    def _abandon(self, call: Call, task: asyncio.Future[Any]) -> dict[str, Any]:
         """Reply STEP_TIMEOUT now; close the stuck env once its worker lets go of it."""
         self.hub.metrics.error("STEP_TIMEOUT")
         runner = self.runner
@@ -125,7 +125,7 @@ class Session:
         self.hub.spawn(self._close_after(runner, task, job))
         return reply
 
-    async def _close_after(self, runner: EnvRunner, task: asyncio.Future, job: Future | None) -> None:
+    async def _close_after(self, runner: EnvRunner, task: asyncio.Future[Any], job: Future[Any] | None) -> None:
         if job is not None:
             waiter = asyncio.wrap_future(job)
             await asyncio.wait((waiter,))
@@ -145,7 +145,7 @@ class Session:
         return self.protocol.stale_state is not None
 
 
-def _consume(task: asyncio.Future) -> None:
+def _consume(task: asyncio.Future[Any]) -> None:
     # An abandoned request's outcome is nobody's business any more; read it so asyncio stays quiet.
     if not task.cancelled():
         task.exception()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -27,6 +27,7 @@ from envhub.protocol import (
     Call,
     Close,
     Reply,
+    SessionProtocol,
     error_envelope,
     negotiate,
 )
@@ -61,7 +62,7 @@ class WebSocketEndpoint:
     def __init__(self, hub: Hub):
         self.hub = hub
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -169,7 +170,7 @@ class WebSocketEndpoint:
                 return False  # peer vanished mid-reply; a resume will replay it from the cache
 
 
-def _encode(proto: Any, envelope: dict[str, Any]) -> str | bytes:
+def _encode(proto: SessionProtocol, envelope: dict[str, Any]) -> str | bytes:
     """Encode a reply; an env value the codec cannot carry fails this request only."""
     try:
         return proto.encode(envelope)
