@@ -63,6 +63,18 @@ class EnvClient:
     ``None`` or ``()`` speaks plain OpenEnv; a list of names opts into exactly those without
     asking. ``step_timeout_s`` asks an envhub server to stop a step after that long
     (``STEP_TIMEOUT``); ``message_timeout_s`` bounds the wait for any reply client-side.
+
+    >>> import asyncio
+    >>> from envhub import EnvClient, create_app
+    >>> from envhub.server import ServerThread
+    >>> from envhub.testing import EchoEnv
+    >>> async def episode(url):
+    ...     async with EnvClient(url) as env:
+    ...         await env.reset(seed=1)
+    ...         return (await env.step({"message": "hi"})).reward
+    >>> with ServerThread(create_app(EchoEnv)) as server:
+    ...     asyncio.run(episode(server.url))
+    0.2
     """
 
     def __init__(self, base_url: str, *, token: str | None = None, connect_timeout_s: float = 10.0,
@@ -386,8 +398,13 @@ class EnvClient:
 class SyncEnvClient:
     """The blocking face of :class:`EnvClient`; every call runs on a shared background event loop.
 
-    >>> with EnvClient("http://localhost:8000").sync() as env:   # doctest: +SKIP
-    ...     env.reset(seed=1)
+    >>> from envhub import create_app
+    >>> from envhub.server import ServerThread
+    >>> from envhub.testing import EchoEnv
+    >>> with ServerThread(create_app(EchoEnv)) as server, EnvClient(server.url).sync() as env:
+    ...     first = env.reset(seed=1)
+    ...     env.step({"message": "hello"}).observation.echoed_message
+    'hello'
     """
 
     def __init__(self, client: EnvClient):

@@ -61,6 +61,19 @@ class Env:
     methods. Any of ``reset``, ``step``, ``on_text``, ``state``, ``close`` and tools may be
     ``async def``. Before ``reset`` runs, ``self.rng`` is a ``random.Random`` seeded with the
     reset seed and ``self.done`` is False; set ``self.done = True`` from a tool to end the episode.
+
+    >>> from envhub import Env, Observation, tool
+    >>> class CoinEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         self.side = self.rng.choice(["heads", "tails"])
+    ...         return Observation(text="Call the coin.")
+    ...     @tool
+    ...     def call(self, side: str) -> str:
+    ...         '''Call heads or tails.'''
+    ...         self.done = True
+    ...         return "right" if side == self.side else "wrong"
+    >>> [spec.name for spec in CoinEnv.tools()]
+    ['call']
     """
 
     #: the pydantic model actions are validated against (published in ``/schema``)
@@ -157,6 +170,17 @@ class EnvRunner:
 
     Used by the server (one runner per session, sync methods in ``executor``) and for envs run
     in process. Every method is async; errors are typed :class:`EnvHubError` subclasses.
+
+    >>> import asyncio
+    >>> from envhub.testing import EchoEnv
+    >>> async def episode():
+    ...     runner = EnvRunner(EchoEnv())
+    ...     await runner.reset(seed=0)
+    ...     result = await runner.step({"message": "hi"})
+    ...     await runner.close()
+    ...     return result.reward, result.observation.echoed_message
+    >>> asyncio.run(episode())
+    (0.2, 'hi')
     """
 
     def __init__(self, env: Env, *, executor: Executor | None = None):

@@ -74,6 +74,22 @@ class EnvTool:
     :class:`~envhub.remote.OpenEnv`, or async, like :class:`~envhub.remote.AsyncOpenEnv`).
     Tools made from the same env share its session: ``done`` and ``episode_reward`` reflect the
     latest step through any of them, and their calls never overlap.
+
+    >>> from envhub import Env, EnvTool, Observation, OpenEnv, create_app, tool
+    >>> from envhub.server import ServerThread
+    >>> class ShoutEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         return Observation(text="Say something.")
+    ...     @tool
+    ...     def shout(self, text: str) -> str:
+    ...         '''Shout the text back.'''
+    ...         self.done = True
+    ...         return text.upper()
+    >>> with ServerThread(create_app(ShoutEnv)) as server, OpenEnv(server.url) as env:
+    ...     first = env.reset(seed=0)
+    ...     (shout,) = EnvTool.from_env(env)     # one EnvTool per tool the server lists
+    ...     shout(text="hello"), shout.done
+    ('HELLO', True)
     """
 
     def __init__(self, env: Any, tool_name: str = "env_action", description: str = DEFAULT_DESCRIPTION,
@@ -166,6 +182,25 @@ class ToolManager:
 
     ``infra_errors="raise"`` (default) lets infrastructure failures propagate; ``"message"``
     turns them into tool messages as well (for agent loops that must never stop).
+
+    >>> from envhub import Env, EnvTool, Observation, OpenEnv, ToolManager, create_app, tool
+    >>> from envhub.server import ServerThread
+    >>> class AddEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         return Observation(text="Add numbers.")
+    ...     @tool
+    ...     def add(self, a: int, b: int) -> str:
+    ...         '''Add two integers.'''
+    ...         return str(a + b)
+    >>> with ServerThread(create_app(AddEnv)) as server, OpenEnv(server.url) as env:
+    ...     first = env.reset(seed=0)
+    ...     manager = ToolManager(EnvTool.from_env(env))
+    ...     [info["function"]["name"] for info in manager.tool_infos()]
+    ...     manager({"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}})
+    ...     manager({"id": "c2", "type": "function", "function": {"name": "mul", "arguments": "{}"}})["content"]
+    ['add']
+    {'role': 'tool', 'tool_call_id': 'c1', 'name': 'add', 'content': '5'}
+    "Error: unknown tool 'mul'. Available: add."
     """
 
     def __init__(self, tools: Iterable[EnvTool], *, infra_errors: str = "raise"):

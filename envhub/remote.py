@@ -270,6 +270,22 @@ class OpenEnv:
     ``env_cls=None`` uses envhub's :class:`EnvClient` (``env_kwargs`` go to it: ``token``,
     ``message_timeout_s``...); a class or dotted path uses an OpenEnv-style client class
     (``cls(base_url=..., **env_kwargs)``). Runs its async twin on a shared background loop.
+
+    >>> from envhub import Env, Observation, OpenEnv, create_app, tool
+    >>> from envhub.server import ServerThread
+    >>> class DigitEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         return Observation(text="Guess a digit.")
+    ...     @tool
+    ...     def guess(self, digit: int) -> str:
+    ...         '''Guess the digit.'''
+    ...         self.done = digit == 7
+    ...         return "Correct!" if self.done else "No."
+    >>> with ServerThread(create_app(DigitEnv)) as server, OpenEnv(server.url) as env:
+    ...     env.reset(seed=1).observation.text
+    ...     env.step("guess", {"digit": 7}).observation.text
+    'Guess a digit.'
+    'Correct!'
     """
 
     def __init__(self, base_url: str, env_cls: Any = None, env_kwargs: dict[str, Any] | None = None,

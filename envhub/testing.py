@@ -122,6 +122,13 @@ def check_env(env_cls: type[Env], *, raise_on_error: bool = True, seed: int = 0,
 
     ``sample_action`` is the action dict used by the step check (default: the first tool
     with empty arguments, or ``{"text": "hello"}``).
+
+    >>> from envhub.testing import EchoEnv, check_env
+    >>> results = check_env(EchoEnv, sample_action={"message": "hi"})
+    >>> print(results[0])
+    [ok] reset returns an observation: EchoObservation with 5 field(s)
+    >>> all(result.passed for result in results)
+    True
     """
     if not (isinstance(env_cls, type) and issubclass(env_cls, Env)):
         raise TypeError(f"Expected an envhub.Env subclass, got {env_cls!r}.")

@@ -94,6 +94,26 @@ def reward(fn: F | None = None, *, weight: float = 1.0, name: str | None = None)
 
     The step reward is the sum of ``weight * component``; each component's value is reported
     in ``info["rewards"]``. Return 0 until the component applies (e.g. ``if not self.done``).
+
+    >>> import asyncio
+    >>> from envhub import Env, EnvRunner, Observation, StepResult
+    >>> class ShortEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         self.reply = ""
+    ...         return Observation(text="Say something short.")
+    ...     def on_text(self, text):
+    ...         self.reply, self.done = text, True
+    ...         return "ok"
+    ...     @reward(weight=0.5)
+    ...     def brevity(self) -> float:
+    ...         return 1.0 if len(self.reply) < 10 else 0.0
+    >>> async def episode():
+    ...     runner = EnvRunner(ShortEnv())
+    ...     await runner.reset(seed=0)
+    ...     return await runner.step({"text": "hi"})
+    >>> result = asyncio.run(episode())
+    >>> result.reward, result.info["rewards"]
+    (0.5, {'brevity': 1.0})
     """
 
     def wrap(f: F) -> F:

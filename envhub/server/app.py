@@ -38,11 +38,15 @@ def create_app(env_cls: type[Env], *, settings: Settings | None = None, **env_co
 
     ``settings`` default to ``Settings.from_env()`` (``ENVHUB_*`` variables). Sync env methods
     run in a shared thread pool of ``settings.thread_pool_size`` threads unless the class sets
-    ``run_inline = True``. The hub (sessions, metrics) is ``app.state.hub``::
+    ``run_inline = True``. The hub (sessions, metrics) is ``app.state.hub``.
 
-        from envhub.server import create_app
-        from envhub.testing import EchoEnv
-        app = create_app(EchoEnv)      # uvicorn my_module:app
+    >>> import json, urllib.request
+    >>> from envhub.server import ServerThread, create_app
+    >>> from envhub.testing import EchoEnv
+    >>> app = create_app(EchoEnv)      # or serve it with: uvicorn my_module:app
+    >>> with ServerThread(app) as server:
+    ...     json.load(urllib.request.urlopen(server.url + "/health"))
+    {'status': 'healthy'}
     """
     if not (isinstance(env_cls, type) and issubclass(env_cls, Env)):
         raise TypeError(f"Expected an envhub.Env subclass, got {env_cls!r}. Subclass envhub.Env and pass the class.")
