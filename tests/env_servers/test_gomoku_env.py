@@ -209,10 +209,3 @@ async def test_256_concurrent_sessions_in_one_process():
     assert {steps[-1].info["end_reason"] for _, steps in games} <= {"win", "loss", "step_limit"}
     # sessions are independent: different seeds, different games
     assert len({tuple(steps[0].info["opponent_move"]) for _, steps in games}) > 20
-
-
-def test_check_env_passes():
-    from envhub.testing import check_env
-
-    check_env(GomokuEnv)
-    check_env(GomokuEnv, sample_action={"text": "<move>4,4</move>"}, board_size=7, opponent="mix")

@@ -217,12 +217,6 @@ async def test_without_match_id_each_session_opens_its_own_match():
     await b.close()
 
 
-def test_check_env_passes():
-    from envhub.testing import check_env
-
-    check_env(GomokuMatchEnv, turn_timeout_s=5.0)
-
-
 async def test_joiner_board_size_must_match():
     mid = new_id()
     x, o = EnvRunner(GomokuMatchEnv()), EnvRunner(GomokuMatchEnv())
