@@ -282,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     ap.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.seconds, args.sessions, args.repeat = 0.3, "1,4", 1
     if args.serve:
         {"envhub": _serve_envhub, "openenv": _serve_openenv, "ceiling": _serve_ceiling}[args.serve](args.port)
         return 0
