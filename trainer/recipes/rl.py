@@ -293,12 +293,13 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     if model is None:
         model, tokenizer = load_policy(cfg.model, device)
     # run.strategy "auto": DDP under a torchrun world of more than one rank, the plain model otherwise
-    model = wrap_model(model.to(device).train(), cfg.run.strategy, info)
+    model = wrap_model(model.to(device).train(), cfg.run.strategy, info, mixed_precision=cfg.run.mixed_precision)
     ref_model = _reference(model) if cfg.algo.kl_coef > 0 else None
     value_head = None
     if cfg.algo.name == "ppo":
         # trained alongside the policy, so its gradients are averaged across ranks too (a no-op on one rank)
-        value_head = wrap_model(algos.ValueHead(hidden_size_of(model)).to(device), "ddp", info)
+        value_head = wrap_model(algos.ValueHead(hidden_size_of(model)).to(device), "ddp", info,
+                                mixed_precision=cfg.run.mixed_precision)
     # Everything above drew from the shared run.seed stream, so every rank built the same model (DDP also
     # broadcasts rank 0's; FSDP does not). Sampling draws from this rank's own stream from here on: ranks
     # given the same prompt sample different completions (HFSampler samples with the global torch RNG).
