@@ -232,9 +232,9 @@ class EnvClient:
 
     # -- request / reply ----------------------------------------------------------------------
     def _encode(self, msg: dict[str, Any]) -> str | bytes:
-        if self._binary:
-            return msgpack.packb(msg, use_bin_type=True, default=str)
-        return _wire.encode(msg)
+        # Not lossy: msgpack cannot carry a lone surrogate, and the caller gets ActionValidationError
+        # (nothing sent, the session intact) rather than a silently altered action.
+        return _wire.encode(msg, binary=self._binary, lossy=False)
 
     async def _request(self, mtype: str, data: Any, *, fresh_ok: bool = False) -> dict[str, Any]:
         async with self._lock:

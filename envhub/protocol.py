@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from envhub._wire import (ALL_EXTENSIONS, DEFAULT_MAX_MESSAGE_BYTES, EXT_MSGPACK, EXT_REQUEST_ID, EXT_RESUME,
                           EXT_STEP_TIMEOUT, EXT_TOOLS, REPLY_ERROR, REPLY_HELLO, REPLY_MCP, REPLY_OBSERVATION,
-                          REPLY_STATE, REPLY_TOOLS, decode, encode)
+                          REPLY_STATE, REPLY_TOOLS, decode, encode, frame_bytes)
 from envhub.errors import EnvHubError, ErrorCode, ProtocolError
 from envhub.types import StepResult, ToolSpec
 
@@ -150,13 +150,13 @@ class SessionProtocol:
             return encode(envelope, binary=self.binary)
         try:
             return orjson.dumps(envelope, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-        except TypeError:  # integers beyond 64 bits and the like: the stdlib handles them
+        except TypeError:  # lone surrogates, integers beyond 64 bits and the like: the stdlib handles them
             return encode(envelope)
 
     # -- inbound ---------------------------------------------------------------------------
     def receive(self, frame: str | bytes) -> Effect:
         """Interpret one inbound frame. Never raises: bad input becomes an error :class:`Reply`."""
-        if orjson is not None and type(frame) is str and len(frame) <= self.max_message_bytes:
+        if orjson is not None and type(frame) is str and frame_bytes(frame) <= self.max_message_bytes:
             try:  # fast path for well-formed text frames; anything odd takes the codec's path below
                 msg = orjson.loads(frame)
             except orjson.JSONDecodeError:
