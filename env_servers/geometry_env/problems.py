@@ -27,8 +27,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from env_servers.math_env.expressions import sympy_module
-from env_servers.math_env.tasks import SPLITS, split_of
+from env_servers.math_grading.expressions import sympy_module
+from env_servers.datasets import SPLITS, split_of
 
 Point = tuple[float, float]
 

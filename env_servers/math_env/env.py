@@ -21,7 +21,7 @@ from envhub import Env, Observation, StepResult
 from envhub.config import from_kwargs
 from envhub.errors import ActionValidationError
 from env_servers.math_env import loaders, tasks
-from env_servers.math_env.grading import GradeResult, grade
+from env_servers.math_grading.grading import GradeResult, grade
 from env_servers.math_env.tasks import MathTask
 
 DEFAULT_SYSTEM_PROMPT = ("You are a helpful assistant that solves math problems step by step. "

@@ -101,7 +101,7 @@ def test_every_envhub_variable_is_a_real_setting_with_a_valid_value() -> None:
 
     import inspect
 
-    from env_servers.code_env.sandbox import SandboxConfig, probe
+    from env_servers.sandbox import SandboxConfig, probe
     from envhub.settings import Settings
 
     known = {f"ENVHUB_{f.name.upper()}" for f in fields(Settings)}
@@ -159,7 +159,7 @@ def test_docker_backend_starts_each_slot_container_locked_down(monkeypatch: pyte
     docker_types.Ulimit = lambda **kw: kw  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "docker", types.ModuleType("docker"))
     monkeypatch.setitem(sys.modules, "docker.types", docker_types)
-    from env_servers.code_env.sandbox.docker_backend import DockerBackend
+    from env_servers.sandbox.docker_backend import DockerBackend
 
     containers = _FakeContainers()
     backend = DockerBackend(1, image="envhub:local", client=types.SimpleNamespace(containers=containers))

@@ -9,7 +9,7 @@ import pytest
 from envhub import EnvRunner
 from envhub.testing import check_env
 from env_servers.code_env import CodeEnv
-from env_servers.code_env.sandbox import available_backends
+from env_servers.sandbox import available_backends
 from env_servers.code_env.tasks import builtin_tasks, reference_solutions
 
 pytestmark = [pytest.mark.sandbox,

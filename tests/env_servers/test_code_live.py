@@ -12,7 +12,7 @@ from envhub import EnvClient, EnvTool, OpenEnv
 from envhub.server import create_app
 from envhub.server.run import ServerThread
 from env_servers.code_env import CodeEnv
-from env_servers.code_env.sandbox import available_backends
+from env_servers.sandbox import available_backends
 from env_servers.code_env.tasks import reference_solutions
 
 pytestmark = [pytest.mark.live, pytest.mark.sandbox,

@@ -4,16 +4,16 @@ import time
 
 import pytest
 
-from env_servers.math_env import bounded, grading
-from env_servers.math_env.expressions import ExpressionError, is_cheap, parse_expression, try_parse
-from env_servers.math_env.grading import (GRADE_TIMEOUT_S, grade, grade_answer, has_think_then_boxed, is_equiv,
+from env_servers.math_grading import bounded, grading
+from env_servers.math_grading.expressions import ExpressionError, is_cheap, parse_expression, try_parse
+from env_servers.math_grading.grading import (GRADE_TIMEOUT_S, grade, grade_answer, has_think_then_boxed, is_equiv,
                                           strip_string)
 
 
 @pytest.fixture
 def warm_worker():
     """An idle deadline worker, so timings below measure grading, not interpreter start-up."""
-    assert bounded.call("env_servers.math_env.expressions:is_cheap", "1", timeout_s=30) is True
+    assert bounded.call("env_servers.math_grading.expressions:is_cheap", "1", timeout_s=30) is True
 
 
 @pytest.mark.parametrize("raw, normalised", [

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from env_servers.code_env.sandbox import Limits
+from env_servers.sandbox import Limits
 from test_sandbox_backends import FAST, ISOLATING, LOCAL, assert_healthy, backend_params, build
 
 pytestmark = pytest.mark.sandbox

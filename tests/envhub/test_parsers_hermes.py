@@ -154,7 +154,7 @@ def test_extract_boxed_none(text):
 
 
 def test_math_grading_uses_the_same_extract_boxed():
-    grading = pytest.importorskip("env_servers.math_env.grading")
+    grading = pytest.importorskip("env_servers.math_grading.grading")
     assert grading.extract_boxed is extract_boxed
     assert grading.grade(r"\boxed{3} and then \boxed{4", "3").correct
 

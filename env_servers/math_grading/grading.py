@@ -24,8 +24,8 @@ from typing import Any
 
 from envhub.parsers import extract_boxed
 
-from env_servers.math_env import bounded
-from env_servers.math_env.expressions import is_cheap, numeric_value, sympy_module, try_parse
+from env_servers.math_grading import bounded
+from env_servers.math_grading.expressions import is_cheap, numeric_value, sympy_module, try_parse
 
 _UNIT_WORDS = ("square units", "sq units", "square inches", "square feet", "square meters", "square cm",
                "units", "unit", "degrees", "degree", "cm", "mm", "km", "meters", "meter", "inches", "inch",
@@ -253,7 +253,7 @@ def is_equiv(prediction: str | None, ground_truth: str | None, *, rel_tol: float
     if all(is_cheap(piece) for s in (p, g) for piece in _pieces(s)[1]):
         return symbolic_equiv(*args)
     try:  # transcendental or odd powers: sympy may take long, so run it in a killable worker
-        return bool(bounded.call("env_servers.math_env.grading:symbolic_equiv", *args, timeout_s=GRADE_TIMEOUT_S))
+        return bool(bounded.call("env_servers.math_grading.grading:symbolic_equiv", *args, timeout_s=GRADE_TIMEOUT_S))
     except bounded.BoundedCallError:
         return False
 
