@@ -16,6 +16,7 @@ from env_servers.gomoku_env import prompts
 from env_servers.gomoku_env.board import X, Board, Move, OpeningConfig, coerce_move, parse_move, random_opening
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.game import INVALID_EVENTS, VALID, GomokuGame, Outcome
+from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
 
 
@@ -123,7 +124,7 @@ class GomokuEnv(Env):
                                 "move": list(outcome.move) if outcome.move else None,
                                 "opponent_move": list(outcome.opponent_move) if outcome.opponent_move else None}
         if outcome.ended:
-            info["end_reason"] = outcome.event
+            info["end_reason"], info["outcome"] = outcome.event, outcome_of(outcome.event)
         return info
 
     def _observation(self, text: str, board: Board, event: str = VALID) -> Observation:

@@ -16,6 +16,7 @@ from env_servers.gomoku_env.board import Board, Move, OpeningConfig, coerce_move
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.coordinator import REGISTRY, Match, MatchRegistry, Report
 from env_servers.gomoku_env.game import DRAW, STEP_LIMIT, VALID, WIN, TwoPlayerGame
+from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
 
 
@@ -170,7 +171,7 @@ class GomokuMatchEnv(Env):
                                 "opponent_move": list(reply) if reply else None}
         end = report.end
         if end is not None:
-            info["end_reason"] = end.reason
+            info["end_reason"], info["outcome"] = end.reason, outcome_of(end.reason)
         return StepResult(observation=self._observation(text, board, report.event), reward=report.reward,
                           done=end is not None and not end.truncated, truncated=end is not None and end.truncated,
                           info=info)

@@ -60,6 +60,7 @@ async def test_strong_policy_wins_against_random_opponent():
     last = steps[-1]
     assert last.done and not last.truncated
     assert last.info["end_reason"] == "win" and last.reward == 10.0
+    assert last.info["outcome"] == "win"  # envhub.types.Outcome, what trainers count
     assert last.info["episode_reward"] == 10.0  # every earlier valid move earned 0
     assert board_of(last).winner() == X
     assert "You win" in last.observation.text
