@@ -41,11 +41,8 @@ class GomokuEnv(Env):
 
     env_name = "gomoku"
 
-    def __init__(self, config: GomokuConfig | None = None, **settings: Any):
-        try:
-            self.config = GomokuConfig.from_kwargs(config, **settings)
-        except ValueError as exc:
-            raise ActionValidationError(str(exc)) from None
+    def __init__(self, **config: Any):
+        self.config = GomokuConfig.build(config)
         self.rng = random.Random()
         self.game: GomokuGame | None = None
         self.render_image = self.config.render_image

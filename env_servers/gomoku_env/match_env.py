@@ -47,11 +47,8 @@ class GomokuMatchEnv(Env):
     #: where matches are found; one per process, shared by every session
     registry: ClassVar[MatchRegistry] = REGISTRY
 
-    def __init__(self, config: GomokuConfig | None = None, **settings: Any):
-        try:
-            self.config = GomokuConfig.from_kwargs(config, **settings)
-        except ValueError as exc:
-            raise ActionValidationError(str(exc)) from None
+    def __init__(self, **config: Any):
+        self.config = GomokuConfig.build(config)
         self.rng = random.Random()
         self.match: Match | None = None
         self.seat: str | None = None
