@@ -190,7 +190,7 @@ class MatchRollout:
     A seat's session is closed as soon as its episode ends (never pooled for reuse), so the env
     learns at once that the seat left.
 
-    >>> rollout = MatchRollout(EnvPool(["ws://localhost:8003"]), {"a": (s_a, tok), "b": (s_b, tok)},
+    >>> rollout = MatchRollout(EnvPool(["ws://localhost:8005"]), {"a": (s_a, tok), "b": (s_b, tok)},
     ...                        RolloutConfig(max_turns=20))                        # doctest: +SKIP
     >>> results = await rollout.run([MatchSpec("m1", {"X": "a", "O": "b"}, {"seed": 1})])  # doctest: +SKIP
     """
