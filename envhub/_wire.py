@@ -25,10 +25,11 @@ EXT_MSGPACK = "msgpack"
 EXT_TOOLS = "tools"
 EXT_RESUME = "resume"
 EXT_STEP_TIMEOUT = "step_timeout"
-ALL_EXTENSIONS = (EXT_REQUEST_ID, EXT_MSGPACK, EXT_TOOLS, EXT_RESUME, EXT_STEP_TIMEOUT)
+EXT_CANCEL = "cancel"  # {"type": "cancel", "data": {"id": ...}} gives up a running request (needs request_id)
+ALL_EXTENSIONS = (EXT_REQUEST_ID, EXT_MSGPACK, EXT_TOOLS, EXT_RESUME, EXT_STEP_TIMEOUT, EXT_CANCEL)
 
 # Client -> server message types (OpenEnv's, then envhub's, which need an opted-in extension).
-REQUEST_TYPES = frozenset({"reset", "step", "state", "close", "mcp", "tools"})
+REQUEST_TYPES = frozenset({"reset", "step", "state", "close", "mcp", "tools", "cancel"})
 # Server -> client
 REPLY_OBSERVATION = "observation"
 REPLY_STATE = "state"
