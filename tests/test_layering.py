@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,13 @@ def test_env_servers_are_independent_of_each_other() -> None:
                 violations.append(f"env_servers/{rel}:{lineno} imports {module}")
     assert not violations, ("an env server imports another (move the shared code to a shared module):\n"
                             + "\n".join(violations))
+
+
+def test_a_server_session_sees_only_its_narrow_context() -> None:
+    """``Session`` works through ``SessionContext``: it never imports the hub (the session registry)."""
+    tree = ast.parse((ROOT / "envhub" / "server" / "session.py").read_text())
+    assert "envhub.server.hub" not in {module for _, module in _module_names(tree)}
+    assert re.search(r"\bHub\b|\.hub\b", (ROOT / "envhub" / "server" / "session.py").read_text()) is None
 
 
 def test_adapters_import_their_targets_lazily() -> None:
