@@ -133,10 +133,18 @@ class WebSocketEndpoint:
         hello = proto.hello(resumed=resumed)
         if hello is not None:
             await send({"type": "websocket.send", "text": encode(hello)})
-        send_frame = attachment.send
         # Reading on while a request runs costs a task per request: only where a cancel can stop something.
         inbox = Inbox(receive, proto) if proto.cancellable and hub.cancel_interrupts else None
-        next_message = inbox.next if inbox is not None else receive
+        try:
+            return await self._frame_loop(session, attachment, receive if inbox is None else inbox.next, inbox)
+        finally:
+            if inbox is not None:
+                inbox.close()
+
+    async def _frame_loop(self, session: Session, attachment: Attachment, next_message: Receive,
+                          inbox: "Inbox | None") -> bool:
+        proto, hub = session.protocol, self.hub
+        send_frame = attachment.send
         while True:
             message = await next_message()
             if message["type"] != "websocket.receive":
@@ -162,6 +170,7 @@ class WebSocketEndpoint:
                 await send_frame(_encode(proto, envelope))
             except OSError:
                 return False  # peer vanished mid-reply; a resume will replay it from the cache
+
 
 class Inbox:
     """The frames of one connection when requests can be cancelled: a read may be in flight while a
@@ -204,6 +213,12 @@ class Inbox:
                 return True
         self.backlog.append(message)  # a disconnect too: the frame loop sees it after the reply
         return False
+
+    def close(self) -> None:
+        """Stop the read in flight (the connection is done with)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
 
 
 def _encode(proto: Any, envelope: dict[str, Any]) -> str | bytes:
