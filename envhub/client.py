@@ -46,7 +46,10 @@ class EnvClient:
     ``extensions="auto"`` reads ``/metadata`` and opts into what an envhub server announces;
     ``None`` or ``()`` speaks plain OpenEnv; a list of names opts into exactly those without
     asking. ``step_timeout_s`` asks an envhub server to stop a step after that long
-    (``STEP_TIMEOUT``); ``message_timeout_s`` bounds the wait for any reply client-side.
+    (``STEP_TIMEOUT``); ``message_timeout_s`` bounds the wait for any reply client-side. When it
+    passes (or the caller cancels a request) the client cancels the request on a server that
+    offers the ``cancel`` extension: the episode is over there (the next ``step`` raises
+    ``EpisodeStateError``, ``reset`` starts a new one) and nothing queues behind the abandoned step.
     """
 
     def __init__(self, base_url: str, *, token: str | None = None, connect_timeout_s: float = 10.0,
