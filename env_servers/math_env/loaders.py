@@ -13,11 +13,9 @@ Files may be ``.jsonl``, ``.json`` (a list of records, or ``{"data": [...]}``) o
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Iterable
 
 from envhub.parsers import extract_boxed
