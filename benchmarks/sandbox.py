@@ -20,7 +20,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from env_servers.code_env.sandbox import Limits, SandboxConfig, available_backends, make_backend
+from env_servers.sandbox import Limits, SandboxConfig, available_backends, make_backend
 
 WORKLOADS = {"print(1)": "print(1)", "numpy": "import numpy\nprint(numpy.arange(100).sum())"}
 SANDBOX_PYTHON = "/usr/bin/python3"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -174,3 +175,33 @@ class ToolCall:
         return {"id": self.id or f"call_{abs(hash((self.name, json.dumps(self.arguments, sort_keys=True, default=str)))) % 10**12}",
                 "type": "function",
                 "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+
+
+class Outcome(str, Enum):
+    """How a competitive episode ended for the seat that played it: ``info["outcome"]`` of the final step.
+
+    An env keeps its own vocabulary in ``info["end_reason"]`` (gomoku's ``too_many_invalid``,
+    ``opponent_forfeit``...) and maps it to one of these, so a trainer counts wins, losses and
+    draws, and tells a match cut short by a disconnect or a timeout from a lost one, without
+    knowing any env's end reasons. The values are plain strings on the wire.
+
+    >>> Outcome("win") is Outcome.WIN, Outcome.TIMED_OUT.value
+    (True, 'timed_out')
+    """
+
+    WIN = "win"
+    LOSS = "loss"
+    DRAW = "draw"
+    #: ended outside the game: a player disconnected (not a policy outcome)
+    DISCONNECTED = "disconnected"
+    #: ended outside the game: a player did not move in time (not a policy outcome)
+    TIMED_OUT = "timed_out"
+
+    @classmethod
+    def of(cls, info: dict[str, Any]) -> "Outcome | None":
+        """The outcome an ``info`` dict carries, or None (no outcome, or a value this version does not know)."""
+        try:
+            return cls(info.get("outcome"))
+        except ValueError:
+            return None
+

@@ -117,10 +117,11 @@ def read_metrics(metrics_jsonl_path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def plot_rewards(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLike,
-                 keys: list[str] | None = None) -> Path:
-    """Plot reward curves from ``metrics.jsonl`` to a PNG; by default every key containing "reward".
+                 keys: list[str] | None = None, *, ylabel: str | None = None) -> Path:
+    """Plot metric curves from ``metrics.jsonl`` to a PNG; by default every key containing "reward".
 
-    Raises ValueError when none of the keys occurs in the file.
+    The y axis names what is plotted: ``ylabel``, else :func:`axis_label` of the keys (``reward``
+    only when every key is a reward). Raises ValueError when none of the keys occurs in the file.
     """
     import matplotlib
 
@@ -142,7 +143,7 @@ def plot_rewards(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLi
         steps, values = zip(*points)
         ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=key)
     ax.set_xlabel("step")
-    ax.set_ylabel("reward")
+    ax.set_ylabel(ylabel or axis_label(list(series)))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -151,6 +152,17 @@ def plot_rewards(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLi
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def axis_label(keys: list[str]) -> str:
+    """The y-axis label for plotting ``keys``: ``reward`` when all are rewards, the key for one, else ``value``.
+
+    >>> axis_label(["train/reward_mean", "eval/reward_mean"]), axis_label(["train/penalised_turn_frac"])
+    ('reward', 'train/penalised_turn_frac')
+    """
+    if keys and all("reward" in k for k in keys):
+        return "reward"
+    return keys[0] if len(keys) == 1 else "value"
 
 
 def _is_nan(value: Any) -> bool:

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from envhub.config import from_kwargs
+
 from env_servers.gomoku_env.board import MAX_SIZE, MIN_SIZE
 from env_servers.gomoku_env.opponents import OPPONENTS
 
@@ -109,13 +111,9 @@ class GomokuConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_kwargs(cls, config: GomokuConfig | None = None, **kwargs: Any) -> GomokuConfig:
-        """A config from an optional base plus keyword overrides; unknown keys name the accepted ones."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise TypeError(f"Unknown gomoku setting(s) {unknown}; accepted: {', '.join(sorted(names))}.")
-        return (config or cls()).replace(**kwargs) if kwargs else (config or cls())
+    def build(cls, config: dict[str, Any]) -> "GomokuConfig":
+        """The config from keyword arguments, naming the accepted keys when one is unknown (as every env's)."""
+        return from_kwargs(cls, config, what="gomoku")
 
 
 def _is_int(value: Any) -> bool:

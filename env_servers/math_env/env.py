@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_servers.math_env import loaders, tasks
-from env_servers.math_env.grading import GradeResult, grade
+from env_servers.math_grading.grading import GradeResult, grade
 from env_servers.math_env.tasks import MathTask
 from envhub import Env, Observation, StepResult
 from envhub.config import from_kwargs

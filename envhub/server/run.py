@@ -90,7 +90,7 @@ def serve(target: str | type[Env], host: str | None = None, port: int | None = N
         return _serve_workers(target, env_cls, resolved, env_config or {})
     app = create_app(env_cls, settings=resolved, **(env_config or {}))
     config = uvicorn_config(app, resolved)
-    shown = {**vars(resolved), "token": "***" if resolved.token else None}
+    shown = {**vars(resolved), "token": "***" if resolved.token is not None else None}
     logging.getLogger("uvicorn.error").info("envhub serving %s.%s with %s and env config %s",
                                             env_cls.__module__, env_cls.__qualname__, shown, env_config or {})
     DrainingServer(config).run()
@@ -101,6 +101,9 @@ def _serve_workers(target: str | type[Env], env_cls: type[Env], settings: Settin
     os.environ["ENVHUB_TARGET"] = target if isinstance(target, str) else f"{env_cls.__module__}:{env_cls.__qualname__}"
     os.environ["ENVHUB_ENV_CONFIG"] = json.dumps(env_config)
     for name, value in vars(settings).items():
+        if name == "token" and value is None:
+            os.environ.pop("ENVHUB_TOKEN", None)  # no token is the absence of the variable, never a word
+            continue
         os.environ[f"ENVHUB_{name.upper()}"] = "none" if value is None else str(value)
     # Each worker drains its sessions in the app's lifespan shutdown.
     uvicorn.run("envhub.server.run:app_from_environ", factory=True, workers=settings.workers,

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from env_servers.code_env import CodeEnv
-from env_servers.code_env.sandbox import available_backends
+from env_servers.sandbox import available_backends
 from env_servers.code_env.tasks import builtin_tasks, reference_solutions
 from envhub import EnvRunner
 

@@ -69,7 +69,7 @@ def test_runner_choice_is_validated():
 
 @pytest.mark.sandbox
 async def test_run_python_goes_through_the_code_sandbox():
-    sandbox = pytest.importorskip("env_servers.code_env.sandbox")
+    sandbox = pytest.importorskip("env_servers.sandbox")
     if not sandbox.available_backends():
         pytest.skip("no code sandbox backend works on this host")
     runner = EnvRunner(MathToolEnv(python_runner="sandbox"))

@@ -17,7 +17,8 @@ import uuid
 import pytest
 from test_sandbox_backends import FAST, ISOLATING, LOCAL, assert_healthy, backend_params, build
 
-from env_servers.code_env.sandbox import Limits
+from env_servers.sandbox import Limits
+from test_sandbox_backends import FAST, ISOLATING, LOCAL, assert_healthy, backend_params, build
 
 pytestmark = pytest.mark.sandbox
 

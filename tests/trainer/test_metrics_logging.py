@@ -69,6 +69,21 @@ def test_plot_rewards_writes_a_png(tmp_path):
         plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "x.png", keys=["nope"])
 
 
+def test_plot_axis_names_what_is_plotted(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    labels = []
+    real = Axes.set_ylabel
+    monkeypatch.setattr(Axes, "set_ylabel", lambda ax, label, **kw: (labels.append(label), real(ax, label, **kw))[1])
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        for step in range(1, 4):
+            logger.log(step, {"train/reward_mean": step / 10, "train/penalised_turn_frac": 1.0 / step})
+    plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "r.png")
+    plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "i.png", keys=["train/penalised_turn_frac"])
+    plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "j.png", keys=["train/penalised_turn_frac"], ylabel="invalid")
+    assert labels == ["reward", "train/penalised_turn_frac", "invalid"]
+
+
 def test_progress_without_tty_prints_a_line_every_few_percent():
     out = io.StringIO()
     bar = Progress(100, desc="train", file=out, every_pct=10)
