@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ceiling", action="store_true", help="bare websockets echo server instead of envhub")
     parser.add_argument("--openenv", action="store_true", help="an openenv-core echo server instead of envhub")
     parser.add_argument("--ext", default=None, help="extensions the client opts into, e.g. request_id,cancel")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sessions, args.seconds, args.repeat = [1, 4], 0.3, 1
     if args.ceiling or args.openenv:
         server, base = start_server("ceiling" if args.ceiling else "openenv")
         port = int(base.rsplit(":", 1)[1])

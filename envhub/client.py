@@ -59,6 +59,7 @@ _EXPECTED = {"reset": _wire.REPLY_OBSERVATION, "step": _wire.REPLY_OBSERVATION, 
 # Close codes after which the server deliberately ended the session: resuming cannot help.
 _NO_RESUME_CODES = {1000, 1001, 1008, 1009, 1013, 4404}
 
+
 class EnvClient:
     """An async client for one env session over ``/ws``; connects lazily on the first call.
 
@@ -69,6 +70,18 @@ class EnvClient:
     passes (or the caller cancels a request) the client cancels the request on a server that
     offers the ``cancel`` extension: the episode is over there (the next ``step`` raises
     ``EpisodeStateError``, ``reset`` starts a new one) and nothing queues behind the abandoned step.
+
+    >>> import asyncio
+    >>> from envhub import EnvClient, create_app
+    >>> from envhub.server import ServerThread
+    >>> from envhub.testing import EchoEnv
+    >>> async def episode(url):
+    ...     async with EnvClient(url) as env:
+    ...         await env.reset(seed=1)
+    ...         return (await env.step({"message": "hi"})).reward
+    >>> with ServerThread(create_app(EchoEnv)) as server:
+    ...     asyncio.run(episode(server.url))
+    0.2
     """
 
     def __init__(self, base_url: str, *, token: str | None = None, connect_timeout_s: float = 10.0,
@@ -101,7 +114,7 @@ class EnvClient:
         self._ids = self._binary = False
         self._watchdog = Watchdog()
         self._ws_loop: asyncio.AbstractEventLoop | None = None
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[Any]] = set()
 
     # -- public API -------------------------------------------------------------------------
     @property

@@ -28,9 +28,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from envhub._wire import (ALL_EXTENSIONS, DEFAULT_MAX_MESSAGE_BYTES, EXT_CANCEL, EXT_MSGPACK, EXT_REQUEST_ID,
-                          EXT_RESUME, EXT_STEP_TIMEOUT, EXT_TOOLS, REPLY_ERROR, REPLY_HELLO, REPLY_MCP, REPLY_OBSERVATION,
-                          REPLY_STATE, REPLY_TOOLS, decode, encode, frame_bytes)
+from envhub._wire import (
+    ALL_EXTENSIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EXT_CANCEL,
+    EXT_MSGPACK,
+    EXT_REQUEST_ID,
+    EXT_RESUME,
+    EXT_STEP_TIMEOUT,
+    EXT_TOOLS,
+    REPLY_ERROR,
+    REPLY_HELLO,
+    REPLY_MCP,
+    REPLY_OBSERVATION,
+    REPLY_STATE,
+    REPLY_TOOLS,
+    decode,
+    encode,
+    frame_bytes,
+)
 from envhub.errors import EnvHubError, ErrorCode, ProtocolError
 from envhub.types import StepResult, ToolSpec
 

@@ -198,7 +198,7 @@ class Outcome(str, Enum):
     TIMED_OUT = "timed_out"
 
     @classmethod
-    def of(cls, info: dict[str, Any]) -> "Outcome | None":
+    def of(cls, info: dict[str, Any]) -> Outcome | None:
         """The outcome an ``info`` dict carries, or None (no outcome, or a value this version does not know)."""
         try:
             return cls(info.get("outcome"))

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from env_servers.code_env import grading
-from env_servers.sandbox import ExecResult, Limits, get_default_backend
 from env_servers.code_env.tasks import CodeTask, TaskSet, builtin_tasks, load_jsonl
+from env_servers.sandbox import ExecResult, Limits, get_default_backend
 from envhub import Env, Observation, StepResult, tool
 from envhub.config import from_kwargs
 

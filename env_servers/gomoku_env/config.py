@@ -10,10 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from envhub.config import from_kwargs
-
 from env_servers.gomoku_env.board import MAX_SIZE, MIN_SIZE
 from env_servers.gomoku_env.opponents import OPPONENTS
+from envhub.config import from_kwargs
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ class GomokuConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def build(cls, config: dict[str, Any]) -> "GomokuConfig":
+    def build(cls, config: dict[str, Any]) -> GomokuConfig:
         """The config from keyword arguments, naming the accepted keys when one is unknown (as every env's)."""
         return from_kwargs(cls, config, what="gomoku")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_servers.math_env import loaders, tasks
-from env_servers.math_grading.grading import GradeResult, grade
 from env_servers.math_env.tasks import MathTask
+from env_servers.math_grading.grading import GradeResult, grade
 from envhub import Env, Observation, StepResult
 from envhub.config import from_kwargs
 from envhub.errors import ActionValidationError

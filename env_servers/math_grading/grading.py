@@ -22,10 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from envhub.parsers import extract_boxed
-
 from env_servers.math_grading import bounded
 from env_servers.math_grading.expressions import is_cheap, numeric_value, sympy_module, try_parse
+from envhub.parsers import extract_boxed
 
 _UNIT_WORDS = ("square units", "sq units", "square inches", "square feet", "square meters", "square cm",
                "units", "unit", "degrees", "degree", "cm", "mm", "km", "meters", "meter", "inches", "inch",

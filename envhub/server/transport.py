@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 try:
     from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -37,12 +38,12 @@ if WebSocketsSansIOProtocol is not None:
                 return
             if self.curr_msg_data_type == "text":
                 try:
-                    message = {"type": "websocket.receive", "text": data.decode()}
+                    message: dict[str, Any] = {"type": "websocket.receive", "text": data.decode()}
                 except UnicodeDecodeError as exc:
                     return self._refuse_invalid_utf8(exc)
             else:
                 message = {"type": "websocket.receive", "bytes": data}
-            self.queue.put_nowait(message)
+            self.queue.put_nowait(message)  # type: ignore[arg-type]  # an ASGI receive event
             if not self.read_paused and self.queue.qsize() >= self.config.ws_max_queue:
                 self.read_paused = True
                 self.transport.pause_reading()

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from env_servers.code_env import CodeEnv
-from env_servers.sandbox import available_backends
 from env_servers.code_env.tasks import builtin_tasks, reference_solutions
+from env_servers.sandbox import available_backends
 from envhub import EnvRunner
 
 pytestmark = [pytest.mark.sandbox,

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from env_servers.code_env import CodeEnv
-from env_servers.sandbox import available_backends
 from env_servers.code_env.tasks import reference_solutions
+from env_servers.sandbox import available_backends
 from envhub import EnvClient, EnvTool, OpenEnv
 from envhub.server import create_app
 from envhub.server.run import ServerThread

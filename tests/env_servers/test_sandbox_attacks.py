@@ -18,7 +18,6 @@ import pytest
 from test_sandbox_backends import FAST, ISOLATING, LOCAL, assert_healthy, backend_params, build
 
 from env_servers.sandbox import Limits
-from test_sandbox_backends import FAST, ISOLATING, LOCAL, assert_healthy, backend_params, build
 
 pytestmark = pytest.mark.sandbox
 
