@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sandbox_ready() -> bool:
-    from env_servers.code_env.sandbox import available_backends
+    from env_servers.sandbox import available_backends
 
     return os.geteuid() == 0 and "local-zygote" in available_backends()
 
