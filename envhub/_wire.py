@@ -60,14 +60,16 @@ def encode(message: Any, *, binary: bool = False, lossy: bool = True) -> str | b
     """
     if binary:
         try:
-            return msgpack.packb(message, use_bin_type=True, default=str)
+            packed: bytes = msgpack.packb(message, use_bin_type=True, default=str)
+            return packed
         except UnicodeEncodeError as exc:
             if not lossy:
                 raise ActionValidationError(
                     f"Expected valid Unicode text, got a lone surrogate {exc.object[exc.start:exc.end]!r}; "
                     "msgpack frames carry UTF-8 only (replace it, or connect without the msgpack "
                     "extension: JSON escapes carry it).") from None
-            return msgpack.packb(replace_surrogates(message), use_bin_type=True, default=str)
+            replaced: bytes = msgpack.packb(replace_surrogates(message), use_bin_type=True, default=str)
+            return replaced
     text = _json_dumps(message)
     if not text.isascii() and _SURROGATE.search(text) is not None:
         return _json_dumps_ascii(message)

@@ -82,7 +82,7 @@ class EnvClient:
         self._ids = self._binary = False
         self._watchdog = Watchdog()
         self._ws_loop: asyncio.AbstractEventLoop | None = None
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- public API -------------------------------------------------------------------------
     @property

@@ -55,7 +55,7 @@ class Attachment:
 class Interrupts(Protocol):
     """Frames that may arrive while a request runs (the ``cancel`` extension): the shell's inbox."""
 
-    def incoming(self) -> asyncio.Future:
+    def incoming(self) -> asyncio.Future[Any]:
         """The read in flight (started if there is none)."""
 
     def cancels(self, request_id: Any) -> bool:
@@ -86,11 +86,11 @@ class SessionContext:
         """A runner on a freshly built env instance (FACTORY_ERROR when the constructor raises)."""
         return self.runner_for(await self._build_env())
 
-    def retire(self, runner: EnvRunner, task: asyncio.Future) -> None:
+    def retire(self, runner: EnvRunner, task: asyncio.Future[Any]) -> None:
         """Close ``runner``'s env once ``task`` is over and no worker thread still uses the env."""
         self._spawn(self._close_after(runner, task))
 
-    async def _close_after(self, runner: EnvRunner, task: asyncio.Future) -> None:
+    async def _close_after(self, runner: EnvRunner, task: asyncio.Future[Any]) -> None:
         job = runner.executor.busy_job() if isinstance(runner.executor, SessionExecutor) else None
         if job is not None:
             waiter = asyncio.wrap_future(job)
@@ -154,7 +154,7 @@ class Session:
         return self.protocol.complete(call, result)
 
     @staticmethod
-    async def _watch(call: Call, task: asyncio.Future, interrupts: Interrupts | None) -> str | None:
+    async def _watch(call: Call, task: asyncio.Future[Any], interrupts: Interrupts | None) -> str | None:
         """Wait for ``task``; None when it finished, else why it is given up (``STEP_TIMEOUT``, ``CANCELLED``)."""
         loop = asyncio.get_running_loop()
         deadline = None if call.timeout_s is None else loop.time() + call.timeout_s
@@ -179,7 +179,7 @@ class Session:
             return self.runner.state()
         return handle_jsonrpc(call.payload, type(self.runner.env), runner=self.runner)
 
-    def _abandon(self, call: Call, task: asyncio.Future, code: str) -> dict[str, Any]:
+    def _abandon(self, call: Call, task: asyncio.Future[Any], code: str) -> dict[str, Any]:
         """Reply ``code`` (STEP_TIMEOUT or CANCELLED) now; close the stuck env once its worker lets go of it."""
         self.context.metrics.error(code)
         runner = self.runner

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 try:
     from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -35,6 +36,7 @@ if WebSocketsSansIOProtocol is not None:
             self.frames = []
             if self.close_sent or self.utf8_refused:
                 return
+            message: Any
             if self.curr_msg_data_type == "text":
                 try:
                     message = {"type": "websocket.receive", "text": data.decode()}

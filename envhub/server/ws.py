@@ -181,7 +181,7 @@ class Inbox:
     def __init__(self, receive: Receive, protocol: SessionProtocol):
         self._receive = receive
         self._protocol = protocol
-        self._pending: asyncio.Future | None = None
+        self._pending: asyncio.Future[dict[str, Any]] | None = None
         self.backlog: deque[dict[str, Any]] = deque()
 
     async def next(self) -> dict[str, Any]:
@@ -192,7 +192,7 @@ class Inbox:
             return self.take()
         return await self._receive()
 
-    def incoming(self) -> asyncio.Future:
+    def incoming(self) -> asyncio.Future[dict[str, Any]]:
         """The read in flight (started if there is none)."""
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._receive())
