@@ -90,7 +90,7 @@ def _wait_up(port: int, timeout_s: float = 15.0) -> None:
     raise RuntimeError(f"server on port {port} did not come up")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
@@ -100,7 +100,10 @@ def main() -> None:
     parser.add_argument("--no-inline", action="store_true", help="run EchoEnv.step in the thread pool")
     parser.add_argument("--ceiling", action="store_true", help="bare websockets echo server instead of envhub")
     parser.add_argument("--openenv", action="store_true", help="an openenv-core echo server instead of envhub")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sessions, args.seconds, args.repeat = [1, 4], 0.3, 1
     if args.ceiling or args.openenv:
         server, base = start_server("ceiling" if args.ceiling else "openenv")
         port = int(base.rsplit(":", 1)[1])

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 SPLITS = ("train", "validation", "test")
-_SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "test": range(90, 100)}
+_SPLIT_BUCKETS = {"train": range(80), "validation": range(80, 90), "test": range(90, 100)}
 
 
 def split_of(problem: str) -> str:

@@ -13,7 +13,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from envhub import fleet
 from envhub.settings import Settings

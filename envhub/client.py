@@ -18,18 +18,37 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import msgpack
-from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from envhub import _wire
-from envhub._client_io import (BackgroundLoop, Watchdog, cached_metadata, close_code, closed_error, deadline,
-                               forget_metadata)
-from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvHubError, ErrorCode,
-                           ProtocolError, ServerError, SessionLostError, StepTimeoutError,
-                           error_for_code)
+from envhub._client_io import (
+    BackgroundLoop,
+    Watchdog,
+    cached_metadata,
+    close_code,
+    closed_error,
+    deadline,
+    forget_metadata,
+)
+from envhub.errors import (
+    ActionValidationError,
+    AuthError,
+    CapacityError,
+    EnvConnectionError,
+    EnvHubError,
+    ErrorCode,
+    ProtocolError,
+    ServerError,
+    SessionLostError,
+    StepTimeoutError,
+    error_for_code,
+)
 from envhub.types import StepResult, ToolSpec
 
 MiB = 1024 * 1024
@@ -50,6 +69,18 @@ class EnvClient:
     passes (or the caller cancels a request) the client cancels the request on a server that
     offers the ``cancel`` extension: the episode is over there (the next ``step`` raises
     ``EpisodeStateError``, ``reset`` starts a new one) and nothing queues behind the abandoned step.
+
+    >>> import asyncio
+    >>> from envhub import EnvClient, create_app
+    >>> from envhub.server import ServerThread
+    >>> from envhub.testing import EchoEnv
+    >>> async def episode(url):
+    ...     async with EnvClient(url) as env:
+    ...         await env.reset(seed=1)
+    ...         return (await env.step({"message": "hi"})).reward
+    >>> with ServerThread(create_app(EchoEnv)) as server:
+    ...     asyncio.run(episode(server.url))
+    0.2
     """
 
     def __init__(self, base_url: str, *, token: str | None = None, connect_timeout_s: float = 10.0,
@@ -89,7 +120,7 @@ class EnvClient:
     def connected(self) -> bool:
         return self._ws is not None
 
-    async def connect(self) -> "EnvClient":
+    async def connect(self) -> EnvClient:
         """Open the session now (normally it opens on the first call)."""
         async with self._lock:
             if self._ws is None:
@@ -153,13 +184,13 @@ class EnvClient:
         except Exception:
             pass
 
-    async def __aenter__(self) -> "EnvClient":
+    async def __aenter__(self) -> EnvClient:
         return await self.connect()
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    def sync(self) -> "SyncEnvClient":
+    def sync(self) -> SyncEnvClient:
         """A blocking client with the same API, driving this one on a background event loop."""
         return SyncEnvClient(self)
 
@@ -392,15 +423,20 @@ class EnvClient:
 class SyncEnvClient:
     """The blocking face of :class:`EnvClient`; every call runs on a shared background event loop.
 
-    >>> with EnvClient("http://localhost:8000").sync() as env:   # doctest: +SKIP
-    ...     env.reset(seed=1)
+    >>> from envhub import create_app
+    >>> from envhub.server import ServerThread
+    >>> from envhub.testing import EchoEnv
+    >>> with ServerThread(create_app(EchoEnv)) as server, EnvClient(server.url).sync() as env:
+    ...     first = env.reset(seed=1)
+    ...     env.step({"message": "hello"}).observation.echoed_message
+    'hello'
     """
 
     def __init__(self, client: EnvClient):
         self.client = client
         self._loop = BackgroundLoop.shared()
 
-    def connect(self) -> "SyncEnvClient":
+    def connect(self) -> SyncEnvClient:
         self._loop.run(self.client.connect())
         return self
 
@@ -419,7 +455,7 @@ class SyncEnvClient:
     def close(self) -> None:
         self._loop.run(self.client.close())
 
-    def __enter__(self) -> "SyncEnvClient":
+    def __enter__(self) -> SyncEnvClient:
         return self.connect()
 
     def __exit__(self, *exc: Any) -> None:

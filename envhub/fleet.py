@@ -73,7 +73,7 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|\$([A-Za-z_]
 def interpolate(value: str, env: dict[str, str]) -> str:
     """Compose-style ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}`` and ``$VAR`` substitution."""
 
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(4)
         op, default = m.group(2), m.group(3) or ""
         val = env.get(name)
@@ -198,7 +198,7 @@ def _port_free(host: str, port: int) -> bool:
 def _healthy(host: str, port: int, path: str = "/health", timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout_s) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False
 

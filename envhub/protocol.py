@@ -24,19 +24,36 @@ the transport shell thin and every rule of the wire contract unit-testable::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
-from envhub._wire import (ALL_EXTENSIONS, DEFAULT_MAX_MESSAGE_BYTES, EXT_CANCEL, EXT_MSGPACK, EXT_REQUEST_ID,
-                          EXT_RESUME, EXT_STEP_TIMEOUT, EXT_TOOLS, REPLY_ERROR, REPLY_HELLO, REPLY_MCP, REPLY_OBSERVATION,
-                          REPLY_STATE, REPLY_TOOLS, decode, encode, frame_bytes)
+from envhub._wire import (
+    ALL_EXTENSIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EXT_CANCEL,
+    EXT_MSGPACK,
+    EXT_REQUEST_ID,
+    EXT_RESUME,
+    EXT_STEP_TIMEOUT,
+    EXT_TOOLS,
+    REPLY_ERROR,
+    REPLY_HELLO,
+    REPLY_MCP,
+    REPLY_OBSERVATION,
+    REPLY_STATE,
+    REPLY_TOOLS,
+    decode,
+    encode,
+    frame_bytes,
+)
 from envhub.errors import EnvHubError, ErrorCode, ProtocolError
 from envhub.types import StepResult, ToolSpec
 
 try:  # orjson encodes a reply ~10x faster than the stdlib; optional, same output
     import orjson
 except ImportError:  # pragma: no cover - exercised where orjson is absent
-    orjson = None
+    orjson = None  # type: ignore[assignment]
 
 SERVER_NAME = "envhub/0.1.0"
 

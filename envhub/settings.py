@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from envhub._wire import DEFAULT_MAX_MESSAGE_BYTES
 from envhub.config import check_known
@@ -76,12 +77,12 @@ class Settings:
         """Frames above ``max_message_bytes`` get ``MESSAGE_TOO_LARGE``; above this, the transport closes 1009."""
         return 2 * self.max_message_bytes
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (None values are ignored, so unset CLI flags keep their value)."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Read ``ENVHUB_*`` variables (``os.environ`` by default), then apply non-None ``overrides``."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}

@@ -41,7 +41,7 @@ class Observation(BaseModel):
         return data
 
     @classmethod
-    def from_wire(cls, data: Any) -> "Observation":
+    def from_wire(cls, data: Any) -> Observation:
         """Read an observation from any server: envhub's, OpenEnv's typed ones, or a bare string."""
         if data is None:
             return cls()
@@ -78,7 +78,7 @@ class Action(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict, description="tool arguments")
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Action":
+    def _one_kind(self) -> Action:
         if (self.text is None) == (self.tool_name is None):
             raise ValueError("Expected exactly one of 'text' or 'tool_name' in the action, "
                              f"got text={self.text!r}, tool_name={self.tool_name!r}")
@@ -120,7 +120,7 @@ class StepResult:
         }
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> "StepResult":
+    def from_wire(cls, data: dict[str, Any]) -> StepResult:
         """Read the ``data`` of an observation frame from an envhub or OpenEnv server."""
         obs = Observation.from_wire(data.get("observation"))
         top_meta = data.get("metadata")
@@ -154,7 +154,7 @@ class ToolSpec:
         return {"name": self.name, "description": self.description, "inputSchema": self.parameters}
 
     @classmethod
-    def from_openai(cls, spec: dict[str, Any]) -> "ToolSpec":
+    def from_openai(cls, spec: dict[str, Any]) -> ToolSpec:
         """Accept the OpenAI shape, the bare function object, or an MCP entry."""
         fn = spec.get("function", spec)
         params = fn.get("parameters") or fn.get("inputSchema") or fn.get("input_schema") \
@@ -198,7 +198,7 @@ class Outcome(str, Enum):
     TIMED_OUT = "timed_out"
 
     @classmethod
-    def of(cls, info: dict[str, Any]) -> "Outcome | None":
+    def of(cls, info: dict[str, Any]) -> Outcome | None:
         """The outcome an ``info`` dict carries, or None (no outcome, or a value this version does not know)."""
         try:
             return cls(info.get("outcome"))

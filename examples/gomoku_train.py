@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.quickstart import env_server  # noqa: E402
+from trainer.quickstart import env_server
 
 SYSTEM = "Reply with one move as <move>row,col</move> on an empty cell ('.')."
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from trainer.quickstart import env_server
 

@@ -10,10 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from envhub.config import from_kwargs
-
 from env_servers.gomoku_env.board import MAX_SIZE, MIN_SIZE
 from env_servers.gomoku_env.opponents import OPPONENTS
+from envhub.config import from_kwargs
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class GomokuRewards:
     step_limit: float = -20.0
 
     @classmethod
-    def coerce(cls, value: "GomokuRewards | dict[str, float] | None") -> "GomokuRewards":
+    def coerce(cls, value: GomokuRewards | dict[str, float] | None) -> GomokuRewards:
         """A reward table from a ``GomokuRewards``, a partial dict of overrides, or None (defaults)."""
         if value is None:
             return cls()
@@ -106,12 +105,12 @@ class GomokuConfig:
             if not ok:
                 raise ValueError(f"Expected {expected}, got {got!r}.")
 
-    def replace(self, **changes: Any) -> "GomokuConfig":
+    def replace(self, **changes: Any) -> GomokuConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def build(cls, config: dict[str, Any]) -> "GomokuConfig":
+    def build(cls, config: dict[str, Any]) -> GomokuConfig:
         """The config from keyword arguments, naming the accepted keys when one is unknown (as every env's)."""
         return from_kwargs(cls, config, what="gomoku")
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import random
 from typing import Annotated, Any
 
-from envhub import Action, Env, Observation, StepResult, tool
-from envhub.errors import ActionValidationError
 from env_servers.gomoku_env import prompts
-from env_servers.gomoku_env.board import X, Board, Move, OpeningConfig, coerce_move, parse_move, random_opening
+from env_servers.gomoku_env.board import Board, Move, OpeningConfig, X, coerce_move, parse_move, random_opening
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.game import INVALID_EVENTS, VALID, GomokuGame, Outcome
 from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
+from envhub import Action, Env, Observation, StepResult, tool
+from envhub.errors import ActionValidationError
 
 
 class GomokuEnv(Env):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from env_servers.gomoku_env.board import O, X, Board, Move, board_from_moves
+from env_servers.gomoku_env.board import Board, Move, O, X, board_from_moves
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.opponents import make_opponent
 

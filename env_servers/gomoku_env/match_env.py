@@ -9,8 +9,6 @@ from __future__ import annotations
 import random
 from typing import Annotated, Any, ClassVar
 
-from envhub import Action, Env, Observation, StepResult, tool
-from envhub.errors import ActionValidationError
 from env_servers.gomoku_env import prompts
 from env_servers.gomoku_env.board import Board, Move, OpeningConfig, coerce_move, other, parse_move, random_opening
 from env_servers.gomoku_env.config import GomokuConfig
@@ -18,7 +16,8 @@ from env_servers.gomoku_env.coordinator import REGISTRY, Match, MatchRegistry, R
 from env_servers.gomoku_env.game import DRAW, STEP_LIMIT, VALID, WIN, TwoPlayerGame
 from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
-
+from envhub import Action, Env, Observation, StepResult, tool
+from envhub.errors import ActionValidationError
 
 PLAYED_EVENTS = frozenset({VALID, WIN, DRAW, STEP_LIMIT})
 

@@ -6,10 +6,9 @@ short outside the game; ``env.py`` and ``match_env.py`` put the result in ``info
 
 from __future__ import annotations
 
-from envhub.types import Outcome
-
 from env_servers.gomoku_env.coordinator import DISCONNECTED, OPPONENT_DISCONNECTED, OPPONENT_TIMEOUT, TURN_TIMEOUT
 from env_servers.gomoku_env.game import DRAW, LOSS, OPPONENT_FORFEIT, TOO_MANY_INVALID, WIN
+from envhub.types import Outcome
 
 OUTCOMES: dict[str, Outcome] = {
     WIN: Outcome.WIN, OPPONENT_FORFEIT: Outcome.WIN,

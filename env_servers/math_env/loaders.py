@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any, Iterable
-
-from envhub.parsers import extract_boxed
+from typing import Any
 
 from env_servers.datasets import read_records
 from env_servers.math_env.tasks import MathTask
+from envhub.parsers import extract_boxed
 
 FORMATS = ("auto", "math", "gsm8k")
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from env_servers.datasets import SPLITS, split_of
 
@@ -262,7 +263,7 @@ def listed_size(split: str, kind: str | None, difficulty: int | None) -> int | N
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _add_pool(split: str, difficulty: int) -> tuple[MathTask, ...]:
     return tuple(add_tasks(split, difficulty))
 

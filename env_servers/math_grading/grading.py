@@ -22,10 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from envhub.parsers import extract_boxed
-
 from env_servers.math_grading import bounded
 from env_servers.math_grading.expressions import is_cheap, numeric_value, sympy_module, try_parse
+from envhub.parsers import extract_boxed
 
 _UNIT_WORDS = ("square units", "sq units", "square inches", "square feet", "square meters", "square cm",
                "units", "unit", "degrees", "degree", "cm", "mm", "km", "meters", "meter", "inches", "inch",
@@ -168,8 +167,8 @@ def _pieces(normalised: str) -> tuple[str, list[str]]:
 
 def _expand_pm(piece: str) -> list[str]:
     r"""``a \pm b`` is the two solutions ``a + b`` and ``a - b``."""
-    left, sep, right = piece.partition("\pm")
-    if not sep or "\pm" in right or not right:
+    left, sep, right = piece.partition(r"\pm")
+    if not sep or r"\pm" in right or not right:
         return [piece]
     return [f"{left}+{right}", f"{left}-{right}"]
 

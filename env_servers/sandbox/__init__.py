@@ -18,8 +18,14 @@ Build a dedicated one with :func:`make_backend`. Every backend has ``async run(.
 from __future__ import annotations
 
 from env_servers.sandbox.limits import ExecResult, Limits, SandboxBackend, SandboxError
-from env_servers.sandbox.probe import (BACKENDS, SandboxConfig, available_backends, get_default_backend,
-                                                make_backend, set_default_backend)
+from env_servers.sandbox.probe import (
+    BACKENDS,
+    SandboxConfig,
+    available_backends,
+    get_default_backend,
+    make_backend,
+    set_default_backend,
+)
 
 
 async def run(code: str, *, stdin: bytes = b"", files: dict[str, bytes] | None = None,

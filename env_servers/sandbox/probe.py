@@ -40,7 +40,7 @@ class SandboxConfig:
             raise ValueError(f"Expected sandbox backend 'auto' or one of {', '.join(BACKENDS)}, got {self.backend!r}.")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "SandboxConfig":
+    def from_env(cls, environ: dict[str, str] | None = None) -> SandboxConfig:
         env = os.environ if environ is None else environ
         slots = env.get("ENVHUB_SANDBOX_SLOTS")
         preload = env.get("ENVHUB_SANDBOX_PRELOAD")

@@ -12,8 +12,8 @@ import os
 import selectors
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from env_servers.sandbox.limits import Limits
 

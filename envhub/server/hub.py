@@ -9,8 +9,9 @@ import logging
 import secrets
 import time
 import uuid
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Coroutine
+from typing import Any
 
 from envhub.env import Env, EnvRunner
 from envhub.errors import CapacityError, EnvHubError, ErrorCode
@@ -45,8 +46,8 @@ class Hub:
         self.metrics = Metrics()
         self.shutting_down = False
         self._reserved = 0
-        self._tasks: set[asyncio.Task] = set()
-        self._reaper: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reaper: asyncio.Task[None] | None = None
         self._tools = env_cls.tools()
         # A cancel interrupts work in the thread pool or async env code, never sync code run inline.
         self.cancel_interrupts = not self.inline or _has_async_methods(env_cls)
@@ -157,7 +158,7 @@ class Hub:
             return
         self.spawn(self.close_session(session))
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a background coroutine, keeping a reference so it is not garbage-collected."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

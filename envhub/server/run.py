@@ -18,7 +18,6 @@ from envhub.server.transport import WS_IMPLEMENTATION, install_log_redaction
 from envhub.settings import Settings
 
 
-
 def load_target(target: str | type[Env]) -> type[Env]:
     """An env class from a class or a ``"module:Class"`` string."""
     if isinstance(target, type):
@@ -126,7 +125,7 @@ class ServerThread:
     """
 
     def __init__(self, app: Any, *, settings: Settings | None = None, **uvicorn_overrides: Any):
-        settings = (settings or getattr(getattr(app, "state", None), "hub", None) and app.state.hub.settings
+        settings = (settings or (getattr(getattr(app, "state", None), "hub", None) and app.state.hub.settings)
                     or Settings())
         overrides = {"port": 0, "host": "127.0.0.1", "log_level": "warning", **uvicorn_overrides}
         self.server = DrainingServer(uvicorn_config(app, settings, **overrides))
@@ -141,7 +140,7 @@ class ServerThread:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
 
-    def start(self, timeout_s: float = 10.0) -> "ServerThread":
+    def start(self, timeout_s: float = 10.0) -> ServerThread:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
@@ -155,7 +154,7 @@ class ServerThread:
         self.server.should_exit = True
         self._thread.join(timeout_s)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, Future
-from typing import Any, Awaitable, Callable, Coroutine, Protocol
+from typing import Any, Protocol
 
 from envhub.env import Env, EnvRunner
 from envhub.errors import EnvExecutionError, EnvHubError, ErrorCode
@@ -29,14 +30,14 @@ class SessionExecutor(Executor):
 
     def __init__(self, pool: Executor):
         self._pool = pool
-        self.last: Future | None = None
+        self.last: Future[Any] | None = None
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         job = self._pool.submit(fn, *args, **kwargs)
         self.last = job
         return job
 
-    def busy_job(self) -> Future | None:
+    def busy_job(self) -> Future[Any] | None:
         job = self.last
         return job if job is not None and not job.done() else None
 
@@ -44,7 +45,7 @@ class SessionExecutor(Executor):
 class Attachment:
     """The socket a session currently talks through: how to send to it and how to close it."""
 
-    __slots__ = ("send", "close")
+    __slots__ = ("close", "send")
 
     def __init__(self, send: Callable[[str | bytes], Awaitable[None]],
                  close: Callable[[int, str], Awaitable[None]]):
@@ -70,7 +71,7 @@ class SessionContext:
     task alive; ``build_env`` and ``close_env`` make and close env instances.
     """
 
-    __slots__ = ("metrics", "_build_env", "_close_env", "_pool", "_spawn")
+    __slots__ = ("_build_env", "_close_env", "_pool", "_spawn", "metrics")
 
     def __init__(self, *, build_env: Callable[[], Awaitable[Env]], close_env: Callable[[EnvRunner], Awaitable[None]],
                  pool: Executor | None, metrics: Metrics, spawn: Callable[[Coroutine[Any, Any, Any]], Any]):
@@ -200,7 +201,7 @@ class Session:
         return self.protocol.stale_state is not None
 
 
-def _consume(task: asyncio.Future) -> None:
+def _consume(task: asyncio.Future[Any]) -> None:
     # An abandoned request's outcome is nobody's business any more; read it so asyncio stays quiet.
     if not task.cancelled():
         task.exception()

@@ -12,14 +12,27 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 from urllib.parse import parse_qs
 
 from envhub._wire import EXT_MSGPACK, encode
 from envhub.errors import AuthError, EnvHubError, ErrorCode
-from envhub.protocol import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_SESSION_LOST,
-                             CLOSE_TRY_AGAIN, Call, Cancel, Close, Reply, SessionProtocol, error_envelope,
-                             negotiate)
+from envhub.protocol import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_SESSION_LOST,
+    CLOSE_TRY_AGAIN,
+    Call,
+    Cancel,
+    Close,
+    Reply,
+    SessionProtocol,
+    error_envelope,
+    negotiate,
+)
 from envhub.server.hub import Hub
 from envhub.server.session import Attachment, Session
 
@@ -51,7 +64,7 @@ class WebSocketEndpoint:
     def __init__(self, hub: Hub):
         self.hub = hub
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -142,7 +155,7 @@ class WebSocketEndpoint:
                 inbox.close()
 
     async def _frame_loop(self, session: Session, attachment: Attachment, next_message: Receive,
-                          inbox: "Inbox | None") -> bool:
+                          inbox: Inbox | None) -> bool:
         proto, hub = session.protocol, self.hub
         send_frame = attachment.send
         while True:
@@ -176,7 +189,7 @@ class Inbox:
     """The frames of one connection when requests can be cancelled: a read may be in flight while a
     request runs, and frames that are not its ``cancel`` queue up for the frame loop, in order."""
 
-    __slots__ = ("_receive", "_protocol", "_pending", "backlog")
+    __slots__ = ("_pending", "_protocol", "_receive", "backlog")
 
     def __init__(self, receive: Receive, protocol: SessionProtocol):
         self._receive = receive
@@ -221,7 +234,7 @@ class Inbox:
             self._pending = None
 
 
-def _encode(proto: Any, envelope: dict[str, Any]) -> str | bytes:
+def _encode(proto: SessionProtocol, envelope: dict[str, Any]) -> str | bytes:
     """Encode a reply; an env value the codec cannot carry fails this request only."""
     try:
         return proto.encode(envelope)

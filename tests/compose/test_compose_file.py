@@ -97,9 +97,8 @@ def test_every_server_runs_non_root_read_only_without_capabilities(name: str) ->
 
 def test_every_envhub_variable_is_a_real_setting_with_a_valid_value() -> None:
     # The servers ignore unknown ENVHUB_* variables, so a typo here would silently do nothing.
-    from dataclasses import fields
-
     import inspect
+    from dataclasses import fields
 
     from env_servers.sandbox import SandboxConfig, probe
     from envhub.settings import Settings

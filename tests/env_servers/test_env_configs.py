@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from envhub.errors import ConfigError
 from env_servers.code_env.env import CodeEnv, CodeEnvConfig
 from env_servers.geometry_env.env import GeometryConfig, GeometryEnv
 from env_servers.gomoku_env import GomokuConfig, GomokuEnv, GomokuMatchEnv
 from env_servers.math_env import MathConfig, MathEnv
+from envhub.errors import ConfigError
 
 ENVS = [(MathEnv, MathConfig), (GeometryEnv, GeometryConfig), (CodeEnv, CodeEnvConfig), (GomokuEnv, GomokuConfig),
         (GomokuMatchEnv, GomokuConfig)]

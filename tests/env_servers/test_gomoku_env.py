@@ -7,11 +7,11 @@ from io import BytesIO
 
 import pytest
 
+from env_servers.gomoku_env import GomokuEnv
+from env_servers.gomoku_env.board import Board, O, X
+from env_servers.gomoku_env.opponents import HeuristicOpponent, RandomOpponent
 from envhub import EnvRunner
 from envhub.errors import ActionValidationError
-from env_servers.gomoku_env import GomokuEnv
-from env_servers.gomoku_env.board import O, X, Board
-from env_servers.gomoku_env.opponents import HeuristicOpponent, RandomOpponent
 
 
 def board_of(result) -> Board:
@@ -210,10 +210,3 @@ async def test_256_concurrent_sessions_in_one_process():
     assert {steps[-1].info["end_reason"] for _, steps in games} <= {"win", "loss", "step_limit"}
     # sessions are independent: different seeds, different games
     assert len({tuple(steps[0].info["opponent_move"]) for _, steps in games}) > 20
-
-
-def test_check_env_passes():
-    from envhub.testing import check_env
-
-    check_env(GomokuEnv)
-    check_env(GomokuEnv, sample_action={"text": "<move>4,4</move>"}, board_size=7, opponent="mix")

@@ -6,8 +6,14 @@ import pytest
 
 from env_servers.math_grading import bounded, grading
 from env_servers.math_grading.expressions import ExpressionError, is_cheap, parse_expression, try_parse
-from env_servers.math_grading.grading import (GRADE_TIMEOUT_S, grade, grade_answer, has_think_then_boxed, is_equiv,
-                                          strip_string)
+from env_servers.math_grading.grading import (
+    GRADE_TIMEOUT_S,
+    grade,
+    grade_answer,
+    has_think_then_boxed,
+    is_equiv,
+    strip_string,
+)
 
 
 @pytest.fixture

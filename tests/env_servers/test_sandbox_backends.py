@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from env_servers.sandbox import Limits, available_backends, make_backend, SandboxConfig
+from env_servers.sandbox import Limits, SandboxConfig, available_backends, make_backend
 
 _AVAILABLE = available_backends() if os.geteuid() == 0 else []
 LOCAL = [name for name in ("local-zygote", "local-bwrap", "local-rlimit") if name in _AVAILABLE]

@@ -10,8 +10,14 @@ import pytest
 from envhub import Env, Observation, reward, tool
 from envhub.client import EnvClient
 from envhub.env_tool import EnvTool, ToolManager
-from envhub.errors import (ActionValidationError, AuthError, CapacityError, EpisodeStateError, SessionLostError,
-                           StepTimeoutError)
+from envhub.errors import (
+    ActionValidationError,
+    AuthError,
+    CapacityError,
+    EpisodeStateError,
+    SessionLostError,
+    StepTimeoutError,
+)
 from envhub.remote import OpenEnv
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings

@@ -4,8 +4,16 @@ import json
 
 import pytest
 
-from envhub.parsers import (ParseStatus, decode_arguments, extract_boxed, extract_tag, extract_tags,
-                            format_tool_call, format_tool_response, parse_tool_calls)
+from envhub.parsers import (
+    ParseStatus,
+    decode_arguments,
+    extract_boxed,
+    extract_tag,
+    extract_tags,
+    format_tool_call,
+    format_tool_response,
+    parse_tool_calls,
+)
 from envhub.types import ToolCall
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from rollout_fakes import ScriptedSampler
+
 from env_servers.gomoku_env import GomokuMatchEnv
 from trainer.multiagent import MatchRollout, MatchSpec, by_agent
 from trainer.rollout import EnvPool, RolloutConfig, StopReason
@@ -100,8 +100,9 @@ class BrokenSampler(ScriptedSampler):
 
 
 async def test_a_failing_policy_abandons_the_match_and_leaves_no_seat_playing(serve_env, tok) -> None:
-    from env_servers.gomoku_env.coordinator import REGISTRY
     from rollout_fakes import wait_until
+
+    from env_servers.gomoku_env.coordinator import REGISTRY
 
     server = serve_env(GomokuMatchEnv, turn_timeout_s=10.0)
     alice, bob = ScriptedSampler(tok, line_player("alice")), BrokenSampler(tok, line_player("bob"))

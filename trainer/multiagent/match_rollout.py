@@ -92,7 +92,7 @@ class _SeatSession:
     its first move only once ``state()["agents"]`` shows both seats.
     """
 
-    def __init__(self, inner: EnvSession, recorder: "_MatchRecorder"):
+    def __init__(self, inner: EnvSession, recorder: _MatchRecorder):
         self.inner, self.recorder = inner, recorder
         self.key: tuple[str, str] | None = None
         self.moved = False
