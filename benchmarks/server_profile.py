@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
     parser.add_argument("--repeat", type=int, default=1, help="runs per scenario; the median is reported")
+    parser.add_argument("--ext", default=None, help="extensions the client opts into, e.g. request_id,cancel")
     parser.add_argument("--ws", default="envhub.server.transport:LeanWebSocketProtocol", help="uvicorn ws implementation")
     parser.add_argument("--no-inline", action="store_true", help="run EchoEnv.step in the thread pool")
     parser.add_argument("--ceiling", action="store_true", help="bare websockets echo server instead of envhub")
     parser.add_argument("--openenv", action="store_true", help="an openenv-core echo server instead of envhub")
-    parser.add_argument("--ext", default=None, help="extensions the client opts into, e.g. request_id,cancel")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = parser.parse_args(argv)
     if args.smoke:

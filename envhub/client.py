@@ -59,7 +59,6 @@ _EXPECTED = {"reset": _wire.REPLY_OBSERVATION, "step": _wire.REPLY_OBSERVATION, 
 # Close codes after which the server deliberately ended the session: resuming cannot help.
 _NO_RESUME_CODES = {1000, 1001, 1008, 1009, 1013, 4404}
 
-
 class EnvClient:
     """An async client for one env session over ``/ws``; connects lazily on the first call.
 
@@ -114,7 +113,7 @@ class EnvClient:
         self._ids = self._binary = False
         self._watchdog = Watchdog()
         self._ws_loop: asyncio.AbstractEventLoop | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- public API -------------------------------------------------------------------------
     @property

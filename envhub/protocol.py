@@ -239,8 +239,8 @@ class SessionProtocol:
         return self._error(ProtocolError(f"Unknown message type: {mtype}", code=ErrorCode.UNKNOWN_TYPE), rid)
 
     def _cancel(self, data: Any, rid: Any) -> Effect:
-        target = data.get("id") if isinstance(data, dict) else None
-        if target is None or isinstance(target, bool) or not isinstance(target, (str, int)):
+        target = _cancel_id(data)
+        if target is None:
             return self._error(ProtocolError(
                 f"Expected cancel 'data' to be {{\"id\": <id of the request to cancel>}}, got {data!r}.",
                 code=ErrorCode.VALIDATION_ERROR), rid)
@@ -255,9 +255,7 @@ class SessionProtocol:
             msg = decode(frame, binary_ok=self.binary, max_bytes=self.max_message_bytes)
         except EnvHubError:
             return None
-        data = msg.get("data")
-        target = data.get("id") if msg["type"] == "cancel" and isinstance(data, dict) else None
-        return target if isinstance(target, (str, int)) and not isinstance(target, bool) else None
+        return _cancel_id(msg.get("data")) if msg["type"] == "cancel" else None
 
     def _request_call(self, op: str, payload: Any, rid: Any, msg: dict[str, Any]) -> Effect:
         timeout_s = self.step_timeout_s
@@ -330,6 +328,12 @@ class SessionProtocol:
         if self._replay and rid is not None:
             self._last_id, self._last_reply = rid, envelope
         return envelope
+
+
+def _cancel_id(data: Any) -> Any:
+    """The request id in a ``cancel``'s data (a string or an integer), else None."""
+    target = data.get("id") if isinstance(data, dict) else None
+    return target if isinstance(target, (str, int)) and not isinstance(target, bool) else None
 
 
 __all__ = ["SessionProtocol", "Reply", "Call", "Close", "Cancel", "Effect", "negotiate", "error_envelope", "SERVER_NAME",

@@ -4,8 +4,8 @@
 parser of :mod:`env_servers.math_grading.expressions` (no attribute access, no names beyond math
 functions and single-letter symbols, no exponent towers, at most 400 characters), and any
 expression whose sympy evaluation could still be slow runs in a worker process with a
-deadline (:mod:`env_servers.math_grading.bounded`), so every call finishes in bounded time. Results
-are exact when they can be (``5*sqrt(2)``) with a decimal approximation. Bad input raises
+deadline (:mod:`env_servers.math_grading.bounded`), so every call finishes in bounded time. Results are
+exact when they can be (``5*sqrt(2)``) with a decimal approximation. Bad input raises
 :class:`CalculatorError` with a message meant for the model.
 """
 

@@ -36,6 +36,7 @@ if WebSocketsSansIOProtocol is not None:
             self.frames = []
             if self.close_sent or self.utf8_refused:
                 return
+            message: Any
             if self.curr_msg_data_type == "text":
                 try:
                     message: dict[str, Any] = {"type": "websocket.receive", "text": data.decode()}

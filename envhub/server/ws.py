@@ -194,7 +194,7 @@ class Inbox:
     def __init__(self, receive: Receive, protocol: SessionProtocol):
         self._receive = receive
         self._protocol = protocol
-        self._pending: asyncio.Future[Any] | None = None
+        self._pending: asyncio.Future[dict[str, Any]] | None = None
         self.backlog: deque[dict[str, Any]] = deque()
 
     async def next(self) -> dict[str, Any]:
@@ -205,7 +205,7 @@ class Inbox:
             return self.take()
         return await self._receive()
 
-    def incoming(self) -> asyncio.Future[Any]:
+    def incoming(self) -> asyncio.Future[dict[str, Any]]:
         """The read in flight (started if there is none)."""
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._receive())
@@ -215,8 +215,7 @@ class Inbox:
         """The message of the finished read in flight."""
         pending, self._pending = self._pending, None
         assert pending is not None
-        message: dict[str, Any] = pending.result()
-        return message
+        return pending.result()
 
     def cancels(self, request_id: Any) -> bool:
         message = self.take()
