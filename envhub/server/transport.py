@@ -39,12 +39,12 @@ if WebSocketsSansIOProtocol is not None:
             message: Any
             if self.curr_msg_data_type == "text":
                 try:
-                    message: dict[str, Any] = {"type": "websocket.receive", "text": data.decode()}
+                    message = {"type": "websocket.receive", "text": data.decode()}
                 except UnicodeDecodeError as exc:
                     return self._refuse_invalid_utf8(exc)
             else:
                 message = {"type": "websocket.receive", "bytes": data}
-            self.queue.put_nowait(message)  # type: ignore[arg-type]  # an ASGI receive event
+            self.queue.put_nowait(message)
             if not self.read_paused and self.queue.qsize() >= self.config.ws_max_queue:
                 self.read_paused = True
                 self.transport.pause_reading()
