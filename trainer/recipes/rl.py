@@ -64,7 +64,8 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
         base, kwargs = env_cls, dict(cfg.env.env_kwargs)
         env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
     pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
-                   message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
+                   message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token,
+                   action_mapper=cfg.env.action_mapper, tools=cfg.env.tools)
     if cfg.sampling.backend == "vllm":
         from trainer.rollout.vllm_sampler import VLLMSampler
 
@@ -72,7 +73,7 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
                               seed=rank_seed(cfg.run.seed, rank()))  # ranks sample different completions
     else:
         sampler = HFSampler(model, tok, cfg.sampling)
-    return RolloutEngine(pool, sampler, tok, cfg.rollout)
+    return RolloutEngine(pool, sampler, tok, cfg.rollout, model_name=cfg.model.name)
 
 
 def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
