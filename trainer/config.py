@@ -156,11 +156,14 @@ class RunConfig:
     resume: bool = False
     strategy: str = "auto"     # under torchrun: auto (DDP with > 1 rank) | ddp | fsdp | none (single process only)
     device: str = "auto"
+    max_failed_steps: int = 3  # stop when every episode failed this many steps in a row (0: never)
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1 or self.group_size < 1:
             raise ValueError(f"Expected run.steps >= 0, run.batch_size >= 1, run.group_size >= 1, got "
                              f"{self.steps}, {self.batch_size}, {self.group_size}.")
+        if self.max_failed_steps < 0:
+            raise ValueError(f"Expected run.max_failed_steps >= 0 (0: never stop), got {self.max_failed_steps}.")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"Expected run.strategy in {STRATEGIES}, got {self.strategy!r}.")
 

@@ -53,6 +53,7 @@ from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
 from trainer.rollout import (EnvPool, HFSampler, RolloutEngine, Task, Trajectory, build_groups, load_env_class,
                              make_tasks)
+from trainer.rollout.failures import FailureWatch, RolloutFailureError
 
 
 # -- set-up ------------------------------------------------------------------------------------
@@ -299,6 +300,9 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     # nothing left to do (run.steps=0, or a resumed run already at run.steps): validate and summarise
     last_step = max(cfg.run.steps, first_step)
     progress = Progress(last_step - first_step, desc=cfg.algo.name)
+    # a run that trains on nothing says so (console, metrics, failures.jsonl), then stops
+    watch = FailureWatch(cfg.run.max_failed_steps, log, out / "failures.jsonl" if info.is_main else None)
+    everywhere = (lambda all_failed: not max_over_ranks(int(not all_failed), device)) if info.distributed else None
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
         # 1. rollouts with the current policy
@@ -307,6 +311,12 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         # 2. complete (and informative) groups only
         grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
         metrics = rollout_metrics(trajs, grouped)
+        try:
+            metrics.update(watch.check(step + 1, trajs, everywhere))
+        except RolloutFailureError:
+            logger.close()
+            engine.close()
+            raise
         kept = grouped.trajectories if grouped.groups else []
         # Under torchrun every rank must run the same forward/backward passes (DDP and FSDP communicate
         # in them): a rank that kept fewer rows this step pads its batch with rows that train nothing.
@@ -323,9 +333,6 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
                                     old_values_BS=old_values, device=device))
             scheduler.step()
             engine.sampler.update_weights(model, step + 1)
-        if not kept and grouped.infra_failures:
-            log(f"step {step}: every group lost to env failures ({grouped.infra_failures} episodes); "
-                f"first error: {next(t.error for t in trajs if t.infra_failed)}")
         metrics["time/step_s"] = time.monotonic() - t0
         metrics["time/rollout_s"] = t_rollout
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
