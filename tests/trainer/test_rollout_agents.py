@@ -193,3 +193,36 @@ async def test_a_client_tool_shadowing_an_env_tool_is_refused(tok) -> None:
     with pytest.raises(ValueError, match="have the names of env tools"):
         await engine(ShadowEnv, ScriptedSampler(tok, lambda p: "x"), tok,
                      client_tools=["agents_fakes:lookup"]).run([Task({})])
+
+
+# -- tool-call formats through the engine ------------------------------------------------------------
+async def test_mistral_calls_keep_their_special_marker_tokens_when_decoded(tok) -> None:
+    mistral_tok = build_tiny_tokenizer()
+    mistral_tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]"]})
+    reply = '[TOOL_CALLS]add[ARGS]{"x": 2, "y": 5}'
+    assert mistral_tok.decode(mistral_tok.encode(reply, add_special_tokens=False), skip_special_tokens=True) \
+        == 'add{"x": 2, "y": 5}'  # what a plain decode would leave the parser
+    replies = iter([reply, "7"])
+    eng = engine(CalcEnv, ScriptedSampler(mistral_tok, lambda p: next(replies)), mistral_tok, max_turns=2,
+                 tool_parser="auto", engine_kw={"model_name": "mistralai/Ministral-8B-Instruct-2410"})
+    [traj] = await eng.run([Task({})])
+    assert traj.tool_calls == 1 and traj.parse_errors == 0 and traj.reward == 1.0
+    assert "<tool_response>\n7\n</tool_response>" in mistral_tok.decode(traj.tokens)
+
+
+async def test_qwen3_coder_calls_run_with_arguments_typed_by_the_env_schema(tok) -> None:
+    call = "<tool_call>\n<function=add>\n<parameter=x>\n2\n</parameter>\n<parameter=y>\n5\n</parameter>\n</function>\n</tool_call>"
+    replies = iter([call, "7"])
+    [traj] = await engine(CalcEnv, ScriptedSampler(tok, lambda p: next(replies)), tok, max_turns=2,
+                          tool_parser="qwen3_coder").run([Task({})])
+    assert traj.tool_calls == 1 and traj.parse_errors == 0 and traj.reward == 1.0
+    assert "<tool_response>\n7\n</tool_response>" in tok.decode(traj.tokens)
+
+
+async def test_malformed_calls_are_parse_failures_and_an_episode_of_them_failed(tok) -> None:
+    bad = "<tool_call>\n<function=add>\n<parameter=x>\n2\n</parameter>\n</tool_call>"
+    [traj] = await engine(CalcEnv, ScriptedSampler(tok, lambda p: bad), tok, max_turns=2,
+                          tool_parser="qwen3_coder").run([Task({})])
+    assert traj.parse_errors == 2 and traj.failed_turns == 2 and traj.failed
+    assert traj.failure == "parse_error" and "not closed" in traj.failure_message
+    assert "Error: <function=add> is not closed" in tok.decode(traj.tokens)

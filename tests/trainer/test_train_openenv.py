@@ -1,15 +1,17 @@
 """Training against an unmodified openenv-core server whose action and observation are typed models without `text`.
 
-The server is openenv-core's own ``create_app`` under uvicorn on a loopback port; nothing of envhub
-runs on the server side. Importing openenv-core takes seconds, hence ``slow``.
+The server is the example ``examples/openenv_shout_server.py``: openenv-core's own ``create_app``
+under uvicorn on a loopback port, nothing of envhub on the server side; the config is the
+example ``examples/configs/openenv_shout_grpo.toml``. Importing openenv-core takes seconds, hence ``slow``.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
-from typing import Any, Optional
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,54 +21,22 @@ pytestmark = [pytest.mark.interop, pytest.mark.live, pytest.mark.slow]
 openenv_server = pytest.importorskip("openenv.core.env_server.http_server")
 uvicorn = pytest.importorskip("uvicorn")
 
-from openenv.core.env_server.interfaces import Environment  # noqa: E402
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
-
 from trainer.config import load_config  # noqa: E402
 from trainer.model import load_policy  # noqa: E402
 from trainer.recipes.rl import train  # noqa: E402
 from trainer.rollout.failures import RolloutFailureError  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from examples.openenv_shout_server import build_app  # noqa: E402
+
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
         "model.intermediate_size=64"]
 
 
-class ShoutAction(Action):
-    message: str
-
-
-class ShoutObservation(Observation):
-    echoed_message: str = ""
-    message_length: int = 0
-
-
-class ShoutEnvironment(Environment):
-    """OpenEnv's echo env, rewarding upper-case letters: reward = share of the message's characters in A-Z."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self):
-        super().__init__()
-        self._state = State(episode_id="none", step_count=0)
-
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any):
-        self._state = State(episode_id=episode_id or "ep", step_count=0)
-        return ShoutObservation(echoed_message="SHOUT SOMETHING", reward=0.0)
-
-    def step(self, action, timeout_s=None, **kwargs):
-        self._state.step_count += 1
-        text = action.message
-        return ShoutObservation(echoed_message=text, message_length=len(text), done=True,
-                                reward=sum("A" <= ch <= "Z" for ch in text) / max(len(text), 1))
-
-    @property
-    def state(self):
-        return self._state
-
-
 @pytest.fixture(scope="module")
 def openenv_url():
-    app = openenv_server.create_app(ShoutEnvironment, ShoutAction, ShoutObservation, max_concurrent_envs=32)
+    app = build_app(max_concurrent_envs=32)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -80,10 +50,11 @@ def openenv_url():
 
 
 def config(tmp_path, url, *extra: str):
-    return load_config(None, [f"env.url='{url}'", "env.train_task={}", "env.eval_task={}", "env.eval_key='seed'",
-                              *TINY, "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=6",
-                              "run.batch_size=3", "run.group_size=4", "run.eval_problems=2", "optim.lr=3e-3",
-                              "algo.filter_zero_variance=false", f"run.output_dir='{tmp_path}'", *extra])
+    """The example config (examples/configs/openenv_shout_grpo.toml), shrunk to a few seconds."""
+    return load_config(ROOT / "examples/configs/openenv_shout_grpo.toml",
+                       [f"env.url='{url}'", *TINY, "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=6",
+                        "run.batch_size=3", "run.group_size=4", "run.eval_problems=2",
+                        "algo.filter_zero_variance=false", f"run.output_dir='{tmp_path}'", *extra])
 
 
 def records(path) -> list[dict]:

@@ -24,12 +24,12 @@ from trainer.rollout.types import Trajectory
 
 KINDS = ("parse_error", "validation_error", "env_error", "timeout")
 _HINTS = {
-    "parse_error": "the replies are not tool calls the parser reads: check rollout.tool_parser (or "
+    "parse_error": "The replies are not tool calls the parser reads: check rollout.tool_parser (or "
                    "rollout.agent) against the model's format",
-    "validation_error": "the env refuses the actions: set env.action_mapper to the env's action shape "
+    "validation_error": "The env refuses the actions: set env.action_mapper to the env's action shape "
                         "(see docs/training.md, 'Any OpenEnv server')",
-    "env_error": "the env server fails or is unreachable: check env.url and the server's log",
-    "timeout": "episodes run past rollout.episode_timeout_s: raise it or check the env's speed",
+    "env_error": "The env server fails or is unreachable: check env.url and the server's log",
+    "timeout": "Episodes run past rollout.episode_timeout_s: raise it or check the env's speed",
 }
 
 
