@@ -59,9 +59,10 @@ def register_tool_parser(name: str, parser: ToolCallParser | None = None) -> Any
     def add(fn: ToolCallParser) -> ToolCallParser:
         if not re.fullmatch(r"[a-z0-9_]+", name):
             raise ValueError(f"Expected a tool parser name of lower-case letters, digits and _, got {name!r}.")
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
+        existing = _REGISTRY.get(name)
+        if existing is not None and getattr(existing, "__wrapped__", existing) is not fn:
             raise ValueError(f"A tool parser named {name!r} is already registered.")
-        _REGISTRY[name] = fn
+        _REGISTRY[name] = _takes_tools(fn)
         return fn
 
     return add(parser) if parser is not None else add
@@ -85,7 +86,7 @@ def parser_name_for_model(model_name: str | None) -> str:
 def get_tool_parser(name: str | Callable[..., ToolCallParse], *, model_name: str | None = None) -> ToolCallParser:
     """A parser by registered name, ``"auto"`` (from ``model_name``), ``"module:function"``, or a callable."""
     if callable(name):
-        return name  # type: ignore[return-value]
+        return _takes_tools(name)
     _load_builtin()
     if name == "auto":
         name = parser_name_for_model(model_name)
@@ -96,12 +97,31 @@ def get_tool_parser(name: str | Callable[..., ToolCallParse], *, model_name: str
         fn = getattr(importlib.import_module(module), attr, None)
         if not callable(fn):
             raise ValueError(f"Expected {name!r} to name a parser function, got {fn!r}.")
-        return fn
+        return _takes_tools(fn)
     try:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"Unknown tool parser {name!r}; expected 'auto', 'module:function' or one of "
                          f"{tool_parser_names()}.") from None
+
+
+def _takes_tools(fn: Callable[..., ToolCallParse]) -> ToolCallParser:
+    """``fn`` itself, or a wrapper for a user parser written as ``fn(text, *, truncated=False)``."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn  # type: ignore[return-value]
+    if "tools" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn  # type: ignore[return-value]
+
+    def parse(text: Any, *, truncated: bool = False, tools: list[dict[str, Any]] | None = None) -> ToolCallParse:
+        return fn(text, truncated=truncated)
+
+    parse.markers = getattr(fn, "markers", ())  # type: ignore[attr-defined]
+    parse.__wrapped__ = fn  # type: ignore[attr-defined]
+    return parse
 
 
 def hermes(text: Any, *, truncated: bool = False, tools: list[dict[str, Any]] | None = None) -> ToolCallParse:

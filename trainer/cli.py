@@ -3,8 +3,11 @@
     envhub-train --config examples/configs/math_grpo.toml env.url=ws://localhost:8001 run.steps=50
     envhub-train sft --config my_sft.toml sft.data=demos.jsonl
     envhub-train --config FILE --print-config        # the resolved config, nothing run
+    envhub-train --config examples/configs/openenv_shout_grpo.toml env.action_mapper=message  # any OpenEnv server
 
 Under ``torchrun`` every rank runs its share of the rollouts and the gradients are averaged.
+Exit status: 0 when the run finished, 1 when every episode failed ``run.max_failed_steps`` steps
+in a row (the reason and an example are printed), 2 for a config error.
 """
 
 from __future__ import annotations

@@ -56,6 +56,9 @@ def test_a_parser_registered_by_name_or_module_path_is_found():
     register_tool_parser("test_xml_only", get_tool_parser("qwen3_coder"))
     assert get_tool_parser("test_xml_only") is get_tool_parser("qwen3_coder")
     assert get_tool_parser("envhub._tool_formats:mistral") is get_tool_parser("mistral")
+    assert get_tool_parser("envhub.parsers:parse_tool_calls")(LLAMA3_ONE, tools=TOOLS).status is ParseStatus.NO_CALL
+    register_tool_parser("test_without_tools", lambda text, *, truncated=False: get_tool_parser("llama3_json")(text))
+    assert get_tool_parser("test_without_tools")(LLAMA3_ONE, tools=TOOLS).calls[0].name == "get_weather"
 
 
 # -- Qwen3-Coder XML --------------------------------------------------------------------------------

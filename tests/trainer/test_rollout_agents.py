@@ -226,3 +226,19 @@ async def test_malformed_calls_are_parse_failures_and_an_episode_of_them_failed(
     assert traj.parse_errors == 2 and traj.failed_turns == 2 and traj.failed
     assert traj.failure == "parse_error" and "not closed" in traj.failure_message
     assert "Error: <function=add> is not closed" in tok.decode(traj.tokens)
+
+
+async def test_python_configs_take_classes_and_functions_themselves(tok) -> None:
+    from trainer.config import EnvConfig, TrainConfig
+
+    def to_message(action):
+        return {"message": action["text"].upper()}
+
+    cfg = TrainConfig(env=EnvConfig(env_class="x:Y", action_mapper=to_message),
+                      rollout=RolloutConfig(agent=agents_fakes.LastWordAgent, client_tools=[agents_fakes.lookup]))
+    assert "to_message" in cfg.to_json() and "LastWordAgent" in cfg.to_json()
+    eng = RolloutEngine(EnvPool(env_cls=TypedEchoEnv, action_mapper=cfg.env.action_mapper),
+                        ScriptedSampler(tok, lambda p: "well, hi"), tok, cfg.rollout)
+    [traj] = await eng.run([Task({})])
+    assert traj.reward == 0.0 and traj.stop_reason is StopReason.DONE  # the env got "HI", not "hi"
+    assert '"name": "lookup"' in prompt_of(tok, traj) and "Answer with one word." in prompt_of(tok, traj)

@@ -48,6 +48,8 @@ class RolloutConfig:
     ``"package.module:Class"`` (see :mod:`trainer.rollout.agents`), built with ``agent_kwargs``;
     ``tool_parser``: a registered parser name, ``auto`` (from the model's name) or ``module:function``;
     ``client_tools``: ``"module:function"`` names of Python functions run as tools next to the env's.
+    From Python, ``agent`` may be an :class:`~trainer.rollout.agents.Agent` subclass and
+    ``client_tools`` may hold the functions themselves.
     """
 
     max_turns: int = 1
@@ -83,7 +85,14 @@ class _Stop(Exception):
 
 
 class RolloutEngine:
-    """Runs episodes against an :class:`EnvPool` with a :class:`Sampler`; ``await engine.run(tasks)``."""
+    """Runs episodes against an :class:`EnvPool` with a :class:`Sampler`; ``await engine.run(tasks)``.
+
+    ``agent``: an :class:`Agent` subclass or a factory of agents (default: ``config.agent``), one per
+    episode. ``client_tools``: Python functions (or :class:`FunctionTool` s) run as tools next to the
+    env's, added to ``config.client_tools``. ``model_name`` picks the tool parser when
+    ``config.tool_parser == "auto"``. ``renderer``: a :class:`ChatRenderer`-like object (a
+    vision-language one sets ``supports_images`` and agents then send image parts).
+    """
 
     def __init__(self, pool: EnvPool, sampler: Sampler, tokenizer: Any, config: RolloutConfig | None = None, *,
                  agent: type[Agent] | Callable[[], Agent] | None = None,
@@ -96,8 +105,9 @@ class RolloutEngine:
         self.renderer = renderer or ChatRenderer(tokenizer)
         self.model_name = model_name
         self.agent_factory = agent or load_agent_class(self.config.agent)
-        tools = [*(load_function(n) for n in self.config.client_tools), *(client_tools or [])]
-        self.client_tools = {}
+        tools = [*(load_function(n) if isinstance(n, str) else n for n in self.config.client_tools),
+                 *(client_tools or [])]
+        self.client_tools: dict[str, FunctionTool] = {}
         for t in (t if isinstance(t, FunctionTool) else FunctionTool(t) for t in tools):
             if t.name in self.client_tools:
                 raise ValueError(f"Two client-side tools are named {t.name!r}; tool names must be unique.")
