@@ -111,6 +111,12 @@ def test_action_mapper_specs_and_errors() -> None:
         load_action_mapper("mesage")
     mapper, tools = from_action_schema({"properties": {"text": {}, "tool_name": {}, "arguments": {}}})
     assert mapper({"text": "x"}) == {"text": "x"} and tools == []
+    # OpenEnv's MCP CallToolAction: tool calls get their discriminator, text is refused with the reason
+    mcp, tools = from_action_schema({"properties": {"type": {"const": "call_tool"}, "tool_name": {}, "arguments": {},
+                                                    "metadata": {}}})
+    assert mcp({"tool_name": "f", "arguments": {}}) == {"type": "call_tool", "tool_name": "f", "arguments": {}}
+    with pytest.raises(ValueError, match="tool calls only"):
+        mcp({"text": "hello"})
     with pytest.raises(ValueError, match="unknown-key|Unknown key"):
         from trainer.config import load_config
         load_config(None, ["env.action_mappr=message"])

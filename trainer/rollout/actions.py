@@ -5,10 +5,11 @@ The engine's actions are envhub's default ones, ``{"text": reply}`` or ``{"tool_
 ``{"code": ...}``) needs them reshaped: ``env.action_mapper`` names a mapper, a function
 ``mapper(action: dict) -> dict`` (in Python, any callable), or one of the built-ins:
 
-- ``"auto"`` (the default for env URLs): read the action model from the server's ``/schema``.
-  envhub's default action (or no ``/schema``) passes actions through; an action with one string
-  field takes the text reply in that field; an action with other fields becomes one tool (named
-  after the action model, its fields as parameters) whose calls are the action;
+- ``"auto"`` (the default): read the action model from the server's ``/schema`` (in process: the
+  env's ``action_model``). envhub's default action (or no ``/schema``) passes actions through; a
+  tool-call action (OpenEnv's MCP ``CallToolAction``) takes tool calls and refuses text; an action
+  with one string field takes the text reply in that field; an action with other fields becomes
+  one tool (named after the action model, its fields as parameters) whose calls are the action;
 - ``"identity"``: actions as they are;
 - ``"field:NAME"``: ``{"text": t}`` -> ``{NAME: t}`` (``"message"`` and ``"code"`` are short for
   ``field:message`` and ``field:code``); a tool call's arguments pass through as the action;
@@ -55,6 +56,13 @@ def arguments(action: dict[str, Any]) -> dict[str, Any]:
     return dict(action.get("arguments") or {})
 
 
+def arguments_with_name(action: dict[str, Any]) -> dict[str, Any]:
+    """A tool call as it is; text has nowhere to go (an env whose action is a tool call only)."""
+    if "tool_name" not in action:
+        raise ValueError("This env takes tool calls only; got a text reply. Call one of its tools.")
+    return action
+
+
 def call_tool(action: dict[str, Any]) -> dict[str, Any]:
     """OpenEnv's MCP ``CallToolAction``."""
     if "tool_name" not in action:
@@ -90,6 +98,9 @@ def load_action_mapper(spec: str | ActionMapper | None) -> ActionMapper | None:
 def from_action_schema(schema: Any) -> tuple[ActionMapper, list[ToolSpec]]:
     """The ``"auto"`` mapper (and tools) for an env whose ``/schema`` gives ``schema`` as its action model."""
     props = schema.get("properties") if isinstance(schema, dict) else None
+    if isinstance(props, dict) and "tool_name" in props and "text" not in props:
+        # a tool-call action (OpenEnv's MCP CallToolAction has a "type" discriminator): text has nowhere to go
+        return (call_tool if "type" in props else arguments_with_name), []
     if not isinstance(props, dict) or _DEFAULT_FIELDS & set(props):
         return identity, []
     fields = {k: v for k, v in props.items() if k != "metadata"}
@@ -154,4 +165,4 @@ class MappedSession:
 
 
 __all__ = ["ActionMapper", "BUILTIN_MAPPERS", "MappedSession", "load_action_mapper", "from_action_schema",
-           "field_mapper", "identity", "arguments", "call_tool"]
+           "field_mapper", "identity", "arguments", "arguments_with_name", "call_tool"]
