@@ -135,6 +135,23 @@ async def test_user_agent_from_the_config_builds_prompts_from_history_and_maps_r
     assert policy_text(tok, traj) == "I think 5<|im_end|>"
 
 
+class SilentAgent(Agent):
+    def initial_messages(self, observation):
+        return []
+
+
+class SloppyAgent(Agent):
+    def decide(self, reply, *, truncated):
+        return {"text": reply}
+
+
+async def test_a_broken_user_agent_fails_loudly_not_silently(tok) -> None:
+    with pytest.raises(ValueError, match="SilentAgent.initial_messages\\(\\) returned no messages"):
+        await engine(AddEnv, ScriptedSampler(tok, lambda p: "5"), tok, engine_kw={"agent": SilentAgent}).run([Task({})])
+    with pytest.raises(TypeError, match="SloppyAgent.decide\\(\\) to return a Decision, got dict"):
+        await engine(AddEnv, ScriptedSampler(tok, lambda p: "5"), tok, engine_kw={"agent": SloppyAgent}).run([Task({})])
+
+
 def test_agent_names_and_errors() -> None:
     assert load_agent_class("answer") is AnswerAgent and load_agent_class("tools") is ToolCallingAgent
     assert load_agent_class("auto") is Agent

@@ -202,6 +202,9 @@ class RolloutEngine:
             raise ValueError(f"Client-side tools {clashes} have the names of env tools; rename them.")
         agent.tools = tools = agent.tool_schemas([*specs, *(t.spec for t in self.client_tools.values())])
         messages = agent.initial_messages(first.observation)
+        if not messages:
+            raise ValueError(f"{type(agent).__name__}.initial_messages() returned no messages: the model "
+                             "would be prompted with nothing.")
         agent.history.extend(messages)
         traj.append(self.renderer.prompt_ids(messages, tools), policy=False)
         traj.prompt_len = len(traj.tokens)
@@ -223,6 +226,9 @@ class RolloutEngine:
             reply = self._decode(gen.token_ids, getattr(agent.parse_tool_calls, "markers", ()))
             agent.history.append({"role": "assistant", "content": reply})
             decision = agent.decide(reply, truncated=gen.finish_reason == "length")
+            if not isinstance(decision, Decision):
+                raise TypeError(f"Expected {type(agent).__name__}.decide() to return a Decision, got "
+                                f"{type(decision).__name__}.")
             result, new_messages = await self._interact(session, traj, agent, decision)
             agent.history.extend(new_messages)
             traj.turn_rewards.append(result.reward)
