@@ -7,7 +7,20 @@ from typing import Annotated
 
 from trainer.rollout.agents import Agent, Decision
 
-BARRIER: asyncio.Barrier | None = None
+class Rendezvous:
+    """Two parties wait for each other (asyncio.Barrier needs Python 3.11)."""
+
+    def __init__(self, parties: int = 2):
+        self.parties, self.arrived, self.all_here = parties, 0, asyncio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        if self.arrived >= self.parties:
+            self.all_here.set()
+        await self.all_here.wait()
+
+
+BARRIER: Rendezvous | None = None
 
 
 class LastWordAgent(Agent):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import pytest
@@ -181,7 +180,7 @@ def test_observation_images_become_image_parts_only_when_wanted() -> None:
 
 # -- client-side tools --------------------------------------------------------------------------------
 async def test_client_side_tools_run_next_to_env_tools_concurrently(tok) -> None:
-    agents_fakes.BARRIER = asyncio.Barrier(2)
+    agents_fakes.BARRIER = agents_fakes.Rendezvous(2)
     calls = ('<tool_call>\n{"name": "rendezvous", "arguments": {"name": "a"}}\n</tool_call>\n'
              '<tool_call>\n{"name": "add", "arguments": {"x": 2, "y": 5}}\n</tool_call>\n'
              '<tool_call>\n{"name": "rendezvous", "arguments": {"name": "b"}}\n</tool_call>\n'
