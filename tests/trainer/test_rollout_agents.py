@@ -92,6 +92,16 @@ async def test_multi_field_action_becomes_a_tool_from_its_schema(tok) -> None:
     assert traj.reward == 1.0 and traj.tool_calls == 1
 
 
+async def test_tool_schemas_from_the_config_replace_the_envs(tok) -> None:
+    place = {"type": "function", "function": {"name": "place", "description": "Place a stone.", "parameters": {
+        "type": "object", "properties": {"row": {"type": "integer"}, "col": {"type": "integer"}}}}}
+    call = '<tool_call>\n{"name": "place", "arguments": {"row": 1, "col": 2}}\n</tool_call>'
+    [traj] = await engine(GridEnv, ScriptedSampler(tok, lambda p: call), tok,
+                          pool_kw={"action_mapper": "arguments", "tools": [place]}).run([Task({})])
+    assert '"name": "place"' in prompt_of(tok, traj) and "move_action" not in prompt_of(tok, traj)
+    assert traj.reward == 1.0 and traj.tool_calls == 1
+
+
 async def test_mapper_from_a_module_path_and_a_mapper_that_refuses(tok) -> None:
     sampler = ScriptedSampler(tok, lambda p: "hello")
     [traj] = await engine(TypedEchoEnv, sampler, tok, pool_kw={"action_mapper": "field:message"}).run([Task({})])
