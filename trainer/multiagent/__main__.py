@@ -37,8 +37,14 @@ def main(argv: list[str] | None = None) -> int:
               "python -m env_servers.gomoku_env --two-agent) or env.env_class='pkg.mod:Cls'.", file=sys.stderr)
         return 2
     from trainer.multiagent.two_agent import train_two_agents
+    from trainer.rollout.failures import RolloutFailureError
 
-    print(json.dumps(train_two_agents(cfg), indent=2))
+    try:
+        summary = train_two_agents(cfg)
+    except RolloutFailureError as exc:
+        print(f"envhub-train two-agent: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
     return 0
 
 
