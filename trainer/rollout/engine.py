@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import time
 from dataclasses import dataclass, field
-import importlib
 from typing import Any, Callable
 
 from envhub.errors import ActionValidationError, EnvHubError, EpisodeStateError, StepTimeoutError
@@ -34,7 +34,7 @@ from trainer.rollout.agents import Agent, Decision, ToolResult, load_agent_class
 from trainer.rollout.envs import EnvPool, EnvSession
 from trainer.rollout.render import ChatRenderer
 from trainer.rollout.sampler import Sampler
-from trainer.rollout.types import EpisodeState, GenRequest, GenResult, StopReason, Task, Trajectory
+from trainer.rollout.types import EpisodeState, GenRequest, StopReason, Task, Trajectory
 
 
 @dataclass
