@@ -6,22 +6,26 @@ transport. :meth:`EnvTool.from_env <envhub.env_tool.EnvTool.from_env>` wraps an 
 on its own, so a local env's tools go to a chat model like a remote env's:
 
 >>> from envhub.testing import EchoEnv
->>> env = LocalEnv(EchoEnv(), action_mapper=lambda tool_name, arguments: arguments)  # typed {"message"} action
+>>> env = LocalEnv(EchoEnv())
+>>> [t.name for t in env.tools()]      # a typed action model (no @tool methods) is one tool
+['echo_action']
 >>> env.reset(seed=0).observation.echoed_message
 'ready'
->>> result = env.step("env_action", {"message": "hi"})
+>>> result = env.step("echo_action", {"message": "hi"})
 >>> result.observation.echoed_message, result.reward
 ('hi', 0.2)
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from envhub._client_io import BackgroundLoop
 from envhub.env import Env, EnvRunner
 from envhub.errors import ActionValidationError
-from envhub.types import Observation, StepResult, ToolSpec
+from envhub.tools import _clean_schema
+from envhub.types import Action, Observation, StepResult, ToolSpec
 
 ActionMapper = Callable[[str, dict[str, Any]], dict[str, Any]]
 
@@ -30,8 +34,10 @@ class AsyncLocalEnv:
     """The async form. A step before any reset starts an episode with ``reset()`` first.
 
     ``action_mapper(tool_name, arguments) -> action`` reshapes the default action, as for
-    :class:`~envhub.remote.AsyncOpenEnv`. An action the env refuses comes back as an error
-    observation for the model (``info["action_error"]``); an env that crashes raises.
+    :class:`~envhub.remote.AsyncOpenEnv`. An env with its own ``action_model`` and no ``@tool``
+    methods lists one tool named after the model (``EchoAction`` -> ``echo_action``) whose
+    arguments are the action. An action the env refuses comes back as an error observation for
+    the model (``info["action_error"]``); an env that crashes raises.
     """
 
     def __init__(self, env: Env, action_mapper: ActionMapper | None = None):
@@ -42,6 +48,7 @@ class AsyncLocalEnv:
         self.action_mapper = action_mapper
         self.episode_reward = 0.0
         self.last_result: StepResult | None = None
+        self.action_tool = _action_tool(type(env))
 
     @property
     def done(self) -> bool:
@@ -56,8 +63,12 @@ class AsyncLocalEnv:
 
     async def step(self, tool_name: str, arguments: dict[str, Any] | None = None) -> StepResult:
         arguments = dict(arguments or {})
-        action = (self.action_mapper(tool_name, arguments) if self.action_mapper
-                  else {"tool_name": tool_name, "arguments": arguments})
+        if self.action_mapper is not None:
+            action = self.action_mapper(tool_name, arguments)
+        elif self.action_tool is not None and tool_name == self.action_tool.name:
+            action = arguments
+        else:
+            action = {"tool_name": tool_name, "arguments": arguments}
         if not self.runner.started:
             await self.reset()
         try:
@@ -71,10 +82,22 @@ class AsyncLocalEnv:
         return result
 
     def tools(self) -> list[ToolSpec]:
-        return type(self.env).tools()
+        return [self.action_tool] if self.action_tool is not None else type(self.env).tools()
 
     async def close(self) -> None:
         await self.runner.close()
+
+
+def _action_tool(cls: type[Env]) -> ToolSpec | None:
+    """The one tool of an env whose typed action model is all it takes (no ``@tool`` methods)."""
+    model = cls.action_model
+    if issubclass(model, Action) or cls.tools():
+        return None
+    schema = model.model_json_schema()
+    schema.get("properties", {}).pop("metadata", None)  # OpenEnv actions carry it; not the model's to fill
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.__name__).lower()
+    return ToolSpec(name=name, description=(model.__doc__ or f"Send the env a {model.__name__}.").strip(),
+                    parameters=_clean_schema(schema))
 
 
 class LocalEnv:

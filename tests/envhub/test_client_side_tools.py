@@ -134,3 +134,14 @@ def test_tool_names_must_be_unique_across_env_and_function_tools() -> None:
 
     with pytest.raises(ValueError, match="Two tools are named 'guess'"):
         ToolManager([*EnvTool.from_env(GuessEnv()), guess])
+
+
+def test_a_local_env_with_a_typed_action_is_one_tool_taking_that_action() -> None:
+    from envhub.testing import EchoEnv
+
+    [echo] = EnvTool.from_env(EchoEnv())
+    params = echo.tool_info()["function"]["parameters"]
+    assert echo.name == "echo_action" and params["required"] == ["message"] and "metadata" not in params["properties"]
+    assert echo(message="hello") == '{"echoed_message": "hello", "message_length": 5}'
+    assert echo.episode_reward == pytest.approx(0.5)
+    assert echo(msg="typo").startswith("Error: Invalid action for EchoEnv")  # refused, the model reads why

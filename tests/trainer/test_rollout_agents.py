@@ -78,6 +78,15 @@ async def test_typed_observation_reaches_the_prompt_and_text_maps_to_the_typed_a
     assert traj.stop_reason is StopReason.DONE and traj.reward == 1.0 and traj.failure is None
 
 
+async def test_a_typed_observation_subclass_in_process_reaches_the_prompt(tok) -> None:
+    from envhub.testing import EchoEnv  # EchoObservation(echoed_message, message_length), EchoAction(message)
+
+    [traj] = await engine(EchoEnv, ScriptedSampler(tok, lambda p: "hey"), tok, max_turns=2).run([Task({})])
+    text = tok.decode(traj.tokens)
+    assert '{"echoed_message": "ready", "message_length": 0}' in prompt_of(tok, traj)
+    assert '{"echoed_message": "hey", "message_length": 3}' in text and traj.reward == pytest.approx(0.6)
+
+
 async def test_without_a_mapper_the_typed_env_refuses_every_reply_and_says_why(tok) -> None:
     [traj] = await engine(TypedEchoEnv, ScriptedSampler(tok, lambda p: "hi"), tok,
                           pool_kw={"action_mapper": "identity"}).run([Task({})])
