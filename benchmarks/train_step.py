@@ -161,7 +161,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.prompts, args.group, args.prompt_len, args.completion_len, args.steps, args.warmup = 2, 2, 8, 8, 2, 1
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
 

@@ -57,7 +57,9 @@ def qwen3_coder(text: Any, *, truncated: bool = False, tools: list[dict[str, Any
     if not isinstance(text, str):
         return ToolCallParse(ParseStatus.MALFORMED, errors=[f"Expected text, got {type(text).__name__}."])
     types = _param_types(tools)
-    calls, errors, cut_off = [], [], False
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    cut_off = False
     for m in _Q3_CALL.finditer(text):
         if not m.group(2):
             cut_off = True
@@ -72,7 +74,7 @@ def qwen3_coder(text: Any, *, truncated: bool = False, tools: list[dict[str, Any
     return ToolCallParse(_status(calls, errors, cut_off=cut_off, truncated=truncated), calls, errors, content)
 
 
-def _q3_block(body: str, types: dict[str, dict[str, str]]) -> tuple[ToolCall | None, str | None]:
+def _q3_block(body: str, types: dict[str, dict[str, str | None]]) -> tuple[ToolCall | None, str | None]:
     fn = _Q3_FUNCTION.match(body)
     if fn is None:
         return None, "Expected <function=NAME> ... </function> inside <tool_call>."
@@ -106,8 +108,8 @@ def _q3_value(raw: str, declared: str | None) -> Any:
     return value
 
 
-def _param_types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
+def _param_types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, str | None]]:
+    out: dict[str, dict[str, str | None]] = {}
     for t in tools or []:
         fn = t.get("function", t) if isinstance(t, dict) else {}
         props = (fn.get("parameters") or {}).get("properties") or {}
@@ -136,7 +138,9 @@ def llama3_json(text: Any, *, truncated: bool = False, tools: list[dict[str, Any
                                          truncated=truncated), [], ["Expected a JSON tool call after <|python_tag|>."],
                                  body.strip())
         return ToolCallParse(ParseStatus.NO_CALL, content=text.strip())
-    calls, errors, cut_off = [], [], False
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    cut_off = False
     decoder, pos = json.JSONDecoder(), 0
     while True:
         pos = _skip(body, pos, " \t\r\n;")
@@ -198,7 +202,9 @@ def mistral(text: Any, *, truncated: bool = False, tools: list[dict[str, Any]] |
     if start < 0:
         return ToolCallParse(ParseStatus.NO_CALL, content=text.strip())
     content = text[:start].strip()
-    calls, errors, cut_off = [], [], False
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    cut_off = False
     for segment in text[start:].split(_TOOL_CALLS)[1:]:
         v11 = _MISTRAL_V11.match(segment)
         if v11:
@@ -230,7 +236,8 @@ def _mistral_array(segment: str) -> tuple[list[ToolCall], list[str], bool]:
             return [], ["unterminated [TOOL_CALLS] JSON (the generation was cut off)"], True
         return [], [f"invalid JSON after [TOOL_CALLS]: {exc}"], False
     items = value if isinstance(value, list) else [value]
-    calls, errors = [], []
+    calls: list[ToolCall] = []
+    errors: list[str] = []
     for item in items:
         if not isinstance(item, dict):
             errors.append(f"Expected a tool call object with 'name' and 'arguments', got {type(item).__name__}.")

@@ -19,7 +19,8 @@ import asyncio
 import functools
 import inspect
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from envhub.tools import ToolInfo, tool, validate_arguments
 from envhub.types import ToolSpec
@@ -30,18 +31,27 @@ class FunctionTool:
 
     Returns the function's result as text (strings as they are, anything else as JSON). A result
     that is a :class:`~envhub.types.Observation`-like object with ``text`` gives that text.
+
+    >>> import asyncio
+    >>> async def lookup(key: str) -> dict:
+    ...     '''Look a constant up.'''
+    ...     return {"pi": 3.14}.get(key, {})
+    >>> t = FunctionTool(lookup)
+    >>> t.name, t.tool_info()["function"]["parameters"]["required"], asyncio.run(t.acall(key="pi"))
+    ('lookup', ['key'], '3.14')
     """
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None):
         if not callable(fn):
             raise TypeError(f"Expected a function, got {type(fn).__name__}.")
-        target = fn
+        target: Callable[..., Any] = fn
         if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
-            target = getattr(fn, "__call__")  # a callable object: its __call__ carries the signature
+            target = type(fn).__call__.__get__(fn)  # a callable object: its bound __call__ has the signature
         info: ToolInfo | None = getattr(target, "__envhub_tool__", None)
         if info is None or name is not None or description is not None:
-            info = tool(_metadata_holder(target), name=name or getattr(fn, "__name__", type(fn).__name__),
-                        description=description).__envhub_tool__
+            holder = tool(name=name or getattr(fn, "__name__", type(fn).__name__),
+                          description=description)(_metadata_holder(target))
+            info = holder.__envhub_tool__  # type: ignore[attr-defined]
         self.fn = fn
         self.info = info
         self.name = info.spec.name

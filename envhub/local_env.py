@@ -19,7 +19,8 @@ on its own, so a local env's tools go to a chat model like a remote env's:
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from envhub._client_io import BackgroundLoop
 from envhub.env import Env, EnvRunner
@@ -101,7 +102,26 @@ def _action_tool(cls: type[Env]) -> ToolSpec | None:
 
 
 class LocalEnv:
-    """The blocking form (runs its async twin on envhub's shared background loop)."""
+    """An ``Env`` instance behind the blocking ``OpenEnv`` API (its async twin runs on envhub's shared
+    background loop); ``EnvTool.from_env`` wraps a local env in one.
+
+    >>> from envhub import Env, EnvTool, Observation, tool
+    >>> class Counter(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         self.n = 0
+    ...         return Observation(text="Count.")
+    ...     @tool
+    ...     def inc(self, by: int = 1) -> str:
+    ...         '''Add to the counter.'''
+    ...         self.n += by
+    ...         return str(self.n)
+    >>> env = LocalEnv(Counter())
+    >>> env.reset(seed=0).observation.text
+    'Count.'
+    >>> [inc] = EnvTool.from_env(env)
+    >>> inc(by=2), inc(by=3)
+    ('2', '5')
+    """
 
     def __init__(self, env: Env, action_mapper: ActionMapper | None = None):
         self.aenv = AsyncLocalEnv(env, action_mapper)
@@ -134,7 +154,7 @@ class LocalEnv:
     def done(self) -> bool:
         return self.aenv.done
 
-    def __enter__(self) -> "LocalEnv":
+    def __enter__(self) -> LocalEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:

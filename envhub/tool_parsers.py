@@ -26,7 +26,8 @@ mistral       ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]`` or            
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, overload
 
 from envhub.parsers import ParseStatus, ToolCallParse, parse_tool_calls
 
@@ -43,6 +44,7 @@ class ToolCallParser(Protocol):
 
 
 _REGISTRY: dict[str, ToolCallParser] = {}
+_P = TypeVar("_P", bound=Callable[..., ToolCallParse])
 
 # Checked in order against the lower-cased model name: more specific names first.
 _FAMILIES: list[tuple[str, str]] = [
@@ -53,10 +55,18 @@ _FAMILIES: list[tuple[str, str]] = [
 ]
 
 
-def register_tool_parser(name: str, parser: ToolCallParser | None = None) -> Any:
+@overload
+def register_tool_parser(name: str) -> Callable[[_P], _P]: ...
+
+
+@overload
+def register_tool_parser(name: str, parser: _P) -> _P: ...
+
+
+def register_tool_parser(name: str, parser: _P | None = None) -> _P | Callable[[_P], _P]:
     """Add a parser under ``name`` (usable as a decorator); a name already taken is refused."""
 
-    def add(fn: ToolCallParser) -> ToolCallParser:
+    def add(fn: _P) -> _P:
         if not re.fullmatch(r"[a-z0-9_]+", name):
             raise ValueError(f"Expected a tool parser name of lower-case letters, digits and _, got {name!r}.")
         existing = _REGISTRY.get(name)
@@ -112,9 +122,9 @@ def _takes_tools(fn: Callable[..., ToolCallParse]) -> ToolCallParser:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return fn  # type: ignore[return-value]
+        return fn
     if "tools" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return fn  # type: ignore[return-value]
+        return fn
 
     def parse(text: Any, *, truncated: bool = False, tools: list[dict[str, Any]] | None = None) -> ToolCallParse:
         return fn(text, truncated=truncated)

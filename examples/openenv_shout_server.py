@@ -5,7 +5,7 @@ Its action and observation are typed models without ``text`` (``ShoutAction(mess
 is the share of upper-case letters in the message, so a policy can learn to shout. Nothing of
 envhub runs on the server side (openenv-core is in the ``dev`` extra):
 
-    python examples/openenv_shout_server.py --port 8000
+    python -m examples.openenv_shout_server --port 8000
     envhub-train --config examples/configs/openenv_shout_grpo.toml env.url=ws://localhost:8000
 
 The trainer reads the observation with the ``OpenEnv`` client's extraction (its typed fields as
@@ -16,7 +16,7 @@ server's ``/schema`` (``env.action_mapper = "auto"``; ``"message"`` says the sam
 from __future__ import annotations
 
 import argparse
-from typing import Any, Optional
+from typing import Any
 
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
@@ -41,11 +41,11 @@ class ShoutEnvironment(Environment):
         super().__init__()
         self._state = State(episode_id="none", step_count=0)
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> ShoutObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> ShoutObservation:
         self._state = State(episode_id=episode_id or "ep", step_count=0)
         return ShoutObservation(echoed_message="SHOUT SOMETHING", reward=0.0)
 
-    def step(self, action: ShoutAction, timeout_s: Optional[float] = None, **kwargs: Any) -> ShoutObservation:
+    def step(self, action: ShoutAction, timeout_s: float | None = None, **kwargs: Any) -> ShoutObservation:
         self._state.step_count += 1
         text = action.message
         return ShoutObservation(echoed_message=text, message_length=len(text), done=True,
@@ -61,14 +61,18 @@ def build_app(max_concurrent_envs: int = 64) -> Any:
     return create_app(ShoutEnvironment, ShoutAction, ShoutObservation, max_concurrent_envs=max_concurrent_envs)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m examples.openenv_shout_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-envs", type=int, default=64, help="concurrent sessions")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    args = parse_args(argv)
     uvicorn.run(build_app(args.max_envs), host=args.host, port=args.port, log_level="warning")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.algos.losses import AGGREGATIONS
-from trainer.distributed import STRATEGIES
+from trainer.distributed import MIXED_PRECISIONS, STRATEGIES
 from trainer.model import ModelConfig
 from trainer.rollout.actions import load_action_mapper
 from trainer.rollout.engine import RolloutConfig
@@ -155,6 +155,7 @@ class RunConfig:
     output_dir: str = "runs/train"
     resume: bool = False
     strategy: str = "auto"     # under torchrun: auto (DDP with > 1 rank) | ddp | fsdp | none (single process only)
+    mixed_precision: str = "auto"  # no | bf16 | fp16 (autocast forward); auto: accelerate launch's, else no
     device: str = "auto"
     max_failed_steps: int = 3  # stop when every episode failed this many steps in a row (0: never)
 
@@ -166,6 +167,8 @@ class RunConfig:
             raise ValueError(f"Expected run.max_failed_steps >= 0 (0: never stop), got {self.max_failed_steps}.")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"Expected run.strategy in {STRATEGIES}, got {self.strategy!r}.")
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ValueError(f"Expected run.mixed_precision in {MIXED_PRECISIONS}, got {self.mixed_precision!r}.")
 
 
 @dataclass

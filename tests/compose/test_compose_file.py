@@ -97,11 +97,10 @@ def test_every_server_runs_non_root_read_only_without_capabilities(name: str) ->
 
 def test_every_envhub_variable_is_a_real_setting_with_a_valid_value() -> None:
     # The servers ignore unknown ENVHUB_* variables, so a typo here would silently do nothing.
+    import inspect
     from dataclasses import fields
 
-    import inspect
-
-    from env_servers.code_env.sandbox import SandboxConfig, probe
+    from env_servers.sandbox import SandboxConfig, probe
     from envhub.settings import Settings
 
     known = {f"ENVHUB_{f.name.upper()}" for f in fields(Settings)}
@@ -159,7 +158,7 @@ def test_docker_backend_starts_each_slot_container_locked_down(monkeypatch: pyte
     docker_types.Ulimit = lambda **kw: kw  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "docker", types.ModuleType("docker"))
     monkeypatch.setitem(sys.modules, "docker.types", docker_types)
-    from env_servers.code_env.sandbox.docker_backend import DockerBackend
+    from env_servers.sandbox.docker_backend import DockerBackend
 
     containers = _FakeContainers()
     backend = DockerBackend(1, image="envhub:local", client=types.SimpleNamespace(containers=containers))
@@ -234,3 +233,19 @@ def test_docker_compose_accepts_the_file_and_builds_the_image() -> None:
     run = subprocess.run(["docker", "run", "--rm", "--read-only", "envhub:test", "python", "-m",
                           "env_servers.code_env", "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "--backend" in run.stdout, run.stderr
+
+
+def test_docs_and_examples_never_serve_an_env_on_another_services_fleet_port() -> None:
+    """``python -m env_servers.X_env ... --port P`` in a doc or example: P is X's fleet port or no fleet port."""
+    module_on = {port: module for module, port, _ in EXPECTED.values()}
+    command = re.compile(r"python -m (env_servers\.\w+)([^\n`]*?)--port (\d+)")
+    texts = [*ROOT.glob("*.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("env_servers/*/README.md"),
+             *ROOT.glob("examples/**/*.py"), *ROOT.glob("examples/**/*.toml")]
+    clashes = []
+    for path in texts:
+        for m in command.finditer(path.read_text()):
+            module, flags, port = m.group(1), m.group(2), int(m.group(3))
+            owner = module_on.get(port)
+            if owner is not None and (owner != module or "--two-agent" in flags):
+                clashes.append(f"{path.relative_to(ROOT)}: {m.group(0)!r} (the fleet gives {port} to {owner})")
+    assert not clashes, "\n".join(clashes)

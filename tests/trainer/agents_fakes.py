@@ -7,6 +7,7 @@ from typing import Annotated
 
 from trainer.rollout.agents import Agent, Decision
 
+
 class Rendezvous:
     """Two parties wait for each other (asyncio.Barrier needs Python 3.11)."""
 

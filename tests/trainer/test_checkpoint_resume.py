@@ -82,7 +82,7 @@ def run_resumed(lora: bool, run_dir):
     optimizer, scheduler = make_optim(model)
     seed_all(7)
     cursor = 0
-    for step in range(K_STEPS):
+    for _ in range(K_STEPS):
         cursor = train_step(model, optimizer, scheduler, cursor)
     save_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler, step=K_STEPS,
                     data_cursor=cursor, extra={"note": "halfway"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -228,7 +229,7 @@ def test_lr_schedules_warm_up_then_decay_to_the_floor() -> None:
     assert [round(linear.lr_factor(s, 6), 3) for s in range(6)] == [0.5, 1.0, 0.9, 0.8, 0.7, 0.6]
     cosine = OptimConfig(lr_schedule="cosine")
     factors = [cosine.lr_factor(s, 5) for s in range(5)]  # progress 0, 1/5, ... 4/5
-    assert factors[0] == 1.0 and all(a > b for a, b in zip(factors, factors[1:])) and factors[-1] > 0
+    assert factors[0] == 1.0 and all(a > b for a, b in itertools.pairwise(factors)) and factors[-1] > 0
     assert OptimConfig(warmup_steps=3).lr_factor(10, 20) == 1.0  # constant after the warm-up
     with pytest.raises(ValueError, match="lr_schedule"):
         OptimConfig(lr_schedule="step")

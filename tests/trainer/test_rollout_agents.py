@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import agents_fakes
 import pytest
 from pydantic import BaseModel
-
-import agents_fakes
-from envhub import Env, Observation, StepResult, tool
 from rollout_fakes import AddEnv, CalcEnv, ScriptedSampler
-from trainer.rollout import (Agent, AnswerAgent, EnvPool, RolloutConfig, RolloutEngine, StopReason, Task,
-                             ToolCallingAgent, load_agent_class)
+
+from envhub import Env, Observation, StepResult, tool
+from trainer.rollout import (
+    Agent,
+    AnswerAgent,
+    EnvPool,
+    RolloutConfig,
+    RolloutEngine,
+    StopReason,
+    Task,
+    ToolCallingAgent,
+    load_agent_class,
+)
 from trainer.rollout.actions import from_action_schema, load_action_mapper
 from trainer.tokenizer import build_tiny_tokenizer
 

@@ -1,6 +1,6 @@
 """``python -m trainer.multiagent``: two-agent training from a TOML config and ``a.b=c`` overrides.
 
-    python -m trainer.multiagent --config examples/configs/gomoku_two_agent.toml env.url=ws://localhost:8003
+    python -m trainer.multiagent --config examples/configs/gomoku_two_agent.toml env.url=ws://localhost:8005
     python -m trainer.multiagent --config FILE agents.alice.optim.lr=1e-4 --print-config
 """
 

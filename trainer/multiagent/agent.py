@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from envhub.types import Outcome
 from trainer import algos
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsLogger
@@ -115,19 +116,18 @@ class Agent:
         return {"value_head": self.value_head} if self.value_head is not None else {}
 
 
-#: how a seat's episode ended, from its env's ``end_reason``
-WIN_REASONS, LOSS_REASONS = ("win", "opponent_forfeit"), ("loss", "too_many_invalid")
-
-
 def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
-    """Reward, win/loss/draw rates and infra failures of one agent's episodes (rates over non-infra episodes)."""
+    """Reward, win/loss/draw rates and infra failures of one agent's episodes (rates over non-infra episodes).
+
+    Results are the env's ``info["outcome"]`` (:class:`envhub.types.Outcome`), whatever its end reasons.
+    """
     ok = [t for t in trajectories if not t.infra_failed]
     n = max(len(ok), 1)
-    reasons = [t.info.get("end_reason") for t in ok]
+    outcomes = [Outcome.of(t.info) for t in ok]
     return {f"{prefix}/reward_mean": sum(t.reward for t in ok) / n,
-            f"{prefix}/win_rate": sum(r in WIN_REASONS for r in reasons) / n,
-            f"{prefix}/loss_rate": sum(r in LOSS_REASONS for r in reasons) / n,
-            f"{prefix}/draw_rate": sum(r == "draw" for r in reasons) / n,
+            f"{prefix}/win_rate": outcomes.count(Outcome.WIN) / n,
+            f"{prefix}/loss_rate": outcomes.count(Outcome.LOSS) / n,
+            f"{prefix}/draw_rate": outcomes.count(Outcome.DRAW) / n,
             f"{prefix}/episodes": float(len(ok)),
             f"{prefix}/infra_failures": float(len(trajectories) - len(ok))}
 
@@ -143,4 +143,4 @@ def _to(batch: PackedBatch, device: torch.device) -> PackedBatch:
     return PackedBatch(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
 
 
-__all__ = ["Agent", "outcome_metrics", "WIN_REASONS", "LOSS_REASONS"]
+__all__ = ["Agent", "outcome_metrics"]

@@ -28,7 +28,7 @@ class PackedBatch:
     def __len__(self) -> int:
         return self.tokens_BT.shape[0]
 
-    def select(self, idx: list[int] | Tensor) -> "PackedBatch":
+    def select(self, idx: list[int] | Tensor) -> PackedBatch:
         """Rows ``idx``, trimmed to their longest sequence (micro-batches stay small)."""
         idx = torch.as_tensor(idx, dtype=torch.long)
         width = int(self.attn_BT[idx].sum(dim=1).max().item())

@@ -39,20 +39,38 @@ import copy
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from trainer import algos
 from trainer.config import TrainConfig
-from trainer.distributed import (all_reduce_mean, init_distributed, max_over_ranks, rank, rank_seed, seed_rngs, shard,
-                                 world_size, wrap_model)
+from trainer.distributed import (
+    all_reduce_mean,
+    init_distributed,
+    max_over_ranks,
+    rank,
+    rank_seed,
+    seed_rngs,
+    shard,
+    world_size,
+    wrap_model,
+)
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
-from trainer.rollout import (EnvPool, HFSampler, RolloutEngine, Task, Trajectory, build_groups, load_env_class,
-                             make_tasks)
+from trainer.rollout import (
+    EnvPool,
+    HFSampler,
+    RolloutEngine,
+    Task,
+    Trajectory,
+    build_groups,
+    load_env_class,
+    make_tasks,
+)
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
 
 
@@ -277,12 +295,13 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     if model is None:
         model, tokenizer = load_policy(cfg.model, device)
     # run.strategy "auto": DDP under a torchrun world of more than one rank, the plain model otherwise
-    model = wrap_model(model.to(device).train(), cfg.run.strategy, info)
+    model = wrap_model(model.to(device).train(), cfg.run.strategy, info, mixed_precision=cfg.run.mixed_precision)
     ref_model = _reference(model) if cfg.algo.kl_coef > 0 else None
     value_head = None
     if cfg.algo.name == "ppo":
         # trained alongside the policy, so its gradients are averaged across ranks too (a no-op on one rank)
-        value_head = wrap_model(algos.ValueHead(hidden_size_of(model)).to(device), "ddp", info)
+        value_head = wrap_model(algos.ValueHead(hidden_size_of(model)).to(device), "ddp", info,
+                                mixed_precision=cfg.run.mixed_precision)
     # Everything above drew from the shared run.seed stream, so every rank built the same model (DDP also
     # broadcasts rank 0's; FSDP does not). Sampling draws from this rank's own stream from here on: ranks
     # given the same prompt sample different completions (HFSampler samples with the global torch RNG).

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -10,6 +10,7 @@ from trainer.rollout.sampler import HFSampler, Sampler, SamplingConfig
 from trainer.rollout.types import EpisodeState, GenRequest, GenResult, StopReason, Task, Trajectory
 
 __all__ = ["Agent", "AnswerAgent", "ToolCallingAgent", "Decision", "ToolResult", "load_agent_class",
-           "MappedSession", "load_action_mapper", "RolloutConfig", "RolloutEngine", "EnvPool", "EnvSession", "InProcessSession", "load_env_class",
+           "MappedSession", "load_action_mapper", "RolloutConfig", "RolloutEngine", "EnvPool", "EnvSession",
+           "InProcessSession", "load_env_class",
            "GroupedBatch", "build_groups", "make_tasks", "ChatRenderer", "HFSampler", "Sampler", "SamplingConfig",
            "EpisodeState", "GenRequest", "GenResult", "StopReason", "Task", "Trajectory"]

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from envhub.errors import ActionValidationError
 from envhub.types import StepResult, ToolSpec

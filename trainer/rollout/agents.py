@@ -40,8 +40,9 @@ or :meth:`Agent.tool_messages`::
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from envhub.parsers import ParseStatus
 from envhub.remote import observation_text

@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import importlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from envhub.errors import ActionValidationError, EnvHubError, EpisodeStateError, StepTimeoutError
 from envhub.function_tool import FunctionTool
