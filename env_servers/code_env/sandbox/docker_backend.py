@@ -18,6 +18,7 @@ import struct
 import time
 from typing import Any
 
+from env_servers.code_env.sandbox import seccomp
 from env_servers.code_env.sandbox.base import Slot, SlotBackend
 from env_servers.code_env.sandbox.limits import ExecResult, Limits, SandboxError, decode_output
 from env_servers.code_env.sandbox.zygote import DEFAULT_PRELOAD, WATCHDOG_EXTRA_S, ZYGOTE_SOURCE
@@ -96,22 +97,36 @@ class DockerBackend(SlotBackend):
         lim = self.worker_limits
         mem = f"{lim.mem_mb + 256}m"
         tmpfs_opts = f"rw,size={lim.tmpfs_mb}m,mode=1777"
-        container = self.client.containers.run(
-            self.image, ["python3", "-B", "-E", "-s", "-c", ZYGOTE_SOURCE.decode(), *self.preload],
-            detach=True, stdin_open=True, tty=False, network_mode="none", read_only=True,
-            tmpfs={"/sandbox": tmpfs_opts, "/tmp": tmpfs_opts}, user="65534:65534", working_dir="/sandbox",
+        api = self.client.api  # the low-level API: `containers.run` cannot ask for StdinOnce
+        host_config = api.create_host_config(
+            network_mode="none", read_only=True, tmpfs={"/sandbox": tmpfs_opts, "/tmp": tmpfs_opts},
             cap_drop=["ALL"], security_opt=["no-new-privileges:true"], pids_limit=lim.nproc + 16,
             mem_limit=mem, memswap_limit=mem, nano_cpus=1_000_000_000, ipc_mode="private",
             ulimits=[Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile), Ulimit(name="core", soft=0, hard=0)],
-            environment={"OPENBLAS_NUM_THREADS": "1", "HOME": "/sandbox"},
-            runtime="runsc" if self.gvisor else None, labels={"envhub.sandbox.slot": str(slot.index)})
-        # logs=1 replays what the zygote wrote before we attached (its ready line)
-        raw = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1, "logs": 1})
+            runtime="runsc" if self.gvisor else None, auto_remove=True)
+        # stdin_once + auto_remove: when this server goes away (even SIGKILLed), its attach socket
+        # closes, the zygote reads EOF and exits, and the engine deletes the container.
+        config = api.create_container_config(
+            self.image, ["python3", "-B", "-E", "-s", "-c", ZYGOTE_SOURCE.decode(), *self.preload],
+            # working_dir "/": the engine (20.10) would create a missing /sandbox root-owned 0755 over the
+            # tmpfs; each run chdirs into /sandbox itself
+            stdin_open=True, tty=False, user="65534:65534", working_dir="/",
+            environment={"OPENBLAS_NUM_THREADS": "1", "HOME": "/sandbox", **_seccomp_environment()},
+            labels={"envhub.sandbox.slot": str(slot.index)}, host_config=host_config)
+        config["StdinOnce"] = True
+        created = api.create_container_from_config(config)
+        container = self.client.containers.get(created["Id"])
+        # attached before it starts, as `docker run -i` does: nothing the zygote writes can be missed
+        raw = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
         channel = _Channel(getattr(raw, "_sock", raw))
-        hello = channel.recv(time.monotonic() + 60)
-        if not hello.get("ready"):
-            container.remove(force=True)
-            raise SandboxError(f"the docker sandbox worker did not start: {hello!r}")
+        try:
+            container.start()
+            hello = channel.recv(time.monotonic() + 60)
+            if not hello.get("ready"):
+                raise SandboxError(f"the docker sandbox worker did not start: {hello!r}")
+        except BaseException:
+            _remove_quietly(container)
+            raise
         return container, channel
 
     def _run_slot(self, slot: Slot, code: str, stdin: bytes, files: dict[str, bytes], limits: Limits) -> ExecResult:
@@ -138,7 +153,8 @@ class DockerBackend(SlotBackend):
         return ExecResult(stdout=decode_output(base64.b64decode(reply["stdout"])),
                           stderr=decode_output(base64.b64decode(reply["stderr"])),
                           exit_code=reply["exit_code"], signal=reply["signal"], timed_out=reply["timed_out"],
-                          output_truncated=reply["output_truncated"], duration_s=reply["duration_s"])
+                          output_truncated=reply["output_truncated"], duration_s=reply["duration_s"],
+                          oom_killed=bool(reply.get("oom_killed")))
 
     def _oom_killed(self, slot: Slot) -> bool:
         container = self._containers.get(slot.index, (None, None))[0]
@@ -151,10 +167,22 @@ class DockerBackend(SlotBackend):
     def _close_slot(self, slot: Slot) -> None:
         entry = self._containers.pop(slot.index, None)
         if entry is not None:
-            try:
-                entry[0].remove(force=True)
-            except Exception:  # the container may already be gone; nothing else to clean
-                pass
+            _remove_quietly(entry[0])
+
+
+def _remove_quietly(container: Any) -> None:
+    try:
+        container.remove(force=True)
+    except Exception:  # already gone (auto-removed when its zygote exited); nothing else to clean
+        pass
+
+
+def _seccomp_environment() -> dict[str, str]:
+    """The sandbox's own seccomp filter for the zygote to install in every run, on top of Docker's
+    default profile (which, on older engines, still allows io_uring, for one)."""
+    if not seccomp.supported():
+        return {}
+    return {"ENVHUB_ZYGOTE_SECCOMP": base64.b64encode(seccomp.build_filter()).decode()}
 
 
 def docker_available() -> bool:
