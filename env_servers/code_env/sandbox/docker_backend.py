@@ -24,6 +24,7 @@ from env_servers.code_env.sandbox.limits import ExecResult, Limits, SandboxError
 from env_servers.code_env.sandbox.zygote import DEFAULT_PRELOAD, WATCHDOG_EXTRA_S, ZYGOTE_SOURCE
 
 DEFAULT_IMAGE = "python:3.11-slim"
+ZYGOTE_OVERHEAD_MB = 256  # the warm zygote's own heap (preloaded modules) on top of a run's memory
 
 
 class _Channel:
@@ -87,15 +88,17 @@ class DockerBackend(SlotBackend):
         self.client = client
         self.image, self.worker_limits, self.gvisor, self.preload = image, limits, gvisor, tuple(preload)
         self._containers: dict[int, tuple[Any, _Channel]] = {}
+        self._mem_mb: dict[int, int] = {}  # each slot container's current memory limit
 
     def info(self) -> dict:
         return {**super().info(), "image": self.image, "runtime": "runsc" if self.gvisor else "runc"}
 
-    def _start(self, slot: Slot) -> tuple[Any, _Channel]:
+    def _start(self, slot: Slot, mem_mb: int | None = None) -> tuple[Any, _Channel]:
         from docker.types import Ulimit
 
         lim = self.worker_limits
-        mem = f"{lim.mem_mb + 256}m"
+        mem_mb = mem_mb or lim.mem_mb + ZYGOTE_OVERHEAD_MB
+        mem = f"{mem_mb}m"
         tmpfs_opts = f"rw,size={lim.tmpfs_mb}m,mode=1777"
         api = self.client.api  # the low-level API: `containers.run` cannot ask for StdinOnce
         host_config = api.create_host_config(
@@ -127,12 +130,25 @@ class DockerBackend(SlotBackend):
         except BaseException:
             _remove_quietly(container)
             raise
+        self._mem_mb[slot.index] = mem_mb
         return container, channel
 
-    def _run_slot(self, slot: Slot, code: str, stdin: bytes, files: dict[str, bytes], limits: Limits) -> ExecResult:
+    def _fit_memory(self, slot: Slot, limits: Limits) -> tuple[Any, _Channel]:
+        """The slot's container, its memory cgroup capping one run's processes together (as the local
+        slots' cgroups do): resized when the run's ``mem_mb`` differs, replaced if the engine refuses."""
+        want = limits.mem_mb + ZYGOTE_OVERHEAD_MB
+        if slot.index in self._containers and self._mem_mb.get(slot.index) != want:
+            try:
+                self._containers[slot.index][0].update(mem_limit=f"{want}m", memswap_limit=f"{want}m")
+                self._mem_mb[slot.index] = want
+            except Exception:  # e.g. usage above the new limit: a fresh worker starts with it
+                self._close_slot(slot)
         if slot.index not in self._containers:
-            self._containers[slot.index] = self._start(slot)
-        _, channel = self._containers[slot.index]
+            self._containers[slot.index] = self._start(slot, want)
+        return self._containers[slot.index]
+
+    def _run_slot(self, slot: Slot, code: str, stdin: bytes, files: dict[str, bytes], limits: Limits) -> ExecResult:
+        _, channel = self._fit_memory(slot, limits)
         start = time.monotonic()
         request = {"code": code, "stdin": base64.b64encode(stdin).decode(),
                    "files": {k: base64.b64encode(v).decode() for k, v in files.items()}, "limits": limits.to_dict()}
