@@ -80,11 +80,11 @@ ensure_compose() {
   need_root "installing Compose v2" "install the docker compose plugin"
   say "installing Compose v2 from Debian trixie's docker-compose package (extracted only)"
   local tmp; tmp="$(mktemp -d)"
-  chmod 755 "$tmp"  # apt downloads as user _apt
   mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
   echo "deb $MIRROR trixie main" >"$tmp/sources.list"
   local opts=(-o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-              -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Get::List-Cleanup=0")
+              -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Get::List-Cleanup=0"
+              -o "APT::Sandbox::User=root")  # the private directories are root's
   apt-get "${opts[@]}" update -qq >/dev/null
   (cd "$tmp" && apt-get "${opts[@]}" download -qq docker-compose >/dev/null)
   dpkg -x "$tmp"/docker-compose_*.deb "$tmp/root"

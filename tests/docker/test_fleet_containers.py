@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 import urllib.request
 
 import pytest
