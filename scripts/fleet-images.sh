@@ -10,7 +10,7 @@
 # Usage: bash scripts/fleet-images.sh [--no-install] [--check]
 # Exit status: 0 ready; 3 no Docker engine can run here (not root, or dockerd cannot start); 1 other failures.
 #   --no-install   never install or start anything; fail with the fix when something is missing
-#   --check        only report whether an engine, Compose v2 and the images are ready (exit 0/1)
+#   --check        only report whether an engine, Compose v2 and the images are ready
 # Environment:
 #   ENVHUB_IMAGE        tag of the env server image          (default envhub:local)
 #   ENVHUB_PROXY_IMAGE  tag of the replica proxy image        (default envhub-proxy:local)
@@ -34,7 +34,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-install) install=0 ;;
     --check) check=1; install=0 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done

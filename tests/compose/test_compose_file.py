@@ -292,3 +292,14 @@ def test_docker_compose_accepts_the_files_and_the_image_runs() -> None:
     size = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", "envhub:local"], capture_output=True,
                           text=True, timeout=60, check=True)
     assert int(size.stdout) < 600 * 1024 ** 2, f"envhub:local is {int(size.stdout) / 1024 ** 2:.0f} MB"
+
+
+def test_fleet_images_script_parses_and_explains_itself() -> None:
+    script = str(ROOT / "scripts" / "fleet-images.sh")
+    assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0
+    shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0
+    for word in ("--no-install", "--check", "ENVHUB_BASE_IMAGE", "ENVHUB_BUILD_CA", "Exit status"):
+        assert word in shown.stdout, word
+    bad = subprocess.run(["bash", script, "--bogus"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--help" in bad.stderr
