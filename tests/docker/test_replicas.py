@@ -29,9 +29,31 @@ def replicas():
     project = ComposeProject.create("envhub-replicas", [COMPOSE, REPLICAS], MATH_REPLICAS="2")
     try:
         project.up("math", "math-proxy")
+        _wait_until_the_proxy_uses_both_replicas(project)
         yield project
     finally:
         project.down()
+
+
+def _wait_until_the_proxy_uses_both_replicas(project: ComposeProject, timeout_s: float = 90) -> None:
+    """`up --wait` sees containers healthy; the proxy needs a DNS refresh and a health check more."""
+    async def spread() -> bool:
+        clients = [EnvClient(project.url("math", "ws")) for _ in range(2)]
+        try:
+            for env in clients:
+                await env.reset(seed=0)
+            return sorted(_metric(u, "envhub_sessions_active") for u in _replica_urls(project)) == [1, 1]
+        finally:
+            for env in clients:
+                await env.close()
+
+    def both_used() -> bool:
+        ok = asyncio.run(spread())
+        wait_for(lambda: sum(_metric(u, "envhub_sessions_active") for u in _replica_urls(project)) == 0, 30,
+                 "the probe sessions to close")
+        return ok
+
+    wait_for(both_used, timeout_s, "the proxy to spread sessions over both replicas", interval_s=1.0)
 
 
 def _replica_urls(project: ComposeProject) -> list[str]:
