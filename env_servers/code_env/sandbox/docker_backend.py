@@ -1,8 +1,9 @@
 """``docker``: one long-lived, locked-down container per slot running the same zygote (production).
 
 Each container: no network, read-only root, tmpfs ``/sandbox`` and ``/tmp``, user 65534, all
-capabilities dropped, no-new-privileges, pids and memory (= memory+swap) limits, private IPC,
-Docker's default seccomp profile, and the gVisor runtime when asked for. The zygote is pid 1 of
+capabilities dropped, no-new-privileges, pids and memory (= memory+swap, sized to each run's
+``mem_mb``) limits, private IPC, Docker's default seccomp profile plus the sandbox's own filter
+installed by every run, and the gVisor runtime when asked for. The zygote is pid 1 of
 the container, so its ``kill(-1)`` cleanup reaches every process of a run. The protocol runs
 over the container's attach socket; with ``tty=False`` Docker multiplexes it in 8-byte-header
 frames, demultiplexed here. The ``docker`` package is imported only when this backend is built.
@@ -93,21 +94,22 @@ class DockerBackend(SlotBackend):
     def info(self) -> dict:
         return {**super().info(), "image": self.image, "runtime": "runsc" if self.gvisor else "runc"}
 
-    def _start(self, slot: Slot, mem_mb: int | None = None) -> tuple[Any, _Channel]:
+    def _host_config(self, mem_mb: int) -> dict:
         from docker.types import Ulimit
 
-        lim = self.worker_limits
-        mem_mb = mem_mb or lim.mem_mb + ZYGOTE_OVERHEAD_MB
-        mem = f"{mem_mb}m"
+        lim, mem = self.worker_limits, f"{mem_mb}m"
         tmpfs_opts = f"rw,size={lim.tmpfs_mb}m,mode=1777"
-        api = self.client.api  # the low-level API: `containers.run` cannot ask for StdinOnce
-        host_config = api.create_host_config(
+        return self.client.api.create_host_config(
             network_mode="none", read_only=True, tmpfs={"/sandbox": tmpfs_opts, "/tmp": tmpfs_opts},
             cap_drop=["ALL"], security_opt=["no-new-privileges:true"], pids_limit=lim.nproc + 16,
             mem_limit=mem, memswap_limit=mem, nano_cpus=1_000_000_000, ipc_mode="private",
             ulimits=[Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile), Ulimit(name="core", soft=0, hard=0)],
             runtime="runsc" if self.gvisor else None, auto_remove=True)
-        # stdin_once + auto_remove: when this server goes away (even SIGKILLed), its attach socket
+
+    def _start(self, slot: Slot, mem_mb: int | None = None) -> tuple[Any, _Channel]:
+        mem_mb = mem_mb or self.worker_limits.mem_mb + ZYGOTE_OVERHEAD_MB
+        api = self.client.api  # the low-level API: `containers.run` cannot ask for StdinOnce
+        # StdinOnce + auto_remove: when this server goes away (even SIGKILLed), its attach socket
         # closes, the zygote reads EOF and exits, and the engine deletes the container.
         config = api.create_container_config(
             self.image, ["python3", "-B", "-E", "-s", "-c", ZYGOTE_SOURCE.decode(), *self.preload],
@@ -115,7 +117,7 @@ class DockerBackend(SlotBackend):
             # tmpfs; each run chdirs into /sandbox itself
             stdin_open=True, tty=False, user="65534:65534", working_dir="/",
             environment={"OPENBLAS_NUM_THREADS": "1", "HOME": "/sandbox", **_seccomp_environment()},
-            labels={"envhub.sandbox.slot": str(slot.index)}, host_config=host_config)
+            labels={"envhub.sandbox.slot": str(slot.index)}, host_config=self._host_config(mem_mb))
         config["StdinOnce"] = True
         created = api.create_container_from_config(config)
         container = self.client.containers.get(created["Id"])
