@@ -106,8 +106,13 @@ choose_base() {
   say "$DEFAULT_BASE cannot be pulled; making $LOCAL_BASE with debootstrap (about a minute)"
   command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
   local root; root="$(mktemp -d)"
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+  # two stages, so dpkg can skip its fsyncs while the tree is built (about a third faster on a busy
+  # disk); the setting is removed before the tree becomes the image
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates --foreign \
     bookworm "$root" "$MIRROR" >/dev/null
+  echo force-unsafe-io >"$root/etc/dpkg/dpkg.cfg.d/envhub-build-unsafe-io"
+  chroot "$root" /debootstrap/debootstrap --second-stage >/dev/null
+  rm -f "$root/etc/dpkg/dpkg.cfg.d/envhub-build-unsafe-io"
   chroot "$root" apt-get clean
   rm -rf --one-file-system "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/* \
          "$root"/usr/share/info/* "$root"/var/cache/debconf/*-old "$root"/var/log/*.log
