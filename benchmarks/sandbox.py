@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/sandbox.py                 # every backend that works here
     .venv/bin/python benchmarks/sandbox.py --runs 500 --backends local-zygote
+    .venv/bin/python benchmarks/sandbox.py --backends local-zygote,docker   # container workers (envhub:local)
 
 Two workloads: ``print(1)`` and a numpy one (``import numpy`` + a small computation). Latency
 is measured one run at a time; throughput with as many runs in flight as the backend has
@@ -40,6 +41,9 @@ def own_cpu_s() -> float:
 
 def worker_cpu_s(backend) -> float:
     """CPU of the long-lived slot workers (zygotes), including the runs they forked and reaped."""
+    if backend.name == "docker":  # the workers are containers: ask the engine for their cgroups' CPU
+        return sum(c.stats(stream=False)["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9
+                   for c, _ in list(backend._containers.values()))
     total = 0.0
     for slot in getattr(backend, "_slots", []):
         for pid in slot.cgroup.pids():
@@ -91,6 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots", type=int, default=None, help="slots per backend (default: CPU cores)")
     parser.add_argument("--backends", default=None, help="comma-separated backends (default: all available)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
+    parser.add_argument("--docker-image", default=os.environ.get("ENVHUB_SANDBOX_DOCKER_IMAGE", "envhub:local"),
+                        help="worker image of the docker backend (default envhub:local, built by "
+                             "scripts/fleet-images.sh; ENVHUB_SANDBOX_DOCKER_IMAGE)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.runs = 4
@@ -106,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         concurrency = args.slots or 2
         rows.append(("bare python3 -c", label, *bare_subprocess(code, runs, concurrency)))
         for name in names:
-            backend = make_backend(SandboxConfig(backend=name, slots=args.slots, max_runs=1_000_000))
+            backend = make_backend(SandboxConfig(backend=name, slots=args.slots, max_runs=1_000_000,
+                                                  docker_image=args.docker_image))
             try:
                 n = runs if name == "local-zygote" or not slow else max(2 if args.smoke else 20, runs // 2)
                 rows.append((name, label, *asyncio.run(sandbox_backend(backend, code, n))))

@@ -31,6 +31,11 @@ SCRATCH = ("/sandbox", "/tmp", "/dev/shm")
 PROTO_IN, PROTO_OUT = 0, 1
 WAKE_R = -1
 LIBC = ctypes.CDLL(None, use_errno=True)
+# Where no bwrap applies the seccomp filter (the docker backend's containers), the host hands the
+# same filter in through the environment and each run installs it itself (see install_seccomp).
+SECCOMP_FILTER = base64.b64decode(os.environ.pop("ENVHUB_ZYGOTE_SECCOMP", ""))
+# The OOM-kill counter of this container's memory cgroup (v1, then v2), read around each run.
+OOM_COUNTERS = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 
 
 def drain_wakeup():
@@ -138,6 +143,8 @@ def child(req, stdin_fd, out_w, err_w, base_as):
         sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+        if SECCOMP_FILTER:
+            install_seccomp(SECCOMP_FILTER)
         status = run_main(req["compiled"])
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -170,6 +177,31 @@ def run_main(compiled):
     except BaseException:
         pass
     return status
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(program):
+    """Install a raw ``struct sock_filter`` program on this process (no_new_privs first, as the kernel asks)."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if LIBC.prctl(38, 1, 0, 0, 0) != 0 or LIBC.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # NO_NEW_PRIVS, SECCOMP
+        raise OSError(ctypes.get_errno(), "cannot install the sandbox's seccomp filter")
+
+
+def oom_kills():
+    """OOM kills so far in this container's memory cgroup, or None where no counter is readable."""
+    for path in OOM_COUNTERS:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def exit_status(code):
@@ -245,6 +277,7 @@ def handle(req, base_as):
         sys.modules["numpy.random"].seed()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    ooms_before = oom_kills()
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
@@ -263,7 +296,8 @@ def handle(req, base_as):
         exit_code = os.WEXITSTATUS(status)
     return {"stdout": base64.b64encode(out).decode(), "stderr": base64.b64encode(err).decode(),
             "exit_code": exit_code, "signal": sig, "timed_out": timed_out or sig == signal.SIGXCPU,
-            "output_truncated": truncated, "duration_s": time.monotonic() - start}
+            "output_truncated": truncated, "duration_s": time.monotonic() - start,
+            "oom_killed": ooms_before is not None and (oom_kills() or 0) > ooms_before}
 
 
 def main():

@@ -40,6 +40,8 @@ log = logging.getLogger("envhub.server")
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
+#: the session id in every accepted upgrade (the HTTP routes' ``X-Envhub-Session``), for sticky proxies
+SESSION_HEADER_WS = b"x-envhub-session"
 
 _CLOSE_FOR_CODE = {ErrorCode.CAPACITY_REACHED: CLOSE_TRY_AGAIN, ErrorCode.FACTORY_ERROR: CLOSE_INTERNAL,
                    ErrorCode.SHUTTING_DOWN: CLOSE_GOING_AWAY, ErrorCode.UNAUTHORIZED: CLOSE_POLICY,
@@ -86,7 +88,8 @@ class WebSocketEndpoint:
             except EnvHubError as exc:
                 return await self._reject(send, exc)
         try:
-            await send({"type": "websocket.accept"})
+            # The session id in the 101 reply lets a proxy route this session's resume back here.
+            await send({"type": "websocket.accept", "headers": [(SESSION_HEADER_WS, session.id.encode())]})
         except OSError:  # the client left while its env was being built
             if not resumed:
                 await hub.close_session(session)

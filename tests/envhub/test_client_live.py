@@ -123,6 +123,17 @@ async def test_resume_after_drop_returns_the_in_flight_reply_once(guess_url):
         assert (await env.state())["tool_steps"] == 1  # not executed twice
 
 
+async def test_the_upgrade_reply_names_the_session_for_sticky_proxies(guess_url):
+    # compose/proxy/haproxy.cfg learns session -> replica from this header to route resumes back
+    async with EnvClient(guess_url) as env:
+        await env.reset()
+        first = env._ws.response.headers["x-envhub-session"]
+        assert first == env.session_id
+        env._ws.transport.abort()
+        await env.state()  # resumed on a new connection: same session, same header
+        assert env._ws.response.headers["x-envhub-session"] == first
+
+
 async def test_server_step_timeout_ends_the_episode(guess_url):
     async with EnvClient(guess_url, step_timeout_s=0.2) as env:
         await env.reset()
