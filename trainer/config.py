@@ -18,7 +18,7 @@ from typing import Any
 
 from trainer.algos.losses import AGGREGATIONS
 from trainer.distributed import STRATEGIES
-from trainer.model import ModelConfig
+from trainer.model import ModelConfig, for_vllm
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
 
@@ -185,6 +185,10 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if self.sampling.backend == "vllm":  # the tiny model's default head size is one vLLM's CPU kernel refuses
+            self.model = for_vllm(self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

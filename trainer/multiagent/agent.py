@@ -20,7 +20,7 @@ from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.multiagent.config import AgentConfig, TwoAgentConfig
 from trainer.recipes.batch import PackedBatch, pack
 from trainer.recipes.rl import compute_advantages, optimise, ppo_advantages, rollout_metrics
-from trainer.rollout import HFSampler, Trajectory, build_groups
+from trainer.rollout import Trajectory, build_groups, make_sampler
 
 
 class Agent:
@@ -48,7 +48,8 @@ class Agent:
                                            weight_decay=cfg.optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: cfg.optim.lr_factor(s, shared.run.steps))
-        self.sampler = HFSampler(self.model, self.tokenizer, shared.sampling)
+        self.sampler = make_sampler(self.model, self.tokenizer, shared.sampling, lora=cfg.model.lora_rank > 0,
+                                    seed=shared.run.seed)
         self.logger = MetricsLogger(self.out_dir)
         self.version = 0
 
@@ -109,6 +110,9 @@ class Agent:
 
     def close(self) -> None:
         self.logger.close()
+        close = getattr(self.sampler, "close", None)
+        if close is not None:
+            close()
 
     def _extra_modules(self) -> dict[str, Any]:
         # PPO's value head is trained alongside the policy: a checkpoint carries it too

@@ -4,7 +4,10 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
 
 1. Sample ``run.batch_size`` tasks (``env.train_task`` + a fresh seed each) and run
    ``run.group_size`` episodes of each with the current policy (temperature ``sampling.temperature``)
-   against the env servers, many in flight at once (:class:`RolloutEngine`).
+   against the env servers, many in flight at once (:class:`RolloutEngine`). With
+   ``rollout.max_staleness = k > 0`` the batches come from a :class:`RolloutStream` instead: batch
+   ``s`` starts sampling once version ``s - k`` is published, so the next batch is sampled while
+   this step trains; every turn records its version, every step logs ``rollout/staleness_*``.
 2. Keep complete groups only: a group with an infrastructure failure (env down, timeout) leaves
    the batch and is counted, never trained on as reward 0. With ``algo.filter_zero_variance``
    groups whose rewards are all equal are dropped too (they carry no GRPO signal).
@@ -19,7 +22,8 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
    estimate; 0 learns from better-than-baseline samples only, which the CPU quick start uses).
 4. Loss: the clipped-ratio surrogate ``max(-A r, -A clip(r, 1-eps, 1+eps_high))`` with
    ``r = pi / pi_old``, ``pi_old`` the policy before this step's update (so ``r = 1`` on a single
-   pass), log-probs of ``logits / temperature``; optional ``kl_coef`` * k3 KL to the frozen initial
+   pass; with asynchronous rollouts the behaviour policy: the sampler's own log-probs), log-probs of
+   ``logits / temperature``; optional ``kl_coef`` * k3 KL to the frozen initial
    policy; token-mean over all policy tokens of the batch (mask 1: only sampled ids count).
 5. ``algo.epochs`` x ``algo.minibatches`` AdamW steps, each accumulating gradients over micro-batches
    of ``optim.micro_batch_size`` sequences, clipped to ``optim.grad_clip``; then the sampler gets the
@@ -51,8 +55,8 @@ from trainer.distributed import (all_reduce_mean, init_distributed, max_over_ran
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
-from trainer.rollout import (EnvPool, HFSampler, RolloutEngine, Task, Trajectory, build_groups, load_env_class,
-                             make_tasks)
+from trainer.rollout import (EnvPool, RolloutEngine, RolloutStream, Task, Trajectory, build_groups, load_env_class,
+                             make_sampler, make_tasks)
 
 
 # -- set-up ------------------------------------------------------------------------------------
@@ -65,13 +69,10 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
         env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
     pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
-    if cfg.sampling.backend == "vllm":
-        from trainer.rollout.vllm_sampler import VLLMSampler
-
-        sampler = VLLMSampler(model, tok, cfg.sampling, lora=cfg.model.lora_rank > 0,
-                              seed=rank_seed(cfg.run.seed, rank()))  # ranks sample different completions
-    else:
-        sampler = HFSampler(model, tok, cfg.sampling)
+    # ranks sample different completions (vLLM's seed; HF samples from the reseeded global RNG);
+    # asynchronous rollouts sample while the trainer updates: the HF sampler then holds its own copy
+    sampler = make_sampler(model, tok, cfg.sampling, lora=cfg.model.lora_rank > 0,
+                           seed=rank_seed(cfg.run.seed, rank()), own_copy=cfg.rollout.max_staleness > 0)
     return RolloutEngine(pool, sampler, tok, cfg.rollout)
 
 
@@ -162,7 +163,9 @@ def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, bat
     """
     a, T = cfg.algo, cfg.sampling.temperature
     single_pass = a.epochs == 1 and a.minibatches == 1
-    old_lp_BS = None if single_pass else _logprobs_no_grad(cfg, model, batch, device)
+    # asynchronous rollouts were sampled by an older policy: the sampler's log-probs are the behaviour policy
+    behaviour_from_sampler = cfg.rollout.max_staleness > 0
+    old_lp_BS = None if single_pass or behaviour_from_sampler else _logprobs_no_grad(cfg, model, batch, device)
     ref_lp_BS = _logprobs_no_grad(cfg, ref_model, batch, device) if ref_model is not None else None
     sums: dict[str, float] = {}    # metric * policy tokens, summed over micro-batches
     counts: dict[str, float] = {}  # policy tokens behind each sum
@@ -187,7 +190,10 @@ def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, bat
                 S = mb.mask_BS.shape[1]
                 lp_BS, hidden = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, temperature=T,
                                                  hidden=value_head is not None)
-                old = lp_BS.detach() if old_lp_BS is None else old_lp_BS[sel, :S].to(device)
+                if behaviour_from_sampler:
+                    old = mb.sampler_logprobs_BS
+                else:
+                    old = lp_BS.detach() if old_lp_BS is None else old_lp_BS[sel, :S].to(device)
                 ref = None if ref_lp_BS is None else ref_lp_BS[sel, :S].to(device)
                 loss, m = algos.policy_loss(lp_BS, old, mb.advantages_BS, mb.mask_BS, clip_eps=a.clip_eps,
                                             clip_eps_high=a.clip_eps_high, ref_logprobs_BT=ref, kl_coef=a.kl_coef,
@@ -291,6 +297,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     engine = build_engine(cfg, model, tokenizer)
     logger = MetricsLogger(out, is_main=info.is_main)
     first_step = _maybe_resume(cfg, out, model, optimizer, scheduler, log, value_head)
+    if first_step:  # the sampler was built from the initial weights: give it the checkpoint's
+        engine.sampler.update_weights(model, first_step)
 
     before = evaluate(engine, cfg, logger, first_step)
     logger.log(first_step, before)
@@ -298,14 +306,22 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     # nothing left to do (run.steps=0, or a resumed run already at run.steps): validate and summarise
     last_step = max(cfg.run.steps, first_step)
     progress = Progress(last_step - first_step, desc=cfg.algo.name)
+    stream = None
+    if cfg.rollout.max_staleness > 0 and first_step < cfg.run.steps:
+        # asynchronous: batches are sampled ahead, while this loop trains, at most max_staleness versions old
+        stream = RolloutStream(engine, lambda k: shard(train_tasks(cfg, k), info),
+                               max_staleness=cfg.rollout.max_staleness, max_open_groups=cfg.rollout.max_open_groups)
+        stream.start(first_step, version=first_step)
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
-        # 1. rollouts with the current policy
-        trajs = engine.run_sync(shard(train_tasks(cfg, step), info))
+        # 1. rollouts with the current policy (or one at most max_staleness versions older)
+        trajs = engine.run_sync(shard(train_tasks(cfg, step), info)) if stream is None else stream.next_batch(step)
         t_rollout = time.monotonic() - t0
         # 2. complete (and informative) groups only
         grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
         metrics = rollout_metrics(trajs, grouped)
+        if stream is not None:
+            metrics.update(stream.staleness(trajs))
         kept = grouped.trajectories if grouped.groups else []
         # Under torchrun every rank must run the same forward/backward passes (DDP and FSDP communicate
         # in them): a rank that kept fewer rows this step pads its batch with rows that train nothing.
@@ -322,6 +338,10 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
                                     old_values_BS=old_values, device=device))
             scheduler.step()
             engine.sampler.update_weights(model, step + 1)
+        elif stream is not None:  # no update, but the version moves on so the staleness bound does too
+            engine.sampler.update_weights(model, step + 1)
+        if stream is not None:
+            stream.publish(step + 1)
         if not kept and grouped.infra_failures:
             log(f"step {step}: every group lost to env failures ({grouped.infra_failures} episodes); "
                 f"first error: {next(t.error for t in trajs if t.infra_failed)}")
@@ -338,6 +358,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         if on_step is not None:
             on_step(step + 1, metrics)
     progress.close()
+    if stream is not None:  # batches sampled ahead of the last step are discarded
+        stream.close()
 
     after = evaluate(engine, cfg, logger, last_step)
     logger.log(last_step, after)
@@ -346,6 +368,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         _save(cfg, out, model, optimizer, scheduler, cfg.run.steps, value_head)
     logger.close()
     engine.close()
+    if hasattr(engine.sampler, "close"):  # vLLM: free the engine and its files
+        engine.sampler.close()
     summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
                "val_distinct_answers_before": int(before["eval/distinct_answers"]),
                "val_distinct_answers_after": int(after["eval/distinct_answers"]),
