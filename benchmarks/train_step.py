@@ -6,15 +6,15 @@ generates one batch of completions once (fixed prompt and completion lengths: EO
 until ``--completion-len`` tokens), and then each side times only its training step on exactly those
 token ids and advantages — forward, log-probs, clipped GRPO loss, backward, AdamW step. Generation is
 excluded on both sides. TRL's step is ``trainer.compute_loss`` + ``accelerator.backward`` + its
-optimizer; ours is ``token_logprobs`` + ``policy_loss`` + ``torch.optim.AdamW``.
+optimizer; ours is the training core's ``ppo`` loss (``trainer.core.losses``) + ``torch.optim.AdamW``.
 
 Whole steps (``--whole-steps``, 5 by default): each side samples ``--group`` completions of each of
 ``--prompts`` prompts at temperature 1 (EOS suppressed on both sides, so every completion is
 ``--completion-len`` tokens), scores them with a random reward, computes GRPO advantages and takes its
 training step. TRL's is its own ``_prepare_inputs`` (generation, rewards, advantages) + ``compute_loss``
 + backward + optimizer; ours is ``HFSampler.generate_batch`` + the RL recipe's ``compute_advantages``,
-``pack`` and ``optimise`` (the code ``envhub-train`` runs each step, ``seq_mean_token_mean`` as TRL's
-``loss_type="grpo"``).
+``pack`` and ``policy_update`` over the training core (the code ``envhub-train`` runs each step,
+``seq_mean_token_mean`` as TRL's ``loss_type="grpo"``).
 
     .venv/bin/python benchmarks/train_step.py                 # the tests' tiny model (hidden 32, 2 layers)
     .venv/bin/python benchmarks/train_step.py --hidden-size 256 --layers 4
@@ -36,7 +36,7 @@ import warnings
 
 import torch
 
-from trainer.algos import policy_loss, token_logprobs
+from trainer.core.losses import aggregation_units, aggregation_weights, token_logprobs, weighted_loss
 
 CHARS = string.ascii_letters + string.digits  # 62 characters + <pad> + <eos> = vocab 64
 
@@ -131,8 +131,10 @@ def envhub_loss(model, inputs) -> torch.Tensor:
     # logits only for the positions that predict completion tokens (C + 1 kept, the last one dropped)
     logits_BCV = model(input_ids=input_ids_BT, attention_mask=attention_BT, logits_to_keep=C + 1).logits[:, :-1]
     logprobs_BC = token_logprobs(logits_BCV, completion_ids)
-    loss, _ = policy_loss(logprobs_BC, logprobs_BC.detach(), inputs["advantages"], inputs["completion_mask"],
-                          clip_eps=0.2, aggregation="seq_mean_token_mean")
+    mask_BC = inputs["completion_mask"]
+    weights_BC = aggregation_weights(mask_BC, "seq_mean_token_mean") / aggregation_units(mask_BC, "seq_mean_token_mean")
+    advantages_BC = inputs["advantages"][:, None].expand_as(logprobs_BC)
+    loss, _, _ = weighted_loss("ppo", logprobs_BC, {"advantages": advantages_BC, "weights": weights_BC}, {})
     return loss
 
 
@@ -158,17 +160,17 @@ class _NoEos:
 def envhub_whole_step_fn(args, model, tokenizer, prompt_ids: list[list[int]]):
     """Sample, score, advantages, pack, optimise: one step of the RL recipe on a fixed-length workload."""
     from trainer.config import load_config
+    from trainer.core import TrainingClient
     from trainer.recipes.batch import pack
-    from trainer.recipes.rl import compute_advantages, optimise
+    from trainer.recipes.update import adam_params, compute_advantages, policy_update
     from trainer.rollout import HFSampler, SamplingConfig, Task, Trajectory
     from trainer.rollout.types import GenRequest
 
     cfg = load_config(None, ["algo.name='grpo'", "algo.aggregation='seq_mean_token_mean'", "optim.lr=1e-5",
                              f"optim.micro_batch_size={args.prompts * args.group}", "sampling.temperature=1.0"])
+    policy = TrainingClient(model, tokenizer, micro_batch_size=cfg.optim.micro_batch_size)
     sampler = HFSampler(model, _NoEos(tokenizer), SamplingConfig(temperature=1.0, max_batch_size=10**6))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     rng = random.Random(0)
-    device = torch.device("cpu")
 
     def step():
         reqs = [GenRequest(p, args.completion_len) for p in prompt_ids for _ in range(args.group)]
@@ -181,7 +183,8 @@ def envhub_whole_step_fn(args, model, tokenizer, prompt_ids: list[list[int]]):
                 groups.append([])
             groups[-1].append(traj)
         batch = pack([t for g in groups for t in g], compute_advantages(cfg, groups), tokenizer.pad_token_id)
-        optimise(cfg, model, optimizer, batch, device=device)
+        policy_update(cfg, policy, batch, adam_params(cfg.optim, 0, 1))
+        policy.save_weights_for_sampler(sampler)
 
     return step
 
