@@ -20,7 +20,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here; scripts/test.sh 
 
 from trainer.config import load_config  # noqa: E402
 from trainer.model import ModelConfig, for_vllm, load_policy  # noqa: E402
-from trainer.recipes.batch import forward_logprobs  # noqa: E402
+from trainer.core.forward import run_model, target_logprobs  # noqa: E402
 from trainer.recipes.rl import train  # noqa: E402
 from trainer.rollout import HFSampler, SamplingConfig  # noqa: E402
 from trainer.rollout.types import GenRequest  # noqa: E402
@@ -33,11 +33,17 @@ PROMPTS = ["<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
            "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n"]
 
 
+def forward_logprobs(model, ids_BT: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """[B, T-1] log-probs of each next token, as the training core's loss computes them."""
+    logits, _ = run_model(model, ids_BT, torch.ones_like(ids_BT))
+    return target_logprobs(logits[:, :-1], ids_BT[:, 1:], temperature)
+
+
 def trainer_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
     """The trainer's own log-probs of ``completion`` after ``prompt`` (the loss's forward pass)."""
     ids = torch.tensor([prompt + completion], device=DEVICE)
     with torch.no_grad():
-        lp, _ = forward_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
+        lp = forward_logprobs(model, ids, temperature)
     return lp[0, len(prompt) - 1:].float().cpu().tolist()
 
 
@@ -61,7 +67,7 @@ def sgd_step(model, tok, lr: float = 0.05) -> None:
     """One real optimizer step on a next-token loss, so the weights move the way training moves them."""
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     ids = torch.tensor([tok.encode(PROMPTS[0] + "5<|im_end|>", add_special_tokens=False)], device=DEVICE)
-    loss = -forward_logprobs(model, ids, torch.ones_like(ids))[0].mean()
+    loss = -forward_logprobs(model, ids).mean()
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -224,3 +230,25 @@ def test_two_agents_train_with_vllm_samplers(serve_env, tmp_path) -> None:
         assert agent.version == 2 and agent.sampler.version == 2
         trains = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "train/loss" in r]
         assert len(trains) == 2 and max(r["train/logprob_mismatch"] for r in trains) < 1e-3
+
+
+def test_vllm_stands_where_the_cores_sampling_client_does(full) -> None:
+    """The training core's ``sample``: n samples, stop ids and strings, seeds, prompt log-probs."""
+    from trainer.core import SamplingParams
+
+    model, tok, sampler = full
+    prompt = tok.encode(PROMPTS[0], add_special_tokens=False)
+    out = sampler.sample(prompt, 3, SamplingParams(max_tokens=10, temperature=1.0, seed=7),
+                         include_prompt_logprobs=True)
+    again = sampler.sample(prompt, 3, SamplingParams(max_tokens=10, temperature=1.0, seed=7))
+    assert len(out.sequences) == 3 and [s.tokens for s in out.sequences] == [s.tokens for s in again.sequences]
+    for seq in out.sequences:
+        ours = trainer_logprobs(model, prompt, seq.tokens, 1.0)
+        assert max(abs(a - b) for a, b in zip(ours, seq.logprobs)) < 1e-3
+    ours = [None] + forward_logprobs(model, torch.tensor([prompt], device=DEVICE))[0].tolist()
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    assert max(abs(a - b) for a, b in zip(ours[1:], out.prompt_logprobs[1:])) < 1e-3
+    greedy = sampler.sample(prompt, 1, SamplingParams(max_tokens=10, temperature=0.0)).sequences[0].tokens
+    stop_id = greedy[3]
+    cut = sampler.sample(prompt, 1, SamplingParams(max_tokens=10, temperature=0.0, stop=[stop_id])).sequences[0]
+    assert cut.stop_reason == "stop" and cut.tokens == greedy[:greedy.index(stop_id) + 1]

@@ -97,6 +97,11 @@ class RolloutEngine:
     def live_episodes(self) -> int:
         """Episodes started and not yet terminated (each will ask the sampler for a turn soon)."""
         return sum(s is not EpisodeState.TERMINATED for s in self.states.values())
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop episodes run on (None before the first run)."""
+        return self._loop
+
     def new_key(self) -> int:
         """A fresh episode key (the live-episode count of concurrent ``run`` calls stays right)."""
         return next(self._keys)

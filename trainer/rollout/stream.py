@@ -65,7 +65,7 @@ class RolloutStream:
     def publish(self, version: int) -> None:
         """The sampler now holds policy ``version`` (call after ``sampler.update_weights``)."""
         self.version = version
-        loop = self.engine._loop
+        loop = self.engine.loop
         if self._changed is not None and loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._changed.set)
 
@@ -99,7 +99,7 @@ class RolloutStream:
         producer, self._producer = self._producer, None
         if producer is None:
             return
-        loop = self.engine._loop
+        loop = self.engine.loop
         if loop is not None and not loop.is_closed():
             done = self.engine.submit(self._cancel_all())
             done.result(timeout=60)

@@ -145,6 +145,40 @@ class VLLMSampler(BatchingSampler):
         outputs = self.llm.generate(prompts, params, lora_request=self._lora_request, use_tqdm=False)
         return [self._result(out.outputs[0]) for out in outputs]
 
+    # -- the training core's sampling interface (trainer.core.SamplingClient) ------------------------
+    def sample(self, prompt_tokens: Any, num_samples: int = 1, sampling_params: Any = None, *,
+               include_prompt_logprobs: bool = False) -> Any:
+        """``num_samples`` completions of ``prompt_tokens`` with the core's ``SamplingParams`` semantics (stop at
+        EOS, at stop strings or at stop ids; ``seed``; ``top_k``), so vLLM can stand where a core
+        ``SamplingClient`` does. Log-probs are vLLM's, after temperature (greedy ids at temperature 1)."""
+        from vllm import SamplingParams as VParams
+        from vllm.inputs import TokensPrompt
+
+        from trainer.core.types import SampledSequence, SampleResponse, SamplingParams
+
+        p = sampling_params or SamplingParams()
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt or num_samples < 1:
+            raise ValueError(f"Expected a non-empty prompt and num_samples >= 1, got {len(prompt)} ids and "
+                             f"{num_samples}.")
+        params = VParams(n=num_samples, max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                         top_k=p.top_k if p.top_k > 0 else 0, seed=p.seed, logprobs=0, detokenize=bool(p.stop_strings),
+                         stop_token_ids=p.stop_token_ids if p.stop is not None else [self.eos_id],
+                         stop=p.stop_strings or None, include_stop_str_in_output=True, ignore_eos=p.stop is not None,
+                         prompt_logprobs=0 if include_prompt_logprobs else None, skip_special_tokens=False)
+        with self.weights_lock:
+            [out] = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
+                                      lora_request=self._lora_request, use_tqdm=False)
+        seqs = []
+        for c in out.outputs:
+            ids = list(c.token_ids)
+            lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
+            seqs.append(SampledSequence(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
+        prompt_lps = None
+        if include_prompt_logprobs:
+            prompt_lps = [None] + [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], prompt[1:])]
+        return SampleResponse(seqs, prompt_lps)
+
     def _result(self, completion: Any) -> GenResult:
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
