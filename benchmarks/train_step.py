@@ -1,4 +1,5 @@
-"""Tokens/s of one GRPO training step: envhub's loss + optimizer path against TRL's GRPOTrainer, on the CPU.
+"""Tokens/s of one GRPO training step: envhub's loss + optimizer path against TRL's GRPOTrainer, on the CPU,
+and the time of a whole GRPO step, generation included.
 
 Both sides train the same tiny Qwen2 (built from a config, no download) on the same batch: TRL
 generates one batch of completions once (fixed prompt and completion lengths: EOS is suppressed
@@ -7,8 +8,17 @@ token ids and advantages — forward, log-probs, clipped GRPO loss, backward, Ad
 excluded on both sides. TRL's step is ``trainer.compute_loss`` + ``accelerator.backward`` + its
 optimizer; ours is the training core's ``ppo`` loss (``trainer.core.losses``) + ``torch.optim.AdamW``.
 
+Whole steps (``--whole-steps``, 5 by default): each side samples ``--group`` completions of each of
+``--prompts`` prompts at temperature 1 (EOS suppressed on both sides, so every completion is
+``--completion-len`` tokens), scores them with a random reward, computes GRPO advantages and takes its
+training step. TRL's is its own ``_prepare_inputs`` (generation, rewards, advantages) + ``compute_loss``
++ backward + optimizer; ours is ``HFSampler.generate_batch`` + the RL recipe's ``compute_advantages``,
+``pack`` and ``policy_update`` over the training core (the code ``envhub-train`` runs each step,
+``seq_mean_token_mean`` as TRL's ``loss_type="grpo"``).
+
     .venv/bin/python benchmarks/train_step.py                 # the tests' tiny model (hidden 32, 2 layers)
     .venv/bin/python benchmarks/train_step.py --hidden-size 256 --layers 4
+    .venv/bin/python benchmarks/train_step.py --smoke         # seconds: checks the script runs
 
 Needs ``pip install trl datasets`` (the ``trl`` extra).
 """
@@ -140,6 +150,66 @@ def envhub_step_fn(model, inputs):
     return step
 
 
+class _NoEos:
+    """The tokenizer with an EOS id no model emits: our sampler then writes full-length completions, like TRL's."""
+
+    def __init__(self, tokenizer):
+        self.pad_token_id, self.eos_token_id = tokenizer.pad_token_id, len(tokenizer) + 1000
+
+
+def envhub_whole_step_fn(args, model, tokenizer, prompt_ids: list[list[int]]):
+    """Sample, score, advantages, pack, optimise: one step of the RL recipe on a fixed-length workload."""
+    from trainer.config import load_config
+    from trainer.core import TrainingClient
+    from trainer.recipes.batch import pack
+    from trainer.recipes.update import adam_params, compute_advantages, policy_update
+    from trainer.rollout import HFSampler, SamplingConfig, Task, Trajectory
+    from trainer.rollout.types import GenRequest
+
+    cfg = load_config(None, ["algo.name='grpo'", "algo.aggregation='seq_mean_token_mean'", "optim.lr=1e-5",
+                             f"optim.micro_batch_size={args.prompts * args.group}", "sampling.temperature=1.0"])
+    policy = TrainingClient(model, tokenizer, micro_batch_size=cfg.optim.micro_batch_size)
+    sampler = HFSampler(model, _NoEos(tokenizer), SamplingConfig(temperature=1.0, max_batch_size=10**6))
+    rng = random.Random(0)
+
+    def step():
+        reqs = [GenRequest(p, args.completion_len) for p in prompt_ids for _ in range(args.group)]
+        groups: list[list] = []
+        for i, res in enumerate(sampler.generate_batch(reqs)):
+            traj = Trajectory(task=Task({}, group_id=i // args.group), reward=rng.random())
+            traj.append(reqs[i].prompt_ids, policy=False)
+            traj.append(res.token_ids, policy=True, logprobs=res.logprobs)
+            if i % args.group == 0:
+                groups.append([])
+            groups[-1].append(traj)
+        batch = pack([t for g in groups for t in g], compute_advantages(cfg, groups), tokenizer.pad_token_id)
+        policy_update(cfg, policy, batch, adam_params(cfg.optim, 0, 1))
+        policy.save_weights_for_sampler(sampler)
+
+    return step
+
+
+def trl_whole_step_fn(trainer):
+    model, optimizer = trainer.model, trainer.optimizer
+    batches = iter(())
+
+    def step():
+        nonlocal batches
+        try:
+            batch = next(batches)
+        except StopIteration:
+            batches = iter(trainer.get_train_dataloader())
+            batch = next(batches)
+        model.train()
+        inputs = trainer._prepare_inputs(batch)  # generation, rewards, advantages
+        loss = trainer.compute_loss(model, inputs)
+        trainer.accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
 def max_gradient_gap(model, trainer, inputs) -> tuple[float, float]:
     """(largest |grad difference|, largest |grad|) of the two losses on the same weights and batch."""
     model.train()
@@ -163,10 +233,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
+    parser.add_argument("--whole-steps", type=int, default=5, help="whole GRPO steps (generation included) to time")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script runs, measures nothing")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.prompts, args.group, args.prompt_len, args.completion_len, args.steps, args.warmup = 2, 2, 8, 8, 2, 1
+        args.prompts, args.group, args.prompt_len, args.completion_len = 2, 2, 8, 8
+        args.steps, args.warmup, args.whole_steps = 2, 1, 1
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
 
@@ -181,7 +253,14 @@ def main(argv: list[str] | None = None) -> None:
         ours, theirs = time_interleaved(
             [envhub_step_fn(copy.deepcopy(base), inputs), trl_step_fn(trainer, inputs)], args.steps, args.warmup
         )
+        whole_trainer = trl_trainer(args, copy.deepcopy(base), tokenizer, out_dir)
+        prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"]
+                      for p in whole_trainer.train_dataset["prompt"][:args.prompts]]
+        whole_ours, whole_theirs = time_interleaved(
+            [envhub_whole_step_fn(args, copy.deepcopy(base), tokenizer, prompt_ids), trl_whole_step_fn(whole_trainer)],
+            args.whole_steps, 1)
     report(args, shape, tokens, ours, theirs, gap)
+    report_whole(args, whole_ours, whole_theirs)
 
 
 def report(args, shape, tokens: int, ours: list[float], theirs: list[float], gap: tuple[float, float]) -> None:
@@ -194,6 +273,16 @@ def report(args, shape, tokens: int, ours: list[float], theirs: list[float], gap
     print(f"{'envhub':<20}{1000 * ours_s:>10.1f}{tokens / ours_s:>12.0f}")
     print(f"{'TRL GRPOTrainer':<20}{1000 * theirs_s:>10.1f}{tokens / theirs_s:>12.0f}")
     print(f"ratio envhub / TRL tokens/s: {theirs_s / ours_s:.2f}x")
+
+
+def report_whole(args, ours: list[float], theirs: list[float]) -> None:
+    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+    print(f"\nwhole GRPO step, generation included: {args.prompts} prompts x {args.group} samples x "
+          f"{args.completion_len} new tokens; median of {args.whole_steps} interleaved steps after 1 warm-up")
+    print(f"{'path':<20}{'step ms':>10}")
+    print(f"{'envhub':<20}{1000 * ours_s:>10.1f}")
+    print(f"{'TRL GRPOTrainer':<20}{1000 * theirs_s:>10.1f}")
+    print(f"ratio envhub / TRL step time: {ours_s / theirs_s:.2f}x (target <= 0.5x)")
 
 
 if __name__ == "__main__":

@@ -13,4 +13,28 @@ if [ ! -x .venv-openenv010/bin/python ]; then
   .venv-openenv010/bin/python -m pip install -q "openenv==0.10.*" || echo "note: openenv 0.10 unavailable; its interop test will skip"
 fi
 bash scripts/lint.sh
-exec .venv/bin/python -m pytest "$@"
+# A third one with vLLM (its CPU build here, the GPU build where CUDA is): vLLM pins its own transformers,
+# so it lives apart from TRL. The tests marked `vllm` skip in .venv and run here, after the main suite.
+ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,dev,vllm
+# Given test paths, the vLLM stage runs only when one of them names the vLLM tests.
+options=() paths=()
+for arg in "$@"; do
+  if [ -e "${arg%%::*}" ]; then paths+=("$arg"); else options+=("$arg"); fi
+done
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+vllm_paths=(tests/trainer/test_vllm_cpu.py)
+if [ "${#paths[@]}" -gt 0 ]; then
+  vllm_paths=()
+  for p in "${paths[@]}"; do
+    case "$p" in
+      tests/trainer/test_vllm_cpu.py*) vllm_paths+=("$p");;
+      tests|tests/|tests/trainer|tests/trainer/) vllm_paths+=(tests/trainer/test_vllm_cpu.py);;
+    esac
+  done
+fi
+if [ "${#vllm_paths[@]}" -gt 0 ] && { [ "$status" = 0 ] || [ "$status" = 1 ]; }; then
+  echo "== tests that need vLLM, in .venv-vllm"
+  .venv-vllm/bin/python -m pytest -m vllm "${options[@]}" "${vllm_paths[@]}" || { rc=$?; [ "$status" != 0 ] || status=$rc; }
+fi
+exit "$status"

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainer.core.losses import AGGREGATIONS
 from trainer.distributed import MIXED_PRECISIONS, STRATEGIES
-from trainer.model import ModelConfig
+from trainer.model import ModelConfig, for_vllm
 from trainer.rollout.actions import load_action_mapper
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
@@ -198,6 +198,10 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if self.sampling.backend == "vllm":  # the tiny model's default head size is one vLLM's CPU kernel refuses
+            self.model = for_vllm(self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

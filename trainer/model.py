@@ -12,6 +12,7 @@ tokenizer, for CPU, tests and the quick start. Both go through ``AutoModelForCau
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ import torch
 from torch import nn
 
 TINY = "tiny"
+#: head sizes vLLM's attention kernels accept, its CPU kernel included (vLLM 0.32; the CPU one refuses 16)
+VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 @dataclass
@@ -56,6 +59,22 @@ class ModelConfig:
         if self.name == TINY and self.hidden_size % self.num_heads:
             raise ValueError(f"Expected hidden_size divisible by num_heads, got {self.hidden_size} "
                              f"and {self.num_heads}.")
+
+
+def for_vllm(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with a tiny-model head size vLLM accepts: the same hidden size in fewer, wider heads.
+
+    The default tiny shape (hidden 64 in 4 heads of 16) becomes 2 heads of 32, 2 KV heads; shapes
+    vLLM already accepts, and real models, come back unchanged.
+    """
+    if cfg.name != TINY or cfg.hidden_size // cfg.num_heads in VLLM_HEAD_SIZES:
+        return cfg
+    for heads in range(cfg.num_heads, 0, -1):
+        if cfg.hidden_size % heads == 0 and cfg.hidden_size // heads in VLLM_HEAD_SIZES:
+            kv_heads = max(d for d in range(1, heads + 1) if heads % d == 0 and d <= cfg.num_kv_heads)
+            return dataclasses.replace(cfg, num_heads=heads, num_kv_heads=kv_heads)
+    raise ValueError(f"Expected a tiny model vLLM can run: hidden_size {cfg.hidden_size} splits into no head size "
+                     f"vLLM accepts ({list(VLLM_HEAD_SIZES)}); use e.g. model.hidden_size=128 model.num_heads=2.")
 
 
 def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
@@ -160,4 +179,4 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 __all__ = ["ModelConfig", "load_policy", "load_tokenizer", "build_tiny_model", "apply_lora",
-           "resolve_dtype", "unwrap", "hidden_size_of", "trainable_parameters", "TINY"]
+           "resolve_dtype", "for_vllm", "VLLM_HEAD_SIZES", "unwrap", "hidden_size_of", "trainable_parameters", "TINY"]

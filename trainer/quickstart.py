@@ -136,7 +136,8 @@ def quickstart_config(url: str, args: argparse.Namespace):
         f"model.hidden_size={args.hidden}", f"model.num_layers={args.layers}", "model.num_heads=4",
         "model.num_kv_heads=2", f"model.intermediate_size={4 * args.hidden}", f"model.init_seed={args.seed}",
         "rollout.max_tokens_per_turn=12", "rollout.max_total_tokens=12", "rollout.max_in_flight=256",
-        "sampling.temperature=1.0",
+        "sampling.temperature=1.0", f"sampling.backend='{args.sampler}'",
+        f"rollout.max_staleness={args.max_staleness}",
         "algo.name='grpo'", "algo.filter_zero_variance=true", "algo.clip_eps=0.2",
         f"algo.negative_weight={args.negative_weight}",
         f"algo.epochs={args.epochs}", f"algo.minibatches={args.minibatches}",
@@ -190,6 +191,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=25,
                    help="also evaluate every N GRPO steps (0: before and after only)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for a tiny model)")
+    p.add_argument("--sampler", choices=["hf", "vllm"], default="hf",
+                   help="hf (transformers generate) or vllm (needs the vllm extra: scripts/setup.sh envs,train,vllm; "
+                        "the tiny model then has 2 heads of 32 instead of 4 of 16)")
+    p.add_argument("--max-staleness", type=int, default=0,
+                   help="asynchronous rollouts: sample the next batch while a step trains, at most this many "
+                        "policy versions behind (default 0: synchronous)")
     p.add_argument("--out", default="runs/quickstart")
     return p.parse_args(argv)
 
@@ -226,9 +233,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"until greedy accuracy on train problems reaches {args.sft_target:.2f}", flush=True)
         probe = build_engine(cfg, model, tok)
         sft = run_sft(model, tok, demos, steps=args.sft_steps, batch_size=32, lr=args.sft_lr, seed=args.seed,
-                      weight_decay=args.weight_decay, stop_when=lambda step: _warm(probe, url, step, args),
+                      weight_decay=args.weight_decay, stop_when=lambda step: _warm(probe, url, step, args, model),
                       check_every=10)
         probe.close()
+        if hasattr(probe.sampler, "close"):
+            probe.sampler.close()
         print(f"[quickstart] GRPO: {args.steps} steps x {args.batch} tasks x {args.group} samples over {url}", flush=True)
         summary = train(cfg, model=model, tokenizer=tok, log=_quiet_log)
     plot = plot_rewards(out / "metrics.jsonl", out / "reward.png",
@@ -254,7 +263,9 @@ def train_accuracy(engine: Any, url: str, task: dict[str, Any], n: int) -> float
     return sum(t.reward for t in trajs) / len(trajs)
 
 
-def _warm(engine: Any, url: str, step: int, args: argparse.Namespace) -> bool:
+def _warm(engine: Any, url: str, step: int, args: argparse.Namespace, model: Any = None) -> bool:
+    if model is not None:  # a vLLM probe holds its own weights: give it the SFT model's (HF shares them)
+        engine.sampler.update_weights(model, 0)
     acc = train_accuracy(engine, url, task_of(args), args.train_size or 64)
     done = acc >= args.sft_target
     if done or step % 50 == 0:

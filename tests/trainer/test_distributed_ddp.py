@@ -225,6 +225,16 @@ def test_the_rl_recipe_with_the_default_strategy_keeps_two_gloo_ranks_in_step(tm
 
 
 @pytest.mark.slow
+def test_asynchronous_rollouts_under_torchrun_keep_two_gloo_ranks_in_step(tmp_path):
+    """Each rank samples ahead in its own rollout thread; the collectives stay in the training thread."""
+    results = _launch(tmp_path, 2, "gloo", "recipe_async", timeout=180)
+    for result in results:
+        assert result["policy_spread"] == [0.0] * RECIPE_STEPS and result["value_head_spread"] == [0.0] * RECIPE_STEPS
+        assert result["staleness"][0] == 0.0 and result["staleness"][1] == 1.0  # batch 1 sampled during step 0
+    assert results[0]["moved"] > 1e-3
+
+
+@pytest.mark.slow
 def test_two_gloo_ranks_sample_differently_from_one_prompt_with_identical_initial_weights(tmp_path):
     results = _launch(tmp_path, 2, "gloo", "sampling", timeout=180)
     for result in results:
@@ -394,7 +404,7 @@ class SeededAsciiEnv(Env):
         return StepResult(reward=sum(ch.isascii() for ch in text) / max(len(text), 1), done=True)
 
 
-def _recipe_in_step(info, out_dir: str) -> dict:
+def _recipe_in_step(info, out_dir: str, *extra: str) -> dict:
     """``train`` (PPO, KL to a reference) with run.strategy left at its default; per step, the spread across ranks."""
     import torch.distributed as dist
 
@@ -416,10 +426,11 @@ def _recipe_in_step(info, out_dir: str) -> dict:
         "model.intermediate_size=64", "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=6",
         "algo.name='ppo'", "algo.kl_coef=0.05", "run.batch_size=2", "run.group_size=3", "run.eval_problems=1",
         "optim.lr=1e-2", "optim.micro_batch_size=1", "sampling.batch_wait_s=10.0",
-        "run.seed=1", f"run.steps={RECIPE_STEPS}", f"run.output_dir='{Path(out_dir, 'run')}'"])
+        "run.seed=1", f"run.steps={RECIPE_STEPS}", f"run.output_dir='{Path(out_dir, 'run')}'", *extra])
     model, tok = load_policy(cfg.model)
     start = _flat(model)
-    report = {"strategy": cfg.run.strategy, "policy_spread": [], "value_head_spread": [], "groups_kept": []}
+    report = {"strategy": cfg.run.strategy, "policy_spread": [], "value_head_spread": [], "groups_kept": [],
+              "staleness": []}
 
     def spread(flat: torch.Tensor) -> float:
         gathered = [torch.zeros_like(flat) for _ in range(info.world_size)]
@@ -428,6 +439,7 @@ def _recipe_in_step(info, out_dir: str) -> dict:
 
     def on_step(step, metrics):
         report["groups_kept"].append(metrics["rollout/groups_kept"])
+        report["staleness"].append(metrics.get("rollout/staleness_max"))
         report["policy_spread"].append(spread(_flat(model)))
         report["value_head_spread"].append(spread(_flat(heads[0])))
 
@@ -493,8 +505,9 @@ def _sampling(info, out_dir: str) -> dict:
 
 def _worker(out_dir: str, backend: str, strategy: str) -> None:
     info = init_distributed(backend)
-    if strategy in ("recipe", "sampling"):
-        run = _recipe_in_step if strategy == "recipe" else _sampling
+    if strategy in ("recipe", "recipe_async", "sampling"):
+        run = {"recipe": _recipe_in_step, "sampling": _sampling,
+               "recipe_async": lambda i, o: _recipe_in_step(i, o, "rollout.max_staleness=1")}[strategy]
         Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps({"world_size": info.world_size,
                                                                       **run(info, out_dir)}))
         barrier()

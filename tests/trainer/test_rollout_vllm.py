@@ -1,4 +1,6 @@
-"""The vLLM sampler on a GPU: greedy agreement with HF generate, and weights pushed after an optimizer step."""
+"""The vLLM sampler on a GPU (its CUDA build): greedy agreement with HF generate, log-probs equal to the
+trainer's in bf16 tolerance, and weights pushed after an optimizer step. The CPU build's tests, which CI
+runs, are in test_vllm_cpu.py (they use the GPU too when there is one)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ def policy():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     pytest.importorskip("vllm")
-    from trainer.model import ModelConfig, load_policy
+    from trainer.model import ModelConfig, for_vllm, load_policy
 
     torch.manual_seed(0)
-    return load_policy(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, dtype="bf16"), "cuda")
+    cfg = for_vllm(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, dtype="bf16"))
+    return load_policy(cfg, "cuda")
 
 
 def test_vllm_greedy_matches_hf_and_follows_weight_updates(policy) -> None:
@@ -38,4 +41,6 @@ def test_vllm_greedy_matches_hf_and_follows_weight_updates(policy) -> None:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
     vllm.update_weights(model, 1)
-    assert asyncio.run(vllm.generate(req)).token_ids == asyncio.run(hf.generate(req)).token_ids
+    after = asyncio.run(vllm.generate(req))
+    assert after.token_ids == asyncio.run(hf.generate(req)).token_ids and after.version == 1
+    vllm.close()

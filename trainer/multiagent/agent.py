@@ -24,7 +24,7 @@ from trainer.model import hidden_size_of, load_policy
 from trainer.multiagent.config import AgentConfig, TwoAgentConfig
 from trainer.recipes.batch import pack
 from trainer.recipes.update import adam_params, compute_advantages, policy_update, ppo_advantages, rollout_metrics
-from trainer.rollout import HFSampler, Trajectory, build_groups
+from trainer.rollout import Trajectory, build_groups, make_sampler
 
 
 class Agent:
@@ -52,7 +52,8 @@ class Agent:
                                          micro_batch_size=cfg.optim.micro_batch_size)
                           if cfg.algo.kl_coef > 0 else None)
         self.model, self.tokenizer, self.value_head = model, tokenizer, value_head
-        self.sampler = HFSampler(self.model, self.tokenizer, shared.sampling)
+        self.sampler = make_sampler(self.model, self.tokenizer, shared.sampling, lora=cfg.model.lora_rank > 0,
+                                    seed=shared.run.seed)
         self.logger = MetricsLogger(self.out_dir)
         self.version = 0
 
@@ -112,6 +113,9 @@ class Agent:
 
     def close(self) -> None:
         self.logger.close()
+        close = getattr(self.sampler, "close", None)
+        if close is not None:
+            close()
 
     def _extra_modules(self) -> dict[str, Any]:
         # PPO's value head is trained alongside the policy: a checkpoint carries it too

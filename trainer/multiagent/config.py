@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import AlgoConfig, EnvConfig, OptimConfig, RunConfig, apply_overrides, from_dict, read_toml
-from trainer.model import ModelConfig
+from trainer.model import ModelConfig, for_vllm
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
 
@@ -93,9 +93,9 @@ class TwoAgentConfig:
         if RANDOM_OPPONENT in names:
             raise ValueError(f"Expected agent names other than {RANDOM_OPPONENT!r} (the scripted validation "
                              f"opponent's name), got {names}.")
-        if self.sampling.backend != "hf":
-            raise ValueError(f"Expected sampling.backend = 'hf' for two-agent runs (each agent samples from its "
-                             f"own model in process), got {self.sampling.backend!r}.")
+        if self.sampling.backend == "vllm":  # each agent gets its own engine: head sizes vLLM accepts
+            for agent in self.agents.values():
+                agent.model = for_vllm(agent.model)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

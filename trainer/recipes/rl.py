@@ -4,7 +4,10 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
 
 1. Sample ``run.batch_size`` tasks (``env.train_task`` + a fresh seed each) and run
    ``run.group_size`` episodes of each with the current policy (temperature ``sampling.temperature``)
-   against the env servers, many in flight at once (:class:`RolloutEngine`).
+   against the env servers, many in flight at once (:class:`RolloutEngine`). With
+   ``rollout.max_staleness = k > 0`` the batches come from a :class:`RolloutStream` instead: batch
+   ``s`` starts sampling once version ``s - k`` is published, so the next batch is sampled while
+   this step trains; every turn records its version, every step logs ``rollout/staleness_*``.
 2. Keep complete groups only: a group with an infrastructure failure (env down, timeout) leaves
    the batch and is counted, never trained on as reward 0. With ``algo.filter_zero_variance``
    groups whose rewards are all equal are dropped too (they carry no GRPO signal).
@@ -20,9 +23,10 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
 4. ``forward_backward`` with the training core's ``ppo`` loss (:mod:`trainer.core`, the one copy of
    every loss): the clipped-ratio surrogate ``max(-A r, -A clip(r, 1-eps, 1+eps_high))`` with
    ``r = pi / pi_old``, ``pi_old`` the policy before this step's update (so ``r = 1`` on a single
-   pass), log-probs of ``logits / temperature``; optional ``kl_coef`` * k3 KL to the frozen initial
-   policy; per-token weights make the core's sum the ``algo.aggregation`` mean (default: token mean
-   over all policy tokens of the batch; mask 1: only sampled ids count). See :mod:`trainer.recipes.update`.
+   pass; with asynchronous rollouts the behaviour policy: the sampler's own log-probs), log-probs of
+   ``logits / temperature``; optional ``kl_coef`` * k3 KL to the frozen initial policy; per-token
+   weights make the core's sum the ``algo.aggregation`` mean (default: token mean over all policy
+   tokens of the batch; mask 1: only sampled ids count). See :mod:`trainer.recipes.update`.
 5. ``optim_step`` (AdamW, clipped to ``optim.grad_clip``, the learning rate of this step's schedule),
    ``algo.epochs`` x ``algo.minibatches`` times, each after a ``forward_backward`` over the minibatch in
    micro-batches of ``optim.micro_batch_size`` sequences; then ``save_weights_for_sampler`` hands the
@@ -56,7 +60,16 @@ from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy
 from trainer.recipes.batch import PackedBatch, pack
 from trainer.recipes.update import adam_params, compute_advantages, policy_update, ppo_advantages, rollout_metrics
-from trainer.rollout import EnvPool, HFSampler, RolloutEngine, Task, build_groups, load_env_class, make_tasks
+from trainer.rollout import (
+    EnvPool,
+    RolloutEngine,
+    RolloutStream,
+    Task,
+    build_groups,
+    load_env_class,
+    make_sampler,
+    make_tasks,
+)
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
 
 
@@ -71,13 +84,10 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
     pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token,
                    action_mapper=cfg.env.action_mapper, tools=cfg.env.tools)
-    if cfg.sampling.backend == "vllm":
-        from trainer.rollout.vllm_sampler import VLLMSampler
-
-        sampler = VLLMSampler(model, tok, cfg.sampling, lora=cfg.model.lora_rank > 0,
-                              seed=rank_seed(cfg.run.seed, rank()))  # ranks sample different completions
-    else:
-        sampler = HFSampler(model, tok, cfg.sampling)
+    # ranks sample different completions (vLLM's seed; HF samples from the reseeded global RNG);
+    # asynchronous rollouts sample while the trainer updates: the HF sampler then holds its own copy
+    sampler = make_sampler(model, tok, cfg.sampling, lora=cfg.model.lora_rank > 0,
+                           seed=rank_seed(cfg.run.seed, rank()), own_copy=cfg.rollout.max_staleness > 0)
     return RolloutEngine(pool, sampler, tok, cfg.rollout, model_name=cfg.model.name)
 
 
@@ -132,6 +142,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     engine = build_engine(cfg, policy.model, tokenizer)
     logger = MetricsLogger(out, is_main=info.is_main)
     first_step = _maybe_resume(cfg, out, policy, log)
+    if first_step:  # the sampler was built from the initial weights: give it the checkpoint's
+        policy.save_weights_for_sampler(engine.sampler, version=first_step)
 
     before = evaluate(engine, cfg, logger, first_step)
     logger.log(first_step, before)
@@ -142,10 +154,16 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     # a run that trains on nothing says so (console, metrics, failures.jsonl), then stops
     watch = FailureWatch(cfg.run.max_failed_steps, log, out / "failures.jsonl" if info.is_main else None)
     everywhere = (lambda all_failed: not max_over_ranks(int(not all_failed), device)) if info.distributed else None
+    stream = None
+    if cfg.rollout.max_staleness > 0 and first_step < cfg.run.steps:
+        # asynchronous: batches are sampled ahead, while this loop trains, at most max_staleness versions old
+        stream = RolloutStream(engine, lambda k: shard(train_tasks(cfg, k), info),
+                               max_staleness=cfg.rollout.max_staleness, max_open_groups=cfg.rollout.max_open_groups)
+        stream.start(first_step, version=first_step)
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
-        # 1. sample: episodes with the current policy
-        trajs = engine.run_sync(shard(train_tasks(cfg, step), info))
+        # 1. sample: episodes with the current policy (or one at most max_staleness versions older)
+        trajs = engine.run_sync(shard(train_tasks(cfg, step), info)) if stream is None else stream.next_batch(step)
         t_rollout = time.monotonic() - t0
         # 2. complete (and informative) groups only
         grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
@@ -156,6 +174,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
             logger.close()
             engine.close()
             raise
+        if stream is not None:
+            metrics.update(stream.staleness(trajs))
         kept = grouped.trajectories if grouped.groups else []
         adam = adam_params(cfg.optim, step, cfg.run.steps)
         # Under torchrun every rank must run the same forward/backward passes (DDP and FSDP communicate
@@ -171,6 +191,10 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
             metrics.update(policy_update(cfg, policy, batch, adam, reference=reference, old_values_BS=old_values))
             # 5. the sampler gets the new weights
             policy.save_weights_for_sampler(engine.sampler, version=step + 1)
+        elif stream is not None:  # no update, but the version moves on so the staleness bound does too
+            policy.save_weights_for_sampler(engine.sampler, version=step + 1)
+        if stream is not None:
+            stream.publish(step + 1)
         metrics["time/step_s"] = time.monotonic() - t0
         metrics["time/rollout_s"] = t_rollout
         metrics["train/lr"] = adam.learning_rate
@@ -184,6 +208,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         if on_step is not None:
             on_step(step + 1, metrics)
     progress.close()
+    if stream is not None:  # batches sampled ahead of the last step are discarded
+        stream.close()
 
     after = evaluate(engine, cfg, logger, last_step)
     logger.log(last_step, after)
@@ -192,6 +218,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         _save(cfg, out, policy, cfg.run.steps)
     logger.close()
     engine.close()
+    if hasattr(engine.sampler, "close"):  # vLLM: free the engine and its files
+        engine.sampler.close()
     summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
                "val_distinct_answers_before": int(before["eval/distinct_answers"]),
                "val_distinct_answers_after": int(after["eval/distinct_answers"]),

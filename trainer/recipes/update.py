@@ -6,7 +6,9 @@ weight is its :func:`~trainer.core.losses.aggregation_weights` share divided by 
 (policy tokens, or sequences for the ``seq_mean_*`` aggregations), so the sum is that aggregation's mean;
 the clip range is ``[1 - clip_eps, 1 + clip_eps_high]``; log-probs are of ``logits / temperature``; with
 one pass over the batch no ``logprobs`` input is sent, so the ratio is exactly 1 (``pi_old`` is the
-policy before this step's update); with several, ``pi_old`` comes from a forward-only pass first.
+policy before this step's update); with several, ``pi_old`` comes from a forward-only pass first. With
+asynchronous rollouts (``rollout.max_staleness > 0``) ``pi_old`` is the behaviour policy: the sampler's
+own log-probs, sent as ``logprobs``.
 """
 
 from __future__ import annotations
@@ -117,7 +119,12 @@ def policy_update(cfg: Any, client: TrainingClient, batch: PackedBatch, adam: Ad
     if old_values_BS is not None:
         config.update(value_coef=a.value_coef, value_clip_eps=a.value_clip_eps)
     multi_pass = a.epochs > 1 or a.minibatches > 1
-    extra = {"logprobs": forward_values(client, batch, "logprobs", T) if multi_pass else None,
+    if getattr(getattr(cfg, "rollout", None), "max_staleness", 0) > 0:
+        # asynchronous rollouts were sampled by an older policy: the sampler's log-probs are the behaviour policy
+        behaviour_BS = batch.sampler_logprobs_BS
+    else:
+        behaviour_BS = forward_values(client, batch, "logprobs", T) if multi_pass else None
+    extra = {"logprobs": behaviour_BS,
              "ref_logprobs": forward_values(reference, batch, "logprobs", T) if reference is not None else None,
              "returns": batch.rewards_BS if old_values_BS is not None else None, "old_values": old_values_BS}
     shares_BS = aggregation_weights(batch.mask_BS, a.aggregation)

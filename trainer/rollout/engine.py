@@ -20,8 +20,11 @@ Per episode, the state machine PENDING -> GENERATING -> INTERACTING -> ... -> TE
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import importlib
+import itertools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +71,11 @@ class RolloutConfig:
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_parser: str = "auto"
     client_tools: list[str] = field(default_factory=list)
+    # asynchronous rollouts (trainer.rollout.stream): how many policy versions a batch's generation may
+    # run ahead of training (0: synchronous, each batch sampled by the newest weights), and how many
+    # groups may be in flight at once (0: every group of the batches the staleness bound allows)
+    max_staleness: int = 0
+    max_open_groups: int = 0
 
     def __post_init__(self) -> None:
         if self.tool_mode not in ("auto", "text", "tools"):
@@ -77,6 +85,9 @@ class RolloutConfig:
         for name in ("max_turns", "max_tokens_per_turn", "max_total_tokens", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Expected rollout.{name} >= 1, got {getattr(self, name)}.")
+        for name in ("max_staleness", "max_open_groups"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Expected rollout.{name} >= 0, got {getattr(self, name)}.")
 
 
 class _Stop(Exception):
@@ -114,7 +125,9 @@ class RolloutEngine:
                 raise ValueError(f"Two client-side tools are named {t.name!r}; tool names must be unique.")
             self.client_tools[t.name] = t
         self.states: dict[int, EpisodeState] = {}
+        self._keys = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         set_demand = getattr(sampler, "set_demand", None)
         if set_demand is not None:
             set_demand(self.live_episodes)
@@ -122,28 +135,61 @@ class RolloutEngine:
     def live_episodes(self) -> int:
         """Episodes started and not yet terminated (each will ask the sampler for a turn soon)."""
         return sum(s is not EpisodeState.TERMINATED for s in self.states.values())
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop episodes run on (None before the first run)."""
+        return self._loop
+
+    def new_key(self) -> int:
+        """A fresh episode key (the live-episode count of concurrent ``run`` calls stays right)."""
+        return next(self._keys)
+
     async def run(self, tasks: list[Task], *, greedy: bool = False) -> list[Trajectory]:
         """Run every task (at most ``max_in_flight`` at once); trajectories come back in task order."""
         gate = asyncio.Semaphore(self.config.max_in_flight)
-        self.states = {}
+        keys = [self.new_key() for _ in tasks]
 
-        async def one(i: int, task: Task) -> Trajectory:
+        async def one(key: int, task: Task) -> Trajectory:
             async with gate:
-                return await self.run_episode(task, greedy=greedy, key=i)
+                return await self.run_episode(task, greedy=greedy, key=key)
 
-        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+        try:
+            return list(await asyncio.gather(*(one(k, t) for k, t in zip(keys, tasks))))
+        finally:
+            for k in keys:
+                self.states.pop(k, None)
 
     def run_sync(self, tasks: list[Task], *, greedy: bool = False) -> list[Trajectory]:
         """``run`` from synchronous code (the training loop), on the engine's own event loop so that
-        env sessions stay open from one call to the next."""
+        env sessions stay open from one call to the next (in the background thread once one runs it)."""
+        if self._thread is not None:
+            return self.submit(self.run(tasks, greedy=greedy)).result()
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(self.run(tasks, greedy=greedy))
 
+    def submit(self, coro: Any) -> concurrent.futures.Future:
+        """Run ``coro`` on the engine's event loop in a background thread (started on first use), so
+        episodes go on while the caller trains (asynchronous rollouts)."""
+        if self._thread is None:
+            if self._loop is None or self._loop.is_closed():
+                self._loop = asyncio.new_event_loop()
+            loop = self._loop
+            self._thread = threading.Thread(target=loop.run_forever, name="envhub-rollouts", daemon=True)
+            self._thread.start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
     def close(self) -> None:
-        """Close idle env sessions and the engine's event loop."""
+        """Close idle env sessions and the engine's event loop (stopping its background thread)."""
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.run_until_complete(self.pool.aclose())
+            if self._thread is not None:
+                with contextlib.suppress(Exception):
+                    self.submit(self.pool.aclose()).result(timeout=30)
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(timeout=30)
+                self._thread = None
+            else:
+                self._loop.run_until_complete(self.pool.aclose())
             self._loop.close()
         self._loop = None
 
@@ -222,6 +268,7 @@ class RolloutEngine:
             gen = await self.sampler.generate(GenRequest(list(traj.tokens), budget, greedy=greedy))
             traj.append(gen.token_ids, policy=True, logprobs=gen.logprobs)
             traj.turn_ends.append(len(traj.tokens) - 1)
+            traj.turn_versions.append(gen.version)
             traj.num_turns += 1
             self.states[key] = EpisodeState.INTERACTING
             reply = self._decode(gen.token_ids, getattr(agent.parse_tool_calls, "markers", ()))

