@@ -21,7 +21,8 @@ import asyncio
 import json
 import re
 import string
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from envhub.env import Env, EnvRunner
 from envhub.errors import ActionValidationError
@@ -293,5 +294,6 @@ class _Remote:
         self.client.close()
 
 
-__all__ = ["from_gymnasium", "EnvhubGymEnv", "observation_to_text", "parse_action", "describe_space", "to_action",
+# EnvhubGymEnv is built on first use by __getattr__
+__all__ = ["from_gymnasium", "EnvhubGymEnv", "observation_to_text", "parse_action", "describe_space", "to_action",  # noqa: F822
            "TEXT_CHARSET"]

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import httpx
 
@@ -201,7 +202,7 @@ async def arun_agent(client: ChatCompletionsClient, tools: ToolManager, messages
     schemas = tools.tool_infos()
     calls_made, stop = 0, "max_turns"
     turn = 0
-    for turn in range(1, max_turns + 1):
+    for turn in range(1, max_turns + 1):  # noqa: B007 (the last turn is reported)
         reply = await client.acomplete(messages, schemas)
         messages.append(reply)
         calls = reply.get("tool_calls") or []

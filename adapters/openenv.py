@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import inspect
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ValidationError, create_model, model_validator
 from pydantic_core import PydanticCustomError

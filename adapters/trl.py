@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, Callable, ClassVar, Literal
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
 import httpx
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from env_servers.math_env.env import MathEnv  # noqa: E402
-from trainer.model import ModelConfig, load_policy  # noqa: E402
-from trainer.quickstart import SYSTEM_PROMPT, TASK, free_port, math_server  # noqa: E402
-from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, make_tasks  # noqa: E402
-from trainer.rollout.types import GenRequest, GenResult  # noqa: E402
+from env_servers.math_env.env import MathEnv
+from trainer.model import ModelConfig, load_policy
+from trainer.quickstart import SYSTEM_PROMPT, free_port, math_server, parse_args, task_of
+from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, make_tasks
+from trainer.rollout.types import GenRequest, GenResult
 
 
 class InProcessMath(MathEnv):
@@ -53,7 +53,8 @@ class ScriptedPolicy:
 
 
 def run_once(engine: RolloutEngine, episodes: int, seed: int) -> tuple[float, float]:
-    tasks = make_tasks([{**TASK, "split": "train", "seed": seed + i} for i in range(episodes // 8)], 8,
+    task = task_of(parse_args([]))  # the quick start's task family
+    tasks = make_tasks([{**task, "split": "train", "seed": seed + i} for i in range(episodes // 8)], 8,
                        engine.pool.urls or None)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
@@ -65,13 +66,16 @@ def run_once(engine: RolloutEngine, episodes: int, seed: int) -> tuple[float, fl
     return wall, sum(t.reward for t in trajs) / len(trajs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sampler", choices=["hf", "scripted"], default="hf")
     p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.episodes, args.repeats = 16, 1
     torch.set_num_threads(args.threads)
     model, tok = load_policy(ModelConfig())
     make_sampler = (lambda: HFSampler(model, tok)) if args.sampler == "hf" else (lambda: ScriptedPolicy(tok))

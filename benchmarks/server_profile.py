@@ -11,6 +11,7 @@ steadier than steps/s.
     python benchmarks/server_profile.py --openenv       # the same work on an openenv-core server
     python benchmarks/server_profile.py --ws websockets --no-inline   # another uvicorn ws, thread pool
     python benchmarks/server_profile.py --ceiling
+    python benchmarks/server_profile.py --ext request_id,cancel   # what a negotiated extension costs
 """
 
 from __future__ import annotations
@@ -46,22 +47,29 @@ uvicorn.Server(uvicorn_config(create_app(env_cls, settings=settings), settings, 
 from ws_throughput import cpu_seconds, start_server  # noqa: E402  (sibling script)
 
 
-async def session(url: str, deadline: float, counts: list[int], idx: int) -> None:
+async def session(url: str, deadline: float, counts: list[int], idx: int, ext: str | None) -> None:
+    step = STEP
+    if ext:
+        url += f"?ext={ext}"
+        if "request_id" in ext.split(","):
+            step = json.dumps({"type": "step", "data": {"message": "hello world"}, "id": 1})
     async with websockets.connect(url, compression=None, max_size=None) as ws:
+        if ext:
+            await ws.recv()  # hello
         await ws.send(RESET)
         await ws.recv()
         n = 0
         while time.perf_counter() < deadline:
-            await ws.send(STEP)
+            await ws.send(step)
             await ws.recv()
             n += 1
         counts[idx] = n
 
 
-async def drive(url: str, sessions: int, seconds: float) -> float:
+async def drive(url: str, sessions: int, seconds: float, ext: str | None = None) -> float:
     counts = [0] * sessions
     start = time.perf_counter()
-    await asyncio.gather(*(session(url, start + seconds, counts, i) for i in range(sessions)))
+    await asyncio.gather(*(session(url, start + seconds, counts, i, ext) for i in range(sessions)))
     return sum(counts) / (time.perf_counter() - start)
 
 
@@ -82,16 +90,20 @@ def _wait_up(port: int, timeout_s: float = 15.0) -> None:
     raise RuntimeError(f"server on port {port} did not come up")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
     parser.add_argument("--repeat", type=int, default=1, help="runs per scenario; the median is reported")
+    parser.add_argument("--ext", default=None, help="extensions the client opts into, e.g. request_id,cancel")
     parser.add_argument("--ws", default="envhub.server.transport:LeanWebSocketProtocol", help="uvicorn ws implementation")
     parser.add_argument("--no-inline", action="store_true", help="run EchoEnv.step in the thread pool")
     parser.add_argument("--ceiling", action="store_true", help="bare websockets echo server instead of envhub")
     parser.add_argument("--openenv", action="store_true", help="an openenv-core echo server instead of envhub")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sessions, args.seconds, args.repeat = [1, 4], 0.3, 1
     if args.ceiling or args.openenv:
         server, base = start_server("ceiling" if args.ceiling else "openenv")
         port = int(base.rsplit(":", 1)[1])
@@ -102,12 +114,12 @@ def main() -> None:
     try:
         _wait_up(port)
         label = "bare websockets echo" if args.ceiling else "openenv-core echo" if args.openenv else \
-            f"envhub ws={args.ws} {'threaded' if args.no_inline else 'inline'}"
+            f"envhub ws={args.ws} {'threaded' if args.no_inline else 'inline'} ext={args.ext or '-'}"
         for n in args.sessions:
             runs = []
             for _ in range(args.repeat):
                 cpu0 = cpu_seconds(server.pid)
-                rate = asyncio.run(drive(f"ws://127.0.0.1:{port}/ws", n, args.seconds))
+                rate = asyncio.run(drive(f"ws://127.0.0.1:{port}/ws", n, args.seconds, args.ext))
                 runs.append((rate, (cpu_seconds(server.pid) - cpu0) * 1e6 / max(1.0, rate * args.seconds)))
             rate, cpu_us = sorted(runs)[len(runs) // 2]  # the median run
             print(f"{label}: {n:4d} session(s): {rate:8.0f} steps/s, server CPU {cpu_us:5.0f} us/step", flush=True)

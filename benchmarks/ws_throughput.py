@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 KINDS = ("envhub", "openenv", "ceiling")
 ACTION = {"message": "hello world"}
@@ -43,7 +44,6 @@ def _serve_envhub(port: int) -> None:
 
 
 def _openenv_app() -> Any:
-    from typing import Optional
 
     from openenv.core.env_server.http_server import create_app
     from openenv.core.env_server.interfaces import Environment
@@ -63,11 +63,11 @@ def _openenv_app() -> Any:
             super().__init__()
             self._state = State(episode_id="bench", step_count=0)
 
-        def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any):
+        def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any):
             self._state = State(episode_id=episode_id or "bench", step_count=0)
             return EchoObservation(echoed_message="ready", reward=0.0)
 
-        def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any):
+        def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any):
             self._state.step_count += 1
             return EchoObservation(echoed_message=action.message, message_length=len(action.message),
                                    reward=len(action.message) * 0.1)
@@ -87,8 +87,8 @@ def _serve_openenv(port: int) -> None:
 
 def _serve_ceiling(port: int) -> None:
     from websockets.asyncio.server import serve
-    from websockets.http11 import Response
     from websockets.datastructures import Headers
+    from websockets.http11 import Response
 
     reply = json.dumps({"type": "observation", "data": {"observation": {"echoed_message": "hello world",
                                                                         "message_length": 11},
@@ -131,7 +131,7 @@ def start_server(kind: str) -> tuple[subprocess.Popen, str]:
                 return proc, url
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"{kind} server exited with code {proc.returncode}; see {log.name}")
+                raise RuntimeError(f"{kind} server exited with code {proc.returncode}; see {log.name}") from None
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"{kind} server did not become healthy in 60 s")
@@ -282,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     ap.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.seconds, args.sessions, args.repeat = 0.3, "1,4", 1
     if args.serve:
         {"envhub": _serve_envhub, "openenv": _serve_openenv, "ceiling": _serve_ceiling}[args.serve](args.port)
         return 0

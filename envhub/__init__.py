@@ -46,5 +46,11 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["Env", "EnvRunner", "Observation", "Action", "StepResult", "ToolSpec", "ToolCall", "tool", "reward",
-           "EnvHubError", *_LAZY, "__version__"]
+__all__ = [
+    # writing an env
+    "Env", "EnvRunner", "Observation", "Action", "StepResult", "ToolSpec", "ToolCall", "tool", "reward",
+    "EnvHubError",
+    # serving it, reaching it, checking it (loaded on first use, see _LAZY)
+    "EnvClient", "SyncEnvClient", "OpenEnv", "EnvTool", "ToolManager", "create_app", "serve", "check_env",
+    "__version__",
+]

@@ -10,8 +10,9 @@ import json
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Coroutine, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
@@ -25,8 +26,15 @@ else:  # pragma: no cover - Python 3.10
         if delay is None:
             yield
             return
-        task, fired = asyncio.current_task(), []
-        handle = asyncio.get_running_loop().call_later(delay, lambda: (fired.append(1), task.cancel()))
+        task = asyncio.current_task()
+        fired: list[int] = []
+
+        def fire() -> None:
+            fired.append(1)
+            if task is not None:
+                task.cancel()
+
+        handle = asyncio.get_running_loop().call_later(delay, fire)
         try:
             yield
         except asyncio.CancelledError:
@@ -46,10 +54,10 @@ class Watchdog:
     cancelled and :meth:`stop` reports it, so the caller raises ``TimeoutError`` instead.
     """
 
-    __slots__ = ("_task", "_due", "_handle", "_fired", "_baseline")
+    __slots__ = ("_baseline", "_due", "_fired", "_handle", "_task")
 
     def __init__(self) -> None:
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0.0
         self._fired = False
@@ -77,7 +85,7 @@ class Watchdog:
         fired, self._fired = self._fired, False
         if fired and task is not None and hasattr(task, "uncancel"):
             # Another cancellation arrived too: let it win, as asyncio.timeout does.
-            return task.uncancel() <= self._baseline
+            return bool(task.uncancel() <= self._baseline)
         return fired
 
     def _check(self) -> None:
@@ -96,9 +104,9 @@ class Watchdog:
 def close_code(exc: Any) -> int:
     """The code a ``ConnectionClosed`` stands for: the server's, else ours (1009: its reply was too big), else 1006."""
     if exc.rcvd is not None:
-        return exc.rcvd.code
+        return int(exc.rcvd.code)
     if exc.sent is not None:
-        return exc.sent.code
+        return int(exc.sent.code)
     return 1006
 
 
@@ -122,7 +130,7 @@ def closed_error(exc: Any, *, during: str) -> Any:
 class BackgroundLoop:
     """One daemon thread running an asyncio loop, shared by every sync client of the process."""
 
-    _shared: "BackgroundLoop | None" = None
+    _shared: BackgroundLoop | None = None
     _guard = threading.Lock()
 
     def __init__(self) -> None:
@@ -131,7 +139,7 @@ class BackgroundLoop:
         self._thread.start()
 
     @classmethod
-    def shared(cls) -> "BackgroundLoop":
+    def shared(cls) -> BackgroundLoop:
         with cls._guard:
             if cls._shared is None or not cls._shared._thread.is_alive():
                 cls._shared = cls()

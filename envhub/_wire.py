@@ -9,12 +9,13 @@ Pure functions only: no sockets here.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import msgpack
 
-from envhub.errors import ErrorCode, MessageTooLargeError, ProtocolError
+from envhub.errors import ActionValidationError, ErrorCode, MessageTooLargeError, ProtocolError
 
 PROTOCOL_VERSION = 1
 
@@ -24,10 +25,11 @@ EXT_MSGPACK = "msgpack"
 EXT_TOOLS = "tools"
 EXT_RESUME = "resume"
 EXT_STEP_TIMEOUT = "step_timeout"
-ALL_EXTENSIONS = (EXT_REQUEST_ID, EXT_MSGPACK, EXT_TOOLS, EXT_RESUME, EXT_STEP_TIMEOUT)
+EXT_CANCEL = "cancel"  # {"type": "cancel", "data": {"id": ...}} gives up a running request (needs request_id)
+ALL_EXTENSIONS = (EXT_REQUEST_ID, EXT_MSGPACK, EXT_TOOLS, EXT_RESUME, EXT_STEP_TIMEOUT, EXT_CANCEL)
 
 # Client -> server message types (OpenEnv's, then envhub's, which need an opted-in extension).
-REQUEST_TYPES = frozenset({"reset", "step", "state", "close", "mcp", "tools"})
+REQUEST_TYPES = frozenset({"reset", "step", "state", "close", "mcp", "tools", "cancel"})
 # Server -> client
 REPLY_OBSERVATION = "observation"
 REPLY_STATE = "state"
@@ -39,13 +41,57 @@ REPLY_HELLO = "hello"  # first frame on an opted-in connection: session id, acce
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 _json_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+_json_dumps_ascii = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), default=str).encode
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def encode(message: dict[str, Any], *, binary: bool = False) -> str | bytes:
-    """Serialise one envelope: msgpack bytes when ``binary``, else compact JSON text."""
+def encode(message: Any, *, binary: bool = False, lossy: bool = True) -> str | bytes:
+    """Serialise one envelope: msgpack bytes when ``binary``, else compact JSON text.
+
+    A lone surrogate (``"\\ud800"``, valid in a JSON escape, invalid in UTF-8) stays a ``\\uXXXX``
+    escape in JSON, so text frames carry it losslessly. msgpack cannot carry one: with ``lossy``
+    it becomes U+FFFD (a server reply must go out), else :class:`ActionValidationError` (the
+    client's caller can fix its input; nothing was sent).
+
+    >>> encode({"type": "step", "data": "\\ud800"})
+    '{"type":"step","data":"\\\\ud800"}'
+    >>> encode({"data": "a\\ud800"}, binary=True) == encode({"data": "a\\ufffd"}, binary=True)
+    True
+    """
     if binary:
-        return msgpack.packb(message, use_bin_type=True, default=str)
-    return _json_dumps(message)
+        try:
+            packed: bytes = msgpack.packb(message, use_bin_type=True, default=str)
+            return packed
+        except UnicodeEncodeError as exc:
+            if not lossy:
+                raise ActionValidationError(
+                    f"Expected valid Unicode text, got a lone surrogate {exc.object[exc.start:exc.end]!r}; "
+                    "msgpack frames carry UTF-8 only (replace it, or connect without the msgpack "
+                    "extension: JSON escapes carry it).") from None
+            replaced: bytes = msgpack.packb(replace_surrogates(message), use_bin_type=True, default=str)
+            return replaced
+    text = _json_dumps(message)
+    if not text.isascii() and _SURROGATE.search(text) is not None:
+        return _json_dumps_ascii(message)
+    return text
+
+
+def replace_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (keys included) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {replace_surrogates(k): replace_surrogates(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [replace_surrogates(v) for v in value]
+    return value
+
+
+def frame_bytes(frame: str | bytes) -> int:
+    """The size of a frame on the wire: UTF-8 bytes for text, so a limit means the same for ``€`` as for ``e``."""
+    if isinstance(frame, str) and not frame.isascii():  # isascii() is O(1) on CPython
+        return len(frame.encode("utf-8", "surrogatepass"))
+    return len(frame)
 
 
 def decode(frame: str | bytes, *, binary_ok: bool = False,
@@ -56,8 +102,9 @@ def decode(frame: str | bytes, *, binary_ok: bool = False,
     with a hint; a non-object or a missing/unknown ``type`` -> ``UNKNOWN_TYPE`` or
     ``VALIDATION_ERROR``. Never raises anything else.
     """
-    if len(frame) > max_bytes:
-        raise MessageTooLargeError(f"frame of {len(frame)} bytes exceeds the limit of {max_bytes} bytes",
+    size = frame_bytes(frame)
+    if size > max_bytes:
+        raise MessageTooLargeError(f"frame of {size} bytes exceeds the limit of {max_bytes} bytes",
                                    details={"max_message_bytes": max_bytes})
     if isinstance(frame, (bytes, bytearray, memoryview)):
         if not binary_ok:

@@ -13,7 +13,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from envhub import fleet
 from envhub.settings import Settings
@@ -60,7 +61,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-sessions", type=int, metavar="N", help="concurrent session cap; more get CAPACITY_REACHED "
                         f"(ENVHUB_MAX_SESSIONS, default {defaults.max_sessions})")
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /ws and every HTTP route but "
-                        "/health (ENVHUB_TOKEN)")
+                        "/health (ENVHUB_TOKEN); leave both out for no auth: an empty or placeholder token is refused")
     parser.add_argument("--step-timeout", type=float, dest="step_timeout_s", metavar="S",
                         help="server-side deadline for one reset/step in seconds (ENVHUB_STEP_TIMEOUT_S, "
                              "default none)")

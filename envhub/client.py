@@ -8,30 +8,52 @@
 
 Against an envhub server (``/metadata`` carries an ``envhub`` key) the client opts into the
 announced extensions: request ids (a timed-out reply can never answer a later request),
-msgpack frames, tool listing, per-step timeouts and session resume after a dropped
-connection. Against an OpenEnv server it speaks plain OpenEnv: no extra keys in any frame.
+msgpack frames, tool listing, per-step timeouts, session resume after a dropped connection, and
+cancelling on the server a request the client gave up on (its timeout or the caller's
+cancellation), so later requests do not queue behind it. Against an OpenEnv server it speaks
+plain OpenEnv: no extra keys in any frame.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import msgpack
-from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from envhub import _wire
-from envhub._client_io import (BackgroundLoop, Watchdog, cached_metadata, close_code, closed_error, deadline,
-                               forget_metadata)
-from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvHubError, ErrorCode,
-                           ProtocolError, ServerError, SessionLostError, StepTimeoutError,
-                           error_for_code)
+from envhub._client_io import (
+    BackgroundLoop,
+    Watchdog,
+    cached_metadata,
+    close_code,
+    closed_error,
+    deadline,
+    forget_metadata,
+)
+from envhub.errors import (
+    ActionValidationError,
+    AuthError,
+    CapacityError,
+    EnvConnectionError,
+    EnvHubError,
+    ErrorCode,
+    ProtocolError,
+    ServerError,
+    SessionLostError,
+    StepTimeoutError,
+    error_for_code,
+)
 from envhub.types import StepResult, ToolSpec
 
 MiB = 1024 * 1024
-_WANTED = (_wire.EXT_REQUEST_ID, _wire.EXT_MSGPACK, _wire.EXT_TOOLS, _wire.EXT_RESUME, _wire.EXT_STEP_TIMEOUT)
+_WANTED = (_wire.EXT_REQUEST_ID, _wire.EXT_MSGPACK, _wire.EXT_TOOLS, _wire.EXT_RESUME, _wire.EXT_STEP_TIMEOUT,
+           _wire.EXT_CANCEL)
 _EXPECTED = {"reset": _wire.REPLY_OBSERVATION, "step": _wire.REPLY_OBSERVATION, "state": _wire.REPLY_STATE,
              "tools": _wire.REPLY_TOOLS, "mcp": _wire.REPLY_MCP}
 # Close codes after which the server deliberately ended the session: resuming cannot help.
@@ -43,7 +65,22 @@ class EnvClient:
     ``extensions="auto"`` reads ``/metadata`` and opts into what an envhub server announces;
     ``None`` or ``()`` speaks plain OpenEnv; a list of names opts into exactly those without
     asking. ``step_timeout_s`` asks an envhub server to stop a step after that long
-    (``STEP_TIMEOUT``); ``message_timeout_s`` bounds the wait for any reply client-side.
+    (``STEP_TIMEOUT``); ``message_timeout_s`` bounds the wait for any reply client-side. When it
+    passes (or the caller cancels a request) the client cancels the request on a server that
+    offers the ``cancel`` extension: the episode is over there (the next ``step`` raises
+    ``EpisodeStateError``, ``reset`` starts a new one) and nothing queues behind the abandoned step.
+
+    >>> import asyncio
+    >>> from envhub import EnvClient, create_app
+    >>> from envhub.server import ServerThread
+    >>> from envhub.testing import EchoEnv
+    >>> async def episode(url):
+    ...     async with EnvClient(url) as env:
+    ...         await env.reset(seed=1)
+    ...         return (await env.step({"message": "hi"})).reward
+    >>> with ServerThread(create_app(EchoEnv)) as server:
+    ...     asyncio.run(episode(server.url))
+    0.2
     """
 
     def __init__(self, base_url: str, *, token: str | None = None, connect_timeout_s: float = 10.0,
@@ -76,13 +113,14 @@ class EnvClient:
         self._ids = self._binary = False
         self._watchdog = Watchdog()
         self._ws_loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- public API -------------------------------------------------------------------------
     @property
     def connected(self) -> bool:
         return self._ws is not None
 
-    async def connect(self) -> "EnvClient":
+    async def connect(self) -> EnvClient:
         """Open the session now (normally it opens on the first call)."""
         async with self._lock:
             if self._ws is None:
@@ -146,13 +184,13 @@ class EnvClient:
         except Exception:
             pass
 
-    async def __aenter__(self) -> "EnvClient":
+    async def __aenter__(self) -> EnvClient:
         return await self.connect()
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    def sync(self) -> "SyncEnvClient":
+    def sync(self) -> SyncEnvClient:
         """A blocking client with the same API, driving this one on a background event loop."""
         return SyncEnvClient(self)
 
@@ -232,9 +270,9 @@ class EnvClient:
 
     # -- request / reply ----------------------------------------------------------------------
     def _encode(self, msg: dict[str, Any]) -> str | bytes:
-        if self._binary:
-            return msgpack.packb(msg, use_bin_type=True, default=str)
-        return _wire.encode(msg)
+        # Not lossy: msgpack cannot carry a lone surrogate, and the caller gets ActionValidationError
+        # (nothing sent, the session intact) rather than a silently altered action.
+        return _wire.encode(msg, binary=self._binary, lossy=False)
 
     async def _request(self, mtype: str, data: Any, *, fresh_ok: bool = False) -> dict[str, Any]:
         async with self._lock:
@@ -284,10 +322,14 @@ class EnvClient:
                 return await self._receive(ws, rid)
             except asyncio.CancelledError:
                 if dog.stop():
-                    raise await self._timed_out(msg) from None
+                    raise await self._timed_out(msg, rid) from None
                 if not self._ids:  # the caller gave up mid-request: its reply must not answer the next one
                     self._abandon(SessionLostError("session dropped: a request was cancelled before its reply; "
                                                    "call reset() to start a new session."))
+                else:  # cannot await while being cancelled: the cancel frame goes out in the background
+                    task = asyncio.ensure_future(self._cancel_on_server(rid))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
                 raise
             except ConnectionClosed as exc:
                 dog.stop()
@@ -311,13 +353,25 @@ class EnvClient:
             finally:
                 dog.stop()
 
-    async def _timed_out(self, msg: dict[str, Any]) -> StepTimeoutError:
+    async def _timed_out(self, msg: dict[str, Any], rid: Any) -> StepTimeoutError:
         err = StepTimeoutError(f"no reply to {msg['type']!r} within message_timeout_s={self.message_timeout_s}s")
+        await self._cancel_on_server(rid)
         if not self._ids:
             # Without request ids a late reply would answer the next request: drop the socket.
             await self._drop(SessionLostError(f"session dropped after a timeout ({err}); "
                                               "call reset() to start a new session."))
         return err
+
+    async def _cancel_on_server(self, rid: Any) -> None:
+        """Ask the server to give up request ``rid`` (``cancel`` extension): its env stops where it
+        can, and the next request does not wait behind it. Its late reply is discarded by id."""
+        ws = self._ws
+        if ws is None or rid is None or _wire.EXT_CANCEL not in self.extensions:
+            return
+        try:
+            await ws.send(self._encode({"type": "cancel", "data": {"id": rid}}))
+        except Exception:
+            pass  # the socket is gone, and with it whatever ran on it
 
     async def _buffered_reply(self, ws: ClientConnection, rid: Any) -> dict[str, Any] | None:
         """A reply the server sent before closing, still queued on a closed socket (None if none)."""
@@ -369,15 +423,20 @@ class EnvClient:
 class SyncEnvClient:
     """The blocking face of :class:`EnvClient`; every call runs on a shared background event loop.
 
-    >>> with EnvClient("http://localhost:8000").sync() as env:   # doctest: +SKIP
-    ...     env.reset(seed=1)
+    >>> from envhub import create_app
+    >>> from envhub.server import ServerThread
+    >>> from envhub.testing import EchoEnv
+    >>> with ServerThread(create_app(EchoEnv)) as server, EnvClient(server.url).sync() as env:
+    ...     first = env.reset(seed=1)
+    ...     env.step({"message": "hello"}).observation.echoed_message
+    'hello'
     """
 
     def __init__(self, client: EnvClient):
         self.client = client
         self._loop = BackgroundLoop.shared()
 
-    def connect(self) -> "SyncEnvClient":
+    def connect(self) -> SyncEnvClient:
         self._loop.run(self.client.connect())
         return self
 
@@ -396,7 +455,7 @@ class SyncEnvClient:
     def close(self) -> None:
         self._loop.run(self.client.close())
 
-    def __enter__(self) -> "SyncEnvClient":
+    def __enter__(self) -> SyncEnvClient:
         return self.connect()
 
     def __exit__(self, *exc: Any) -> None:

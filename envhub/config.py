@@ -17,8 +17,9 @@ envhub.errors.ConfigError: Unknown BoardConfig option(s) ['sise']; expected some
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import fields
-from typing import Any, Iterable, TypeVar
+from typing import Any, TypeVar
 
 from envhub.errors import ConfigError
 

@@ -36,13 +36,20 @@ import inspect
 import json
 import random
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from envhub.errors import (ActionValidationError, EnvDefinitionError, EnvExecutionError, EnvHubError,
-                           EpisodeStateError, ErrorCode)
+from envhub.errors import (
+    ActionValidationError,
+    EnvDefinitionError,
+    EnvExecutionError,
+    EnvHubError,
+    EpisodeStateError,
+    ErrorCode,
+)
 from envhub.tools import RESERVED_NAMES, RewardInfo, ToolInfo, collect_rewards, collect_tools, validate_arguments
 from envhub.types import Action, Observation, StepResult, ToolSpec
 
@@ -54,6 +61,19 @@ class Env:
     methods. Any of ``reset``, ``step``, ``on_text``, ``state``, ``close`` and tools may be
     ``async def``. Before ``reset`` runs, ``self.rng`` is a ``random.Random`` seeded with the
     reset seed and ``self.done`` is False; set ``self.done = True`` from a tool to end the episode.
+
+    >>> from envhub import Env, Observation, tool
+    >>> class CoinEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         self.side = self.rng.choice(["heads", "tails"])
+    ...         return Observation(text="Call the coin.")
+    ...     @tool
+    ...     def call(self, side: str) -> str:
+    ...         '''Call heads or tails.'''
+    ...         self.done = True
+    ...         return "right" if side == self.side else "wrong"
+    >>> [spec.name for spec in CoinEnv.tools()]
+    ['call']
     """
 
     #: the pydantic model actions are validated against (published in ``/schema``)
@@ -150,6 +170,17 @@ class EnvRunner:
 
     Used by the server (one runner per session, sync methods in ``executor``) and for envs run
     in process. Every method is async; errors are typed :class:`EnvHubError` subclasses.
+
+    >>> import asyncio
+    >>> from envhub.testing import EchoEnv
+    >>> async def episode():
+    ...     runner = EnvRunner(EchoEnv())
+    ...     await runner.reset(seed=0)
+    ...     result = await runner.step({"message": "hi"})
+    ...     await runner.close()
+    ...     return result.reward, result.observation.echoed_message
+    >>> asyncio.run(episode())
+    (0.2, 'hi')
     """
 
     def __init__(self, env: Env, *, executor: Executor | None = None):
@@ -167,7 +198,7 @@ class EnvRunner:
     def started(self) -> bool:
         return self.episode_id is not None
 
-    async def _call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if _is_async(fn):
             return await fn(*args, **kwargs)
         if self.executor is None:
@@ -248,7 +279,7 @@ class EnvRunner:
             raise EnvExecutionError(f"step() raised {type(exc).__name__}: {exc}") from exc
         return self._finish_step(result, components)
 
-    def _dispatch(self, action: BaseModel) -> tuple[Callable, tuple]:
+    def _dispatch(self, action: BaseModel) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         env = self.env
         if _overrides(env, "step") or not isinstance(action, Action):
             return env.step, (action,)
@@ -274,7 +305,7 @@ class EnvRunner:
             return run_async_tool, ()
         return _run_sync_tool, (method, info.spec.name, kwargs)
 
-    def _step_sync(self, fn: Callable, args: tuple) -> tuple[StepResult, dict[str, float]]:
+    def _step_sync(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[StepResult, dict[str, float]]:
         # One executor hop for the whole step: action, then every reward component.
         result = _as_result(fn(*args))
         components = {r.name: float(getattr(self.env, r.method_name)() or 0.0) for r in self._rewards}
@@ -311,7 +342,7 @@ class EnvRunner:
 _ASYNC_CACHE: dict[Any, bool] = {}
 
 
-def _is_async(fn: Callable) -> bool:
+def _is_async(fn: Callable[..., Any]) -> bool:
     """``inspect.iscoroutinefunction``, memoised per code object (it is on every step's path).
 
     Keyed by ``__code__`` so that closures made per call share one entry and the cache stays bounded.
@@ -325,7 +356,7 @@ def _is_async(fn: Callable) -> bool:
     return cached
 
 
-def _accepted_kwargs(fn: Callable) -> tuple[frozenset[str], bool]:
+def _accepted_kwargs(fn: Callable[..., Any]) -> tuple[frozenset[str], bool]:
     params = inspect.signature(fn).parameters.values()
     names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
@@ -335,7 +366,7 @@ def _tool_error(message: str, kind: str) -> StepResult:
     return StepResult(observation=Observation(text=message), info={"tool_error": kind})
 
 
-def _run_sync_tool(method: Callable, name: str, kwargs: dict[str, Any]) -> Any:
+def _run_sync_tool(method: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> Any:
     try:
         return method(**kwargs)
     except EnvHubError:

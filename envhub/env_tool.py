@@ -20,7 +20,8 @@ import inspect
 import json
 import threading
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from envhub.errors import ActionValidationError, EnvHubError
 from envhub.parsers import decode_arguments
@@ -37,7 +38,7 @@ class _Session:
     def __init__(self) -> None:
         self.last_result: StepResult | None = None
         self.thread_lock = threading.Lock()
-        self.async_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> asyncio.Lock
+        self.async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
     def async_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -47,7 +48,7 @@ class _Session:
         return lock
 
 
-_SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 _SESSIONS_GUARD = threading.Lock()
 
 
@@ -73,6 +74,22 @@ class EnvTool:
     :class:`~envhub.remote.OpenEnv`, or async, like :class:`~envhub.remote.AsyncOpenEnv`).
     Tools made from the same env share its session: ``done`` and ``episode_reward`` reflect the
     latest step through any of them, and their calls never overlap.
+
+    >>> from envhub import Env, EnvTool, Observation, OpenEnv, create_app, tool
+    >>> from envhub.server import ServerThread
+    >>> class ShoutEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         return Observation(text="Say something.")
+    ...     @tool
+    ...     def shout(self, text: str) -> str:
+    ...         '''Shout the text back.'''
+    ...         self.done = True
+    ...         return text.upper()
+    >>> with ServerThread(create_app(ShoutEnv)) as server, OpenEnv(server.url) as env:
+    ...     first = env.reset(seed=0)
+    ...     (shout,) = EnvTool.from_env(env)     # one EnvTool per tool the server lists
+    ...     shout(text="hello"), shout.done
+    ('HELLO', True)
     """
 
     def __init__(self, env: Any, tool_name: str = "env_action", description: str = DEFAULT_DESCRIPTION,
@@ -87,7 +104,7 @@ class EnvTool:
         self._session = _session_of(env)
 
     @classmethod
-    def from_env(cls, env: Any) -> list["EnvTool"]:
+    def from_env(cls, env: Any) -> list[EnvTool]:
         """One tool per entry of ``env.tools()`` (all sharing the env), or one generic ``env_action`` tool.
 
         For an async env, call ``await EnvTool.afrom_env(env)`` instead.
@@ -95,13 +112,13 @@ class EnvTool:
         return cls._build(env, env.tools() if hasattr(env, "tools") else [])
 
     @classmethod
-    async def afrom_env(cls, env: Any) -> list["EnvTool"]:
+    async def afrom_env(cls, env: Any) -> list[EnvTool]:
         """:meth:`from_env` for an async env (its ``tools()`` is a coroutine)."""
         specs = env.tools() if hasattr(env, "tools") else []
         return cls._build(env, await specs if inspect.isawaitable(specs) else specs)
 
     @classmethod
-    def _build(cls, env: Any, specs: Iterable[Any]) -> list["EnvTool"]:
+    def _build(cls, env: Any, specs: Iterable[Any]) -> list[EnvTool]:
         tools = []
         for spec in specs or []:
             spec = spec if isinstance(spec, ToolSpec) else ToolSpec.from_openai(spec)
@@ -141,7 +158,8 @@ class EnvTool:
     def last_result(self) -> StepResult | None:
         """The env's latest result; an env that tracks its own (``OpenEnv``) is asked, so a reset shows."""
         if hasattr(self.env, "last_result"):
-            return self.env.last_result
+            result: StepResult | None = self.env.last_result
+            return result
         return self._session.last_result
 
     @property
@@ -164,6 +182,25 @@ class ToolManager:
 
     ``infra_errors="raise"`` (default) lets infrastructure failures propagate; ``"message"``
     turns them into tool messages as well (for agent loops that must never stop).
+
+    >>> from envhub import Env, EnvTool, Observation, OpenEnv, ToolManager, create_app, tool
+    >>> from envhub.server import ServerThread
+    >>> class AddEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         return Observation(text="Add numbers.")
+    ...     @tool
+    ...     def add(self, a: int, b: int) -> str:
+    ...         '''Add two integers.'''
+    ...         return str(a + b)
+    >>> with ServerThread(create_app(AddEnv)) as server, OpenEnv(server.url) as env:
+    ...     first = env.reset(seed=0)
+    ...     manager = ToolManager(EnvTool.from_env(env))
+    ...     [info["function"]["name"] for info in manager.tool_infos()]
+    ...     manager({"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}})
+    ...     manager({"id": "c2", "type": "function", "function": {"name": "mul", "arguments": "{}"}})["content"]
+    ['add']
+    {'role': 'tool', 'tool_call_id': 'c1', 'name': 'add', 'content': '5'}
+    "Error: unknown tool 'mul'. Available: add."
     """
 
     def __init__(self, tools: Iterable[EnvTool], *, infra_errors: str = "raise"):
@@ -206,6 +243,7 @@ class ToolManager:
         return list(await asyncio.gather(*(self.acall(c) for c in tool_calls)))
 
     def _prepare(self, tool_call: Any) -> tuple[str | None, str, Any, dict[str, Any], str | None]:
+        raw: Any  # a ToolCall's arguments are a dict; a raw tool call's may be JSON text
         if isinstance(tool_call, ToolCall):
             call_id, name, raw = tool_call.id, tool_call.name, tool_call.arguments
         elif isinstance(tool_call, dict) and isinstance(tool_call.get("function", tool_call), dict):

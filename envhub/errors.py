@@ -30,6 +30,7 @@ class ErrorCode:
     UNAUTHORIZED = "UNAUTHORIZED"
     SESSION_EXPIRED = "SESSION_EXPIRED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    CANCELLED = "CANCELLED"
 
     #: codes after which the server closes the socket
     FATAL = frozenset({CAPACITY_REACHED, FACTORY_ERROR, SESSION_ERROR, UNAUTHORIZED, SHUTTING_DOWN})
@@ -137,6 +138,7 @@ _BY_CODE: dict[str, type[EnvHubError]] = {
     ErrorCode.EPISODE_NOT_STARTED: EpisodeStateError,
     ErrorCode.EPISODE_ENDED: EpisodeStateError,
     ErrorCode.STEP_TIMEOUT: StepTimeoutError,
+    ErrorCode.CANCELLED: StepTimeoutError,  # a client cancels only what it stopped waiting for
     ErrorCode.MESSAGE_TOO_LARGE: MessageTooLargeError,
     ErrorCode.UNAUTHORIZED: AuthError,
     ErrorCode.SESSION_EXPIRED: SessionLostError,

@@ -73,7 +73,7 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|\$([A-Za-z_]
 def interpolate(value: str, env: dict[str, str]) -> str:
     """Compose-style ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}`` and ``$VAR`` substitution."""
 
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(4)
         op, default = m.group(2), m.group(3) or ""
         val = env.get(name)
@@ -124,11 +124,11 @@ def load_services(compose_file: str | Path, only: list[str] | None = None) -> li
     for name, spec in services.items():
         if only and name not in only:
             continue
-        out.append(_service(name, spec or {}))
+        out.append(_service(name, spec or {}, env))
     return out
 
 
-def _service(name: str, spec: dict[str, Any]) -> Service:
+def _service(name: str, spec: dict[str, Any], env: dict[str, str]) -> Service:
     command = spec.get("command")
     if not command:
         raise FleetError(f"service {name!r} has no `command`; fleet needs one to run it as a process")
@@ -137,7 +137,8 @@ def _service(name: str, spec: dict[str, Any]) -> Service:
     if not ports:
         raise FleetError(f"service {name!r} publishes no port; add `ports: [\"HOST:CONTAINER\"]`")
     host_port = str(ports[0]).split(":")[-2] if ":" in str(ports[0]) else str(ports[0])
-    environment = _mapping(spec.get("environment"))
+    # A key without a value passes the variable through only when it is set (as docker compose does).
+    environment = {k: env.get(str(k)) if v is None else v for k, v in _mapping(spec.get("environment")).items()}
     # What differs for a local process (ignored by docker compose), e.g. the sandbox backend.
     local = spec.get("x-envhub-local") or {}
     environment.update(_mapping(local.get("environment")))
@@ -197,7 +198,7 @@ def _port_free(host: str, port: int) -> bool:
 def _healthy(host: str, port: int, path: str = "/health", timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout_s) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False
 

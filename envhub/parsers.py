@@ -144,11 +144,15 @@ _BOX_CMDS = ("\\boxed", "\\fbox")
 
 
 def extract_boxed(text: Any) -> str | None:
-    """The content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``).
+    """The stripped content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``).
 
-    Braces are matched, so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``. The space form takes
-    the text up to the next ``$`` or whitespace. A last box left unclosed by a truncated
-    generation is skipped in favour of an earlier complete one. ``None`` when there is none.
+    The one answer extractor of envhub: math and geometry grading use it too. Braces are matched,
+    so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``. The space form takes the text up to the
+    next ``$`` or whitespace. A last box left unclosed by a truncated generation is skipped in
+    favour of an earlier complete one. ``None`` when there is none, or the box is empty.
+
+    >>> extract_boxed(r"\\boxed{1} then, truncated, \\boxed{2")
+    '1'
     """
     if not isinstance(text, str):
         return None
@@ -157,7 +161,7 @@ def extract_boxed(text: Any) -> str | None:
         cmd = next(c for c in _BOX_CMDS if text.startswith(c, start))
         value = _box_content(text, start + len(cmd))
         if value is not None:
-            return value
+            return value.strip() or None
     return None
 
 

@@ -7,7 +7,9 @@ effect:
 * :class:`Call` -- run ``op`` on the session's :class:`~envhub.env.EnvRunner`, then pass the
   outcome to :meth:`SessionProtocol.complete`, :meth:`SessionProtocol.fail` or
   :meth:`SessionProtocol.timed_out`, which return the reply envelope;
-* :class:`Close` -- close the socket with ``code`` (``close`` requests; nothing is sent).
+* :class:`Close` -- close the socket with ``code`` (``close`` requests; nothing is sent);
+* :class:`Cancel` -- give up the running request with this id (``cancel`` extension; nothing is
+  sent for the ``cancel`` itself: the cancelled request gets its ``CANCELLED`` reply).
 
 Everything a session must remember between frames lives here: negotiated extensions, the
 last reply (for replay after a resume) and whether a timeout ended the episode. That keeps
@@ -22,19 +24,36 @@ the transport shell thin and every rule of the wire contract unit-testable::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
-from envhub._wire import (ALL_EXTENSIONS, DEFAULT_MAX_MESSAGE_BYTES, EXT_MSGPACK, EXT_REQUEST_ID, EXT_RESUME,
-                          EXT_STEP_TIMEOUT, EXT_TOOLS, REPLY_ERROR, REPLY_HELLO, REPLY_MCP, REPLY_OBSERVATION,
-                          REPLY_STATE, REPLY_TOOLS, decode, encode)
+from envhub._wire import (
+    ALL_EXTENSIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EXT_CANCEL,
+    EXT_MSGPACK,
+    EXT_REQUEST_ID,
+    EXT_RESUME,
+    EXT_STEP_TIMEOUT,
+    EXT_TOOLS,
+    REPLY_ERROR,
+    REPLY_HELLO,
+    REPLY_MCP,
+    REPLY_OBSERVATION,
+    REPLY_STATE,
+    REPLY_TOOLS,
+    decode,
+    encode,
+    frame_bytes,
+)
 from envhub.errors import EnvHubError, ErrorCode, ProtocolError
 from envhub.types import StepResult, ToolSpec
 
 try:  # orjson encodes a reply ~10x faster than the stdlib; optional, same output
     import orjson
 except ImportError:  # pragma: no cover - exercised where orjson is absent
-    orjson = None
+    orjson = None  # type: ignore[assignment]
 
 SERVER_NAME = "envhub/0.1.0"
 
@@ -81,7 +100,14 @@ class Close:
     reason: str = ""
 
 
-Effect = Reply | Call | Close
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Give up the running request whose id is ``request_id`` (nothing when none is running)."""
+
+    request_id: Any
+
+
+Effect = Reply | Call | Close | Cancel
 
 
 def negotiate(requested: str | None, offered: Iterable[str] = ALL_EXTENSIONS) -> frozenset[str] | None:
@@ -123,6 +149,8 @@ class SessionProtocol:
         self.opted_in = extensions is not None
         self.extensions: frozenset[str] = extensions or frozenset()
         self.binary = EXT_MSGPACK in self.extensions
+        #: requests can be cancelled by id: the shell must keep reading frames while one runs
+        self.cancellable = EXT_CANCEL in self.extensions and EXT_REQUEST_ID in self.extensions
         self.max_message_bytes = max_message_bytes
         self.step_timeout_s = step_timeout_s
         self.resume_token = resume_token if EXT_RESUME in self.extensions else None
@@ -150,13 +178,13 @@ class SessionProtocol:
             return encode(envelope, binary=self.binary)
         try:
             return orjson.dumps(envelope, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-        except TypeError:  # integers beyond 64 bits and the like: the stdlib handles them
+        except TypeError:  # lone surrogates, integers beyond 64 bits and the like: the stdlib handles them
             return encode(envelope)
 
     # -- inbound ---------------------------------------------------------------------------
     def receive(self, frame: str | bytes) -> Effect:
         """Interpret one inbound frame. Never raises: bad input becomes an error :class:`Reply`."""
-        if orjson is not None and type(frame) is str and len(frame) <= self.max_message_bytes:
+        if orjson is not None and type(frame) is str and frame_bytes(frame) <= self.max_message_bytes:
             try:  # fast path for well-formed text frames; anything odd takes the codec's path below
                 msg = orjson.loads(frame)
             except orjson.JSONDecodeError:
@@ -204,9 +232,30 @@ class SessionProtocol:
             return Close(CLOSE_NORMAL, "client closed the session")
         if mtype == "mcp":
             return Call("mcp", msg.get("data"), rid)
+        if mtype == "cancel" and self.cancellable:
+            return self._cancel(msg.get("data"), rid)
         if mtype == "tools" and EXT_TOOLS in self.extensions:
             return Reply(self._remember(rid, self._with_id({"type": REPLY_TOOLS, "data": {"tools": self._tools}}, rid)))
         return self._error(ProtocolError(f"Unknown message type: {mtype}", code=ErrorCode.UNKNOWN_TYPE), rid)
+
+    def _cancel(self, data: Any, rid: Any) -> Effect:
+        target = _cancel_id(data)
+        if target is None:
+            return self._error(ProtocolError(
+                f"Expected cancel 'data' to be {{\"id\": <id of the request to cancel>}}, got {data!r}.",
+                code=ErrorCode.VALIDATION_ERROR), rid)
+        return Cancel(target)
+
+    def cancel_target(self, frame: str | bytes) -> Any:
+        """The request id a frame asks to cancel, or None when it is not a ``cancel``. Changes no state:
+        the shell peeks at frames that arrive while a request runs and queues the rest, in order."""
+        if not self.cancellable:
+            return None
+        try:
+            msg = decode(frame, binary_ok=self.binary, max_bytes=self.max_message_bytes)
+        except EnvHubError:
+            return None
+        return _cancel_id(msg.get("data")) if msg["type"] == "cancel" else None
 
     def _request_call(self, op: str, payload: Any, rid: Any, msg: dict[str, Any]) -> Effect:
         timeout_s = self.step_timeout_s
@@ -221,7 +270,7 @@ class SessionProtocol:
         if self.stale_state is not None:
             if op == "step":
                 return self._error(EnvHubError(
-                    "the episode ended when a request timed out; call reset() to start a new one.",
+                    "the episode ended when a request timed out or was cancelled; call reset() to start a new one.",
                     code=ErrorCode.EPISODE_ENDED), rid)
             return Call(op, payload, rid, timeout_s, fresh_env=True)
         return Call(op, payload, rid, timeout_s)
@@ -242,14 +291,24 @@ class SessionProtocol:
         """The error envelope for a call that raised a typed error (the session stays alive)."""
         return self._remember(call.request_id, error_envelope(exc, call.request_id))
 
-    def timed_out(self, call: Call, *, episode_id: Any = None, step_count: int = 0) -> dict[str, Any]:
-        """The ``STEP_TIMEOUT`` reply. The episode is over: the next ``step`` gets ``EPISODE_ENDED``
-        and the next ``reset`` asks for a fresh env instance (``Call.fresh_env``)."""
-        self.stale_state = {"episode_id": episode_id, "step_count": step_count, "done": True, "timed_out": True}
-        exc = EnvHubError(f"{call.op} did not finish within {call.timeout_s:g} s; the episode is over, "
-                          "call reset() to start a new one.", code=ErrorCode.STEP_TIMEOUT,
-                          details={"timeout_s": call.timeout_s})
+    def abandoned(self, call: Call, code: str = ErrorCode.STEP_TIMEOUT, *, episode_id: Any = None,
+                  step_count: int = 0) -> dict[str, Any]:
+        """The reply for a call given up before it finished: ``STEP_TIMEOUT`` (its deadline passed) or
+        ``CANCELLED`` (the client cancelled it). The episode is over: the next ``step`` gets
+        ``EPISODE_ENDED`` and the next ``reset`` asks for a fresh env instance (``Call.fresh_env``)."""
+        self.stale_state = {"episode_id": episode_id, "step_count": step_count, "done": True,
+                            "timed_out" if code == ErrorCode.STEP_TIMEOUT else "cancelled": True}
+        if code == ErrorCode.STEP_TIMEOUT:
+            exc = EnvHubError(f"{call.op} did not finish within {call.timeout_s:g} s; the episode is over, "
+                              "call reset() to start a new one.", code=code, details={"timeout_s": call.timeout_s})
+        else:
+            exc = EnvHubError(f"{call.op} was cancelled by the client; the episode is over, call reset() to "
+                              "start a new one.", code=code)
         return self._remember(call.request_id, error_envelope(exc, call.request_id))
+
+    def timed_out(self, call: Call, *, episode_id: Any = None, step_count: int = 0) -> dict[str, Any]:
+        """The ``STEP_TIMEOUT`` reply (see :meth:`abandoned`)."""
+        return self.abandoned(call, ErrorCode.STEP_TIMEOUT, episode_id=episode_id, step_count=step_count)
 
     def env_replaced(self) -> None:
         """The shell built a fresh env instance for a ``fresh_env`` call: the session is usable again."""
@@ -271,6 +330,12 @@ class SessionProtocol:
         return envelope
 
 
-__all__ = ["SessionProtocol", "Reply", "Call", "Close", "Effect", "negotiate", "error_envelope", "SERVER_NAME",
+def _cancel_id(data: Any) -> Any:
+    """The request id in a ``cancel``'s data (a string or an integer), else None."""
+    target = data.get("id") if isinstance(data, dict) else None
+    return target if isinstance(target, (str, int)) and not isinstance(target, bool) else None
+
+
+__all__ = ["SessionProtocol", "Reply", "Call", "Close", "Cancel", "Effect", "negotiate", "error_envelope", "SERVER_NAME",
            "CLOSE_NORMAL", "CLOSE_GOING_AWAY", "CLOSE_POLICY", "CLOSE_TOO_BIG", "CLOSE_INTERNAL",
-           "CLOSE_TRY_AGAIN", "CLOSE_SESSION_LOST", "EXT_REQUEST_ID", "EXT_STEP_TIMEOUT"]
+           "CLOSE_TRY_AGAIN", "CLOSE_SESSION_LOST", "EXT_REQUEST_ID", "EXT_STEP_TIMEOUT", "EXT_CANCEL"]

@@ -19,15 +19,23 @@ import importlib
 import inspect
 import json
 import re
-from typing import Any, Callable, Literal
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal, TypeVar
 
 from envhub._client_io import BackgroundLoop, cached_metadata
 from envhub.client import EnvClient
-from envhub.errors import (ActionValidationError, EnvConnectionError, EnvHubError, SessionLostError,
-                           StepTimeoutError, error_for_code)
+from envhub.errors import (
+    ActionValidationError,
+    EnvConnectionError,
+    EnvHubError,
+    SessionLostError,
+    StepTimeoutError,
+    error_for_code,
+)
 from envhub.types import Observation, StepResult, ToolSpec
 
 ActionMapper = Callable[[str, dict[str, Any]], dict[str, Any]]
+T = TypeVar("T")
 _TEXT_KEYS = ("result", "output", "content", "text", "message")
 _HOISTED = ("reward", "done", "metadata")
 _SERVER_ERROR = re.compile(r"Server error: (?P<message>.*) \(code: (?P<code>[A-Z_]+)\)", re.DOTALL)
@@ -187,7 +195,8 @@ class AsyncOpenEnv:
         if self.tool_schema is not None:
             return list(self.tool_schema)
         if _resolve(self.env_cls) is None or self._envhub:
-            return await (await self._ensure()).tools()
+            specs: list[ToolSpec] = await (await self._ensure()).tools()
+            return specs
         try:  # an OpenEnv-style client has no tool listing: ask /metadata (envhub servers publish tools there)
             meta = await cached_metadata(self.base_url, self.env_kwargs.get("token"), 10.0)
         except (OSError, TimeoutError) as exc:
@@ -209,7 +218,7 @@ class AsyncOpenEnv:
                     pass  # closing a dead session has nothing left to report
                 return
 
-    async def __aenter__(self) -> "AsyncOpenEnv":
+    async def __aenter__(self) -> AsyncOpenEnv:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -261,6 +270,22 @@ class OpenEnv:
     ``env_cls=None`` uses envhub's :class:`EnvClient` (``env_kwargs`` go to it: ``token``,
     ``message_timeout_s``...); a class or dotted path uses an OpenEnv-style client class
     (``cls(base_url=..., **env_kwargs)``). Runs its async twin on a shared background loop.
+
+    >>> from envhub import Env, Observation, OpenEnv, create_app, tool
+    >>> from envhub.server import ServerThread
+    >>> class DigitEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         return Observation(text="Guess a digit.")
+    ...     @tool
+    ...     def guess(self, digit: int) -> str:
+    ...         '''Guess the digit.'''
+    ...         self.done = digit == 7
+    ...         return "Correct!" if self.done else "No."
+    >>> with ServerThread(create_app(DigitEnv)) as server, OpenEnv(server.url) as env:
+    ...     env.reset(seed=1).observation.text
+    ...     env.step("guess", {"digit": 7}).observation.text
+    'Guess a digit.'
+    'Correct!'
     """
 
     def __init__(self, base_url: str, env_cls: Any = None, env_kwargs: dict[str, Any] | None = None,
@@ -270,7 +295,7 @@ class OpenEnv:
         self.aenv = AsyncOpenEnv(base_url, env_cls, env_kwargs, tool_schema, action_mapper,
                                  on_infra_error=on_infra_error)
 
-    def _run(self, coro: Any) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return BackgroundLoop.shared().run(coro)
 
     def reset(self, **task: Any) -> StepResult:
@@ -300,7 +325,7 @@ class OpenEnv:
     def done(self) -> bool:
         return self.aenv.done
 
-    def __enter__(self) -> "OpenEnv":
+    def __enter__(self) -> OpenEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from envhub._wire import DEFAULT_MAX_MESSAGE_BYTES
 from envhub.config import check_known
 
 ENV_PREFIX = "ENVHUB_"
 _NONE_WORDS = frozenset({"", "none", "null", "off"})
+# Token values that look like "no auth" or an unedited template: refused, never taken as a secret.
+_PLACEHOLDER_TOKENS = _NONE_WORDS | {"nil", "false", "no", "0", "disabled", "changeme", "change-me", "change_me",
+                                     "token", "secret", "password", "your-token", "<token>", "xxx", "todo"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Settings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     ping_interval_s: float | None = 30.0
     ping_timeout_s: float | None = 120.0
-    token: str | None = None
+    token: str | None = None  # None: no auth. Empty or placeholder values are refused (fail closed).
     thread_pool_size: int = 32
     workers: int = 1
     compression: bool = False
@@ -62,6 +66,7 @@ class Settings:
         for name in ("step_timeout_s", "idle_timeout_s", "ping_interval_s", "ping_timeout_s"):
             value = getattr(self, name)
             checks.append((value is None or value > 0, name, "a positive number of seconds or None"))
+        _check_token(self.token)
         for ok, name, expected in checks:
             if not ok:
                 raise ValueError(f"Expected settings.{name} to be {expected}, got {getattr(self, name)!r} "
@@ -72,12 +77,12 @@ class Settings:
         """Frames above ``max_message_bytes`` get ``MESSAGE_TOO_LARGE``; above this, the transport closes 1009."""
         return 2 * self.max_message_bytes
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (None values are ignored, so unset CLI flags keep their value)."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Read ``ENVHUB_*`` variables (``os.environ`` by default), then apply non-None ``overrides``."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -93,6 +98,8 @@ class Settings:
 def _parse(name: str, type_name: str, raw: str) -> Any:
     """Parse one variable by its annotated type (annotations are strings here)."""
     text = raw.strip()
+    if name == "token":
+        return raw  # never read as "no token": Settings refuses empty and placeholder tokens
     optional = "None" in type_name
     if optional and text.lower() in _NONE_WORDS:
         return None
@@ -112,6 +119,21 @@ def _parse(name: str, type_name: str, raw: str) -> Any:
         raise ValueError(f"Expected {ENV_PREFIX}{name.upper()} to be {kind}"
                          f"{' or none' if optional else ''}, got {raw!r}.") from None
     return text if text or not optional else None
+
+
+def _check_token(token: str | None) -> None:
+    """Auth fails closed: running without auth is the absence of a token, never an empty or placeholder one."""
+    if token is None:
+        return
+    problem = None
+    if token.strip().lower() in _PLACEHOLDER_TOKENS:
+        problem = "empty" if not token.strip() else f"the placeholder {token!r}"
+    elif token != token.strip() or any(ch.isspace() for ch in token):
+        problem = "a value with whitespace, which no 'Authorization: Bearer' header can carry"
+    if problem is not None:
+        raise ValueError(f"The bearer token (ENVHUB_TOKEN or --token) is {problem}. To run without auth, unset "
+                         "ENVHUB_TOKEN and leave out --token; to require auth, set a real secret, e.g. "
+                         "ENVHUB_TOKEN=$(python -c 'import secrets; print(secrets.token_urlsafe(32))').")
 
 
 __all__ = ["Settings", "ENV_PREFIX"]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -72,9 +73,9 @@ class FunctionEnv(Env):
     _step_fn: ClassVar[Callable[..., Any]]
 
     @classmethod
-    def from_functions(cls, reset_fn: Callable[..., Any], step_fn: Callable[[dict, Any], Any], *,
+    def from_functions(cls, reset_fn: Callable[..., Any], step_fn: Callable[[dict[str, Any], Any], Any], *,
                        name: str = "FunctionEnv", action_model: type[BaseModel] | None = None,
-                       max_steps: int | None = None) -> type["FunctionEnv"]:
+                       max_steps: int | None = None) -> type[FunctionEnv]:
         """A new env class: ``reset_fn(state, rng, **task)`` and ``step_fn(state, action)`` share a per-session dict.
 
         ``reset_fn`` gets a fresh ``state`` dict, the seeded ``rng`` and the reset task kwargs;
@@ -121,6 +122,13 @@ def check_env(env_cls: type[Env], *, raise_on_error: bool = True, seed: int = 0,
 
     ``sample_action`` is the action dict used by the step check (default: the first tool
     with empty arguments, or ``{"text": "hello"}``).
+
+    >>> from envhub.testing import EchoEnv, check_env
+    >>> results = check_env(EchoEnv, sample_action={"message": "hi"})
+    >>> print(results[0])
+    [ok] reset returns an observation: EchoObservation with 5 field(s)
+    >>> all(result.passed for result in results)
+    True
     """
     if not (isinstance(env_cls, type) and issubclass(env_cls, Env)):
         raise TypeError(f"Expected an envhub.Env subclass, got {env_cls!r}.")
@@ -155,20 +163,20 @@ def _run(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-async def _reset(env_cls: type[Env], config: dict, seed: int) -> tuple[EnvRunner, StepResult]:
+async def _reset(env_cls: type[Env], config: dict[str, Any], seed: int) -> tuple[EnvRunner, StepResult]:
     runner = EnvRunner(env_cls(**config))
     return runner, await runner.reset(seed=seed)
 
 
 @_named("reset returns an observation")
-def _check_reset(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
-    runner, first = _run(_reset(env_cls, config, seed))
+def _check_reset(env_cls: type[Env], config: dict[str, Any], seed: int, _: Any) -> str:
+    _runner, first = _run(_reset(env_cls, config, seed))
     assert isinstance(first.observation, Observation), f"Expected an Observation, got {first.observation!r}"
     return f"{type(first.observation).__name__} with {len(first.observation.to_wire())} field(s)"
 
 
 @_named("same seed gives the same first observation")
-def _check_seeding(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
+def _check_seeding(env_cls: type[Env], config: dict[str, Any], seed: int, _: Any) -> str:
     a = _run(_reset(env_cls, config, seed))[1].observation.to_wire()
     b = _run(_reset(env_cls, config, seed))[1].observation.to_wire()
     assert a == b, f"Expected equal first observations for seed={seed}, got {a!r} and {b!r}"
@@ -176,7 +184,7 @@ def _check_seeding(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
 
 
 @_named("observation survives the wire codec (JSON and msgpack)")
-def _check_roundtrip(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
+def _check_roundtrip(env_cls: type[Env], config: dict[str, Any], seed: int, _: Any) -> str:
     first = _run(_reset(env_cls, config, seed))[1]
     for binary in (False, True):
         frame = {"type": "observation", "data": first.to_wire(binary=binary)}
@@ -212,7 +220,7 @@ def _check_reserved(env_cls: type[Env], *_: Any) -> str:
 
 
 @_named("a sample action steps without crashing")
-def _check_step(env_cls: type[Env], config: dict, seed: int, sample_action: Any) -> str:
+def _check_step(env_cls: type[Env], config: dict[str, Any], seed: int, sample_action: Any) -> str:
     action = copy.deepcopy(sample_action) if sample_action is not None else _default_action(env_cls)
 
     async def go() -> StepResult:
@@ -229,7 +237,7 @@ def _check_step(env_cls: type[Env], config: dict, seed: int, sample_action: Any)
 
 
 @_named("close works")
-def _check_close(env_cls: type[Env], config: dict, seed: int, _: Any) -> str:
+def _check_close(env_cls: type[Env], config: dict[str, Any], seed: int, _: Any) -> str:
     async def go() -> None:
         runner, _ = await _reset(env_cls, config, seed)
         await runner.state()

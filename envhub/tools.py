@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, TypeVar, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -23,6 +24,9 @@ RESERVED_NAMES = frozenset({"reset", "step", "state", "close"})
 
 _TOOL_ATTR = "__envhub_tool__"
 _REWARD_ATTR = "__envhub_reward__"
+
+#: a decorated method: ``@tool`` and ``@reward`` return it unchanged, with their info attached
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,11 @@ class RewardInfo:
     is_async: bool
 
 
-def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None):
+@overload
+def tool(fn: F, /) -> F: ...
+@overload
+def tool(fn: None = None, *, name: str | None = None, description: str | None = None) -> Callable[[F], F]: ...
+def tool(fn: F | None = None, *, name: str | None = None, description: str | None = None) -> F | Callable[[F], F]:
     """Expose an env method to the model as an OpenAI function tool.
 
     >>> from typing import Annotated
@@ -58,7 +66,7 @@ def tool(fn: Callable | None = None, *, name: str | None = None, description: st
     ['a']
     """
 
-    def wrap(f: Callable) -> Callable:
+    def wrap(f: F) -> F:
         tool_name = name or f.__name__
         if tool_name in RESERVED_NAMES:
             raise EnvDefinitionError(
@@ -77,14 +85,38 @@ def tool(fn: Callable | None = None, *, name: str | None = None, description: st
     return wrap(fn) if fn is not None else wrap
 
 
-def reward(fn: Callable | None = None, *, weight: float = 1.0, name: str | None = None):
+@overload
+def reward(fn: F, /) -> F: ...
+@overload
+def reward(fn: None = None, *, weight: float = 1.0, name: str | None = None) -> Callable[[F], F]: ...
+def reward(fn: F | None = None, *, weight: float = 1.0, name: str | None = None) -> F | Callable[[F], F]:
     """Mark a method as a named reward component, evaluated after every step.
 
     The step reward is the sum of ``weight * component``; each component's value is reported
     in ``info["rewards"]``. Return 0 until the component applies (e.g. ``if not self.done``).
+
+    >>> import asyncio
+    >>> from envhub import Env, EnvRunner, Observation, StepResult
+    >>> class ShortEnv(Env):
+    ...     def reset(self, seed=None, **task):
+    ...         self.reply = ""
+    ...         return Observation(text="Say something short.")
+    ...     def on_text(self, text):
+    ...         self.reply, self.done = text, True
+    ...         return "ok"
+    ...     @reward(weight=0.5)
+    ...     def brevity(self) -> float:
+    ...         return 1.0 if len(self.reply) < 10 else 0.0
+    >>> async def episode():
+    ...     runner = EnvRunner(ShortEnv())
+    ...     await runner.reset(seed=0)
+    ...     return await runner.step({"text": "hi"})
+    >>> result = asyncio.run(episode())
+    >>> result.reward, result.info["rewards"]
+    (0.5, {'brevity': 1.0})
     """
 
-    def wrap(f: Callable) -> Callable:
+    def wrap(f: F) -> F:
         params = [p for p in inspect.signature(f).parameters.values() if p.name != "self"]
         if any(p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                for p in params):
@@ -131,7 +163,7 @@ def validate_arguments(info: ToolInfo, arguments: Any) -> dict[str, Any]:
     return {k: getattr(model, k) for k in type(model).model_fields}
 
 
-def _args_model(f: Callable, tool_name: str, arg_docs: dict[str, str]) -> type[BaseModel]:
+def _args_model(f: Callable[..., Any], tool_name: str, arg_docs: dict[str, str]) -> type[BaseModel]:
     sig = inspect.signature(f)
     try:
         hints = get_type_hints(f, include_extras=True)
@@ -157,8 +189,9 @@ def _split_annotated(hint: Any) -> tuple[Any, str | None]:
     if get_origin(hint) is Annotated:
         base, *extras = get_args(hint)
         desc = next((e for e in extras if isinstance(e, str)), None)
-        rest = [e for e in extras if not isinstance(e, str)]
-        return (Annotated[tuple([base, *rest])] if rest else base), desc  # type: ignore[misc]
+        rest = tuple(e for e in extras if not isinstance(e, str))
+        params = (base, *rest)  # Annotated[params] is Annotated[base, *rest]
+        return (Annotated[params] if rest else base), desc
     return hint, None
 
 
@@ -198,7 +231,7 @@ def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
             return [strip(v) for v in node]
         return node
 
-    out = strip(schema)
+    out: dict[str, Any] = strip(schema)
     out["type"] = "object"
     out.setdefault("properties", {})
     out["additionalProperties"] = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,7 +41,7 @@ class Observation(BaseModel):
         return data
 
     @classmethod
-    def from_wire(cls, data: Any) -> "Observation":
+    def from_wire(cls, data: Any) -> Observation:
         """Read an observation from any server: envhub's, OpenEnv's typed ones, or a bare string."""
         if data is None:
             return cls()
@@ -77,7 +78,7 @@ class Action(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict, description="tool arguments")
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Action":
+    def _one_kind(self) -> Action:
         if (self.text is None) == (self.tool_name is None):
             raise ValueError("Expected exactly one of 'text' or 'tool_name' in the action, "
                              f"got text={self.text!r}, tool_name={self.tool_name!r}")
@@ -119,7 +120,7 @@ class StepResult:
         }
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> "StepResult":
+    def from_wire(cls, data: dict[str, Any]) -> StepResult:
         """Read the ``data`` of an observation frame from an envhub or OpenEnv server."""
         obs = Observation.from_wire(data.get("observation"))
         top_meta = data.get("metadata")
@@ -153,7 +154,7 @@ class ToolSpec:
         return {"name": self.name, "description": self.description, "inputSchema": self.parameters}
 
     @classmethod
-    def from_openai(cls, spec: dict[str, Any]) -> "ToolSpec":
+    def from_openai(cls, spec: dict[str, Any]) -> ToolSpec:
         """Accept the OpenAI shape, the bare function object, or an MCP entry."""
         fn = spec.get("function", spec)
         params = fn.get("parameters") or fn.get("inputSchema") or fn.get("input_schema") \
@@ -174,3 +175,33 @@ class ToolCall:
         return {"id": self.id or f"call_{abs(hash((self.name, json.dumps(self.arguments, sort_keys=True, default=str)))) % 10**12}",
                 "type": "function",
                 "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+
+
+class Outcome(str, Enum):
+    """How a competitive episode ended for the seat that played it: ``info["outcome"]`` of the final step.
+
+    An env keeps its own vocabulary in ``info["end_reason"]`` (gomoku's ``too_many_invalid``,
+    ``opponent_forfeit``...) and maps it to one of these, so a trainer counts wins, losses and
+    draws, and tells a match cut short by a disconnect or a timeout from a lost one, without
+    knowing any env's end reasons. The values are plain strings on the wire.
+
+    >>> Outcome("win") is Outcome.WIN, Outcome.TIMED_OUT.value
+    (True, 'timed_out')
+    """
+
+    WIN = "win"
+    LOSS = "loss"
+    DRAW = "draw"
+    #: ended outside the game: a player disconnected (not a policy outcome)
+    DISCONNECTED = "disconnected"
+    #: ended outside the game: a player did not move in time (not a policy outcome)
+    TIMED_OUT = "timed_out"
+
+    @classmethod
+    def of(cls, info: dict[str, Any]) -> Outcome | None:
+        """The outcome an ``info`` dict carries, or None (no outcome, or a value this version does not know)."""
+        try:
+            return cls(info.get("outcome"))
+        except ValueError:
+            return None
+

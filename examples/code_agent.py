@@ -19,8 +19,8 @@ import time
 
 import httpx
 
-from envhub import EnvTool, OpenEnv
 from env_servers.code_env.tasks import reference_solutions
+from envhub import EnvTool, OpenEnv
 
 
 def free_port() -> int:

@@ -8,9 +8,9 @@ OpenAI function schemas; the first observation also carries the diagram as a PNG
 
 import re
 
+from env_servers.geometry_env import GeometryEnv
 from envhub import EnvTool, OpenEnv
 from envhub.server import ServerThread, create_app
-from env_servers.geometry_env import GeometryEnv
 
 
 def main() -> None:

@@ -14,11 +14,11 @@ heuristic that the env's scripted opponent uses, so it blocks threats and takes 
 import random
 import threading
 
-from envhub import EnvTool, OpenEnv
-from envhub.server import ServerThread, create_app
 from env_servers.gomoku_env import GomokuEnv, GomokuMatchEnv
 from env_servers.gomoku_env.board import Board
 from env_servers.gomoku_env.opponents import HeuristicOpponent
+from envhub import EnvTool, OpenEnv
+from envhub.server import ServerThread, create_app
 
 MOVE_TOOL = {"name": "move", "description": "Reply with your analysis and your move as <move>row,col</move>.",
              "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}
@@ -51,7 +51,8 @@ def play_with_tool(url: str, seed: int) -> None:
 def play_with_text(url: str, seed: int) -> None:
     env = OpenEnv(url, tool_schema=[MOVE_TOOL], action_mapper=lambda _name, args: {"text": args["text"]})
     (move,) = EnvTool.from_env(env)
-    result, rng = env.reset(seed=seed), random.Random(seed)
+    env.reset(seed=seed)
+    rng = random.Random(seed)
     move(text="<thinking>I am not sure.</thinking> I pass.")  # a malformed move: penalty, the game goes on
     print(f"text game: a move without <move> tags costs {env.last_result.reward:+.0f}")
     while not move.done:

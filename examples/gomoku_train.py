@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.quickstart import env_server  # noqa: E402
+from trainer.quickstart import env_server
 
 SYSTEM = "Reply with one move as <move>row,col</move> on an empty cell ('.')."
 
@@ -84,7 +84,8 @@ def main() -> None:
              if "train/penalised_turn_frac" in line]
     k = max(len(rates) // 5, 1)
     first, last = sum(rates[:k]) / k, sum(rates[-k:]) / k
-    plot_rewards(out / "metrics.jsonl", out / "invalid_rate.png", keys=["train/penalised_turn_frac"])
+    plot_rewards(out / "metrics.jsonl", out / "invalid_rate.png", keys=["train/penalised_turn_frac"],
+                 ylabel="fraction of turns penalised as invalid")
     summary.update({"invalid_rate_first_steps": round(first, 3), "invalid_rate_last_steps": round(last, 3),
                     "train_seconds": round(time.monotonic() - start, 1)})
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -6,9 +6,9 @@ The env takes free text; an ``action_mapper`` turns the agent's ``answer(text=..
 into the text action, so the same loop would work with any chat model that calls tools.
 """
 
+from env_servers.math_env import MathEnv
 from envhub import EnvTool, OpenEnv
 from envhub.server import ServerThread, create_app
-from env_servers.math_env import MathEnv
 
 ANSWER_TOOL = {"name": "answer", "description": "Reply with your full answer, final result in \\boxed{}.",
                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}

@@ -26,7 +26,7 @@ from envhub import EnvTool, OpenEnv, ToolManager
 from envhub.server import ServerThread, create_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from guess_env import GuessEnv  # noqa: E402
+from guess_env import GuessEnv
 
 SYSTEM = "You are playing a game through tools. Call exactly one tool per turn."
 

@@ -1,7 +1,7 @@
 """Two agents with independent policies learn gomoku against each other, on the CPU.
 
     python examples/two_agent_gomoku.py                                   # starts a match server itself
-    python examples/two_agent_gomoku.py env.url=ws://localhost:8003       # or use a running one
+    python examples/two_agent_gomoku.py env.url=ws://localhost:8005       # or use a running one
     python examples/two_agent_gomoku.py run.steps=4 run.eval_problems=4   # any config override
 
 1. serves ``GomokuMatchEnv`` (``python -m env_servers.gomoku_env --two-agent``) on a free loopback
@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from trainer.quickstart import env_server
 

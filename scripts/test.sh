@@ -12,4 +12,5 @@ if [ ! -x .venv-openenv010/bin/python ]; then
   python3 -m venv .venv-openenv010
   .venv-openenv010/bin/python -m pip install -q "openenv==0.10.*" || echo "note: openenv 0.10 unavailable; its interop test will skip"
 fi
+bash scripts/lint.sh
 exec .venv/bin/python -m pytest "$@"

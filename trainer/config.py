@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.algos.losses import AGGREGATIONS
-from trainer.distributed import STRATEGIES
+from trainer.core.losses import AGGREGATIONS
+from trainer.distributed import MIXED_PRECISIONS, STRATEGIES
 from trainer.model import ModelConfig
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
@@ -69,7 +69,7 @@ class AlgoConfig:
     kl_coef: float = 0.0
     normalize_std: bool = True
     filter_zero_variance: bool = True
-    aggregation: str = "token_mean"  # one of trainer.algos.losses.AGGREGATIONS
+    aggregation: str = "token_mean"  # one of trainer.core.losses.AGGREGATIONS
     epochs: int = 1            # optimisation passes over each batch of rollouts
     minibatches: int = 1       # optimizer steps per pass
     gamma: float = 1.0
@@ -148,6 +148,7 @@ class RunConfig:
     output_dir: str = "runs/train"
     resume: bool = False
     strategy: str = "auto"     # under torchrun: auto (DDP with > 1 rank) | ddp | fsdp | none (single process only)
+    mixed_precision: str = "auto"  # no | bf16 | fp16 (autocast forward); auto: accelerate launch's, else no
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -156,6 +157,8 @@ class RunConfig:
                              f"{self.steps}, {self.batch_size}, {self.group_size}.")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"Expected run.strategy in {STRATEGIES}, got {self.strategy!r}.")
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ValueError(f"Expected run.mixed_precision in {MIXED_PRECISIONS}, got {self.mixed_precision!r}.")
 
 
 @dataclass

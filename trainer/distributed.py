@@ -1,16 +1,27 @@
 """Data-parallel plumbing over torch.distributed: process group set-up, model wrapping, collectives.
 
-Launched by ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment) it joins
-the process group — gloo on CPU, NCCL on CUDA. Started as a plain ``python`` process it runs as a
-single rank and every collective here is a no-op, so one code path serves both.
+Launched by ``torchrun`` or ``accelerate launch --multi_gpu`` (both set RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR/PORT) it joins the process group — gloo on CPU, NCCL on CUDA. Started as a plain
+``python`` process it runs as a single rank and every collective here is a no-op, so one code path
+serves both.
+
+What accelerate carries: DDP wrapping (device ids, placement) and mixed precision (autocast around
+``forward``, outputs back in fp32), through ``Accelerator.prepare_model``; ``accelerate launch
+--mixed_precision bf16`` reaches the recipes as ``run.mixed_precision="auto"``. What stays here:
+the process group (gloo or NCCL chosen from the run, before any accelerate state exists), FSDP2
+(``fully_shard`` per decoder layer: accelerate's FSDP plugin brings its own state-dict and
+optimizer conventions, while ``trainer.checkpoint`` saves and restores sharded models exactly with
+torch's distributed checkpoint API), and the optimizer and data loop, which the recipes own so that
+resume stays exact (accelerate's prepared optimizers and dataloaders would add state of their own).
 """
 
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -21,6 +32,9 @@ BACKENDS = ("auto", "gloo", "nccl")
 #: ``run.strategy`` values: "auto" (the default) is DDP under a torchrun world of more than one rank and
 #: the plain model otherwise; "none" never synchronises and is refused with more than one rank.
 STRATEGIES = ("auto", "ddp", "fsdp", "none")
+#: ``run.mixed_precision`` values: "auto" takes ``accelerate launch --mixed_precision`` (its
+#: ACCELERATE_MIXED_PRECISION variable) and is "no" otherwise; "bf16" and "fp16" autocast ``forward``.
+MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,7 @@ def init_distributed(backend: str = "auto") -> DistInfo:
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, is_main=rank == 0)
 
 
-def wrap_model(model: nn.Module, strategy: str, info: DistInfo) -> nn.Module:
+def wrap_model(model: nn.Module, strategy: str, info: DistInfo, *, mixed_precision: str = "no") -> nn.Module:
     """Wrap ``model`` for data parallelism: "auto", "ddp" (CPU or GPU), "fsdp" (CUDA only), "none".
 
     "auto" is "ddp" when ``info`` has more than one rank and the model unchanged otherwise. On a
@@ -72,9 +86,13 @@ def wrap_model(model: nn.Module, strategy: str, info: DistInfo) -> nn.Module:
     "fsdp" shards each decoder layer (``model._no_split_modules``, e.g. Qwen2DecoderLayer) and then
     the root with ``fully_shard``. "none" returns the model unchanged and raises ValueError with more
     than one rank: every rank would train alone on its share of the data and the ranks would drift apart.
+    ``mixed_precision`` "bf16"/"fp16" runs ``forward`` under autocast (parameters and optimizer
+    state stay in their dtype; FSDP casts parameters per layer instead); "auto" resolves as
+    :func:`resolve_mixed_precision` says.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Expected strategy in {STRATEGIES}, got {strategy!r}.")
+    mixed_precision = resolve_mixed_precision(mixed_precision)
     if strategy == "none":
         if info.distributed:
             raise ValueError(
@@ -82,32 +100,50 @@ def wrap_model(model: nn.Module, strategy: str, info: DistInfo) -> nn.Module:
                 "each rank would train alone on its slice of the batch and the ranks would drift apart; "
                 "use run.strategy=auto (DDP), or launch one process without torchrun."
             )
-        return model
-    if strategy == "auto":
-        strategy = "ddp"
+        return _prepare(model, info, mixed_precision) if mixed_precision != "no" else model
     if strategy == "fsdp":
-        return _fsdp(model, info)
-    if not info.distributed:
+        return _fsdp(model, info, mixed_precision)
+    if not info.distributed and mixed_precision == "no":
         return model
-    model = model.to(info.device)
-    device_ids = [info.local_rank] if info.device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    return _prepare(model, info, mixed_precision)  # DDP ("auto" or "ddp") with more than one rank
 
 
-def _fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
+def resolve_mixed_precision(mixed_precision: str) -> str:
+    """"no", "bf16" or "fp16": "auto" is what ``accelerate launch --mixed_precision`` asked for, else "no"."""
+    if mixed_precision not in MIXED_PRECISIONS:
+        raise ValueError(f"Expected mixed_precision in {MIXED_PRECISIONS}, got {mixed_precision!r}.")
+    if mixed_precision == "auto":
+        mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        if mixed_precision not in MIXED_PRECISIONS[1:]:
+            raise ValueError(f"Expected ACCELERATE_MIXED_PRECISION in {MIXED_PRECISIONS[1:]}, got {mixed_precision!r}; "
+                             "launch with accelerate launch --mixed_precision no|bf16|fp16.")
+    return mixed_precision
+
+
+def _prepare(model: nn.Module, info: DistInfo, mixed_precision: str) -> nn.Module:
+    # accelerate's state is per process: one mixed-precision setting for the whole run
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=info.device.type == "cpu", mixed_precision=mixed_precision)
+    return accelerator.prepare_model(model.to(info.device), device_placement=False)
+
+
+def _fsdp(model: nn.Module, info: DistInfo, mixed_precision: str = "no") -> nn.Module:
     if info.device.type != "cuda":
         raise RuntimeError(
             f"Expected a CUDA device for strategy='fsdp', got {info.device}; use strategy='ddp' on CPU "
             "(FSDP over gloo is not supported here)."
         )
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     model = model.to(info.device)
     layer_names = set(getattr(model, "_no_split_modules", None) or [])
     for module in model.modules():
         if type(module).__name__ in layer_names:
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
 
 

@@ -1,4 +1,4 @@
-"""Training telemetry: JSONL metrics and trajectories, TensorBoard scalars, a console progress bar, a reward plot.
+"""Training telemetry: JSONL metrics and trajectories, TensorBoard scalars, a tqdm progress bar, a reward plot.
 
 Only the main rank writes; other ranks get a logger whose methods do nothing, so a training loop can
 call it unconditionally.
@@ -11,8 +11,11 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
+
+from tqdm import tqdm
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -92,7 +95,7 @@ class MetricsLogger:
             self._writer = None
         self.is_main = False
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -114,10 +117,11 @@ def read_metrics(metrics_jsonl_path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def plot_rewards(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLike,
-                 keys: list[str] | None = None) -> Path:
-    """Plot reward curves from ``metrics.jsonl`` to a PNG; by default every key containing "reward".
+                 keys: list[str] | None = None, *, ylabel: str | None = None) -> Path:
+    """Plot metric curves from ``metrics.jsonl`` to a PNG; by default every key containing "reward".
 
-    Raises ValueError when none of the keys occurs in the file.
+    The y axis names what is plotted: ``ylabel``, else :func:`axis_label` of the keys (``reward``
+    only when every key is a reward). Raises ValueError when none of the keys occurs in the file.
     """
     import matplotlib
 
@@ -139,7 +143,7 @@ def plot_rewards(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLi
         steps, values = zip(*points)
         ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=key)
     ax.set_xlabel("step")
-    ax.set_ylabel("reward")
+    ax.set_ylabel(ylabel or axis_label(list(series)))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -150,18 +154,36 @@ def plot_rewards(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLi
     return out
 
 
+def axis_label(keys: list[str]) -> str:
+    """The y-axis label for plotting ``keys``: ``reward`` when all are rewards, the key for one, else ``value``.
+
+    >>> axis_label(["train/reward_mean", "eval/reward_mean"]), axis_label(["train/penalised_turn_frac"])
+    ('reward', 'train/penalised_turn_frac')
+    """
+    if keys and all("reward" in k for k in keys):
+        return "reward"
+    return keys[0] if len(keys) == 1 else "value"
+
+
 def _is_nan(value: Any) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
 class Progress:
-    """A console progress bar: redraws in place on a TTY, prints a plain line every ``every_pct`` % otherwise.
+    """A tqdm progress bar that also suits logs: on a TTY it redraws in place (tqdm's bar); written to
+    a file or pipe it prints tqdm's status line, one plain line every ``every_pct`` %, so a log has no
+    carriage returns.
 
     A total of 0 (nothing left to do: ``run.steps=0``, or a resumed run already at its last step) is a
     finished bar that prints nothing.
 
-    >>> bar = Progress(100, desc="train")
-    >>> bar.update(1, loss=0.5); bar.close()
+    >>> import io
+    >>> log = io.StringIO()
+    >>> with Progress(4, desc="train", file=log, every_pct=50) as bar:
+    ...     for _ in range(4):
+    ...         bar.update(1, loss=0.5)
+    >>> print(log.getvalue().splitlines()[-1])  # doctest: +ELLIPSIS
+    train: 100%|██████████| 4/4 [00:00<00:00, ...it/s, loss=0.5]
     """
 
     def __init__(self, total: int, desc: str = "", *, file: TextIO | None = None, every_pct: float = 5.0) -> None:
@@ -170,48 +192,41 @@ class Progress:
         self.total, self.desc, self.n = total, desc, 0
         self.file = file if file is not None else sys.stdout
         self.every_pct = every_pct
-        self._is_tty = bool(getattr(self.file, "isatty", lambda: False)())
+        self._postfix: dict[str, Any] = {}
         self._last_bucket = -1
         self._start = time.monotonic()
-        self._postfix: dict[str, Any] = {}
-        self._closed = False
+        is_tty = bool(getattr(self.file, "isatty", lambda: False)())
+        self._bar = tqdm(total=total, desc=desc, file=self.file, dynamic_ncols=True) if is_tty and total else None
 
     def update(self, n: int = 1, **postfix: Any) -> None:
         """Advance by ``n`` and show ``postfix`` values (e.g. loss=0.3) next to the bar."""
         if self.total == 0:  # nothing to do, nothing to show
             return
-        self.n = min(self.total, self.n + n)
+        n = min(n, self.total - self.n)
+        self.n += n
         self._postfix.update(postfix)
-        if self._is_tty:
-            self.file.write("\r" + self._line())
-            self.file.flush()
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._postfix_text(), refresh=False)
+            self._bar.update(n)
             return
         bucket = int(100 * self.n / self.total // self.every_pct)
         if bucket > self._last_bucket or self.n == self.total:
             self._last_bucket = bucket
-            self.file.write(self._line() + "\n")
+            line = tqdm.format_meter(self.n, self.total, time.monotonic() - self._start,
+                                     prefix=self.desc, postfix=self._postfix_text() or None)
+            self.file.write(line + "\n")
             self.file.flush()
 
     def close(self) -> None:
-        """Finish the bar (a newline on a TTY)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._is_tty and self.total:
-            self.file.write("\n")
-            self.file.flush()
+        """Finish the bar (on a TTY, tqdm leaves its last state on the line and moves on)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
-    def _line(self) -> str:
-        frac = self.n / self.total
-        bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
-        elapsed_s = time.monotonic() - self._start
-        rate = self.n / elapsed_s if elapsed_s > 0 else 0.0
-        post = " ".join(f"{k}={_fmt(v)}" for k, v in self._postfix.items())
-        prefix = f"{self.desc}: " if self.desc else ""
-        counts = f"{self.n}/{self.total} [{elapsed_s:.0f}s, {rate:.2f}it/s]"
-        return f"{prefix}{100 * frac:5.1f}% |{bar}| {counts} {post}".rstrip()
+    def _postfix_text(self) -> str:
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in self._postfix.items())
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

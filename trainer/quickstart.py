@@ -31,9 +31,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 SYSTEM_PROMPT = "Put the answer in \\boxed{}."
 

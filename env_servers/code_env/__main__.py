@@ -14,7 +14,7 @@ import typing
 from typing import Any
 
 from env_servers.code_env.env import CodeEnv, CodeEnvConfig
-from env_servers.code_env.sandbox import BACKENDS, SandboxConfig, make_backend, set_default_backend
+from env_servers.sandbox import BACKENDS, SandboxConfig, make_backend, set_default_backend
 
 
 def _bool(text: str) -> bool:

@@ -19,11 +19,11 @@ import functools
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
+from env_servers.code_env import grading
+from env_servers.code_env.tasks import CodeTask, TaskSet, builtin_tasks, load_jsonl
+from env_servers.sandbox import ExecResult, Limits, get_default_backend
 from envhub import Env, Observation, StepResult, tool
 from envhub.config import from_kwargs
-from env_servers.code_env import grading
-from env_servers.code_env.sandbox import ExecResult, Limits, get_default_backend
-from env_servers.code_env.tasks import CodeTask, TaskSet, builtin_tasks, load_jsonl
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an expert Python programmer. Solve the task. You can test code with the run_python tool "
@@ -63,7 +63,7 @@ class CodeEnvConfig:
         Limits(timeout_s=self.test_timeout_s)
 
     @classmethod
-    def build(cls, config: dict[str, Any]) -> "CodeEnvConfig":
+    def build(cls, config: dict[str, Any]) -> CodeEnvConfig:
         return from_kwargs(cls, config, what="CodeEnv")
 
 

@@ -1,7 +1,7 @@
 """Geometry environment: generated problems with rendered diagrams (or geometry3k data), calculator tools, a verifier.
 
 ``problems``, ``render``, ``calculator`` and ``loaders`` are pure (no envhub); ``env`` adapts
-them and grades with :mod:`env_servers.math_env.grading`. Serve with
+them and grades with :mod:`env_servers.math_grading.grading`. Serve with
 ``python -m env_servers.geometry_env --port 8003`` or ``envhub serve env_servers.geometry_env:GeometryEnv``.
 """
 

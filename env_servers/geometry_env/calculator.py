@@ -1,19 +1,26 @@
 """The geometry tools' arithmetic: a safe calculator and exact triangle/circle/polygon formulas. Pure functions.
 
 ``calculate`` never evaluates code: the expression goes through the whitelisted, size-capped
-parser of :mod:`env_servers.math_env.expressions` (no attribute access, no names beyond math
+parser of :mod:`env_servers.math_grading.expressions` (no attribute access, no names beyond math
 functions and single-letter symbols, no exponent towers, at most 400 characters), and any
 expression whose sympy evaluation could still be slow runs in a worker process with a
-deadline (:mod:`env_servers.math_env.bounded`), so every call finishes in bounded time. Results are exact when they can be (``5*sqrt(2)``) with a decimal
-approximation. Bad input raises :class:`CalculatorError` with a message meant for the model.
+deadline (:mod:`env_servers.math_grading.bounded`), so every call finishes in bounded time. Results are
+exact when they can be (``5*sqrt(2)``) with a decimal approximation. Bad input raises
+:class:`CalculatorError` with a message meant for the model.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from env_servers.math_env import bounded
-from env_servers.math_env.expressions import ExpressionError, is_cheap, numeric_value, parse_expression, sympy_module
+from env_servers.math_grading import bounded
+from env_servers.math_grading.expressions import (
+    ExpressionError,
+    is_cheap,
+    numeric_value,
+    parse_expression,
+    sympy_module,
+)
 
 MAX_RESULT_CHARS = 300
 CALCULATE_TIMEOUT_S = 2.0

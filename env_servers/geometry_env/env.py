@@ -13,7 +13,7 @@ Two modes (config ``mode``):
 
 The first observation carries the statement and instruction (``text``), the diagram as PNG
 (``images[0]``) and the system prompt (``metadata["system_prompt"]``). Grading is
-:mod:`env_servers.math_env.grading`, the same code as the math env.
+:mod:`env_servers.math_grading.grading`, the same code as the math env.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from envhub import Env, Observation, StepResult, tool
-from envhub.config import from_kwargs
-from envhub.errors import ActionValidationError
 from env_servers.geometry_env import calculator, loaders, problems
 from env_servers.geometry_env.calculator import CalculatorError
 from env_servers.geometry_env.problems import GeometryProblem
 from env_servers.geometry_env.render import render_png_cached
-from env_servers.math_env.grading import extract_boxed, grade, grade_answer, has_think_then_boxed
+from env_servers.math_grading.grading import extract_boxed, grade, grade_answer, has_think_then_boxed
+from envhub import Env, Observation, StepResult, tool
+from envhub.config import from_kwargs
+from envhub.errors import ActionValidationError
 
 SINGLE_INSTRUCTION = ("You FIRST think about the reasoning process as an internal monologue and then provide the "
                       "final answer. The reasoning process MUST BE enclosed within <think> </think> tags. "
@@ -69,7 +69,7 @@ class GeometryConfig:
             raise ValueError(f"Expected 64 <= image_size <= 2048 pixels, got {self.image_size}.")
 
     @classmethod
-    def build(cls, config: dict[str, Any]) -> "GeometryConfig":
+    def build(cls, config: dict[str, Any]) -> GeometryConfig:
         return from_kwargs(cls, config)
 
 

@@ -19,8 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from env_servers.datasets import read_records
 from env_servers.geometry_env.problems import GeometryProblem
-from env_servers.math_env.loaders import read_records
 
 _SPLIT_DIRS = {"train": ("train",), "validation": ("val", "validation", "valid"), "test": ("test",)}
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from env_servers.math_env.expressions import sympy_module
-from env_servers.math_env.tasks import SPLITS, split_of
+from env_servers.datasets import SPLITS, split_of
+from env_servers.math_grading.expressions import sympy_module
 
 Point = tuple[float, float]
 

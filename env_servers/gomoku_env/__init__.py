@@ -1,4 +1,5 @@
-"""Gomoku (five in a row) as an envhub env: pure board rules, opponents and rendering, adapted by ``GomokuEnv`` (one agent vs a scripted opponent) and ``GomokuMatchEnv`` (two agents in one match)."""
+"""Gomoku (five in a row) as an envhub env: pure board rules, opponents and rendering, adapted by
+``GomokuEnv`` (one agent vs a scripted opponent) and ``GomokuMatchEnv`` (two agents in one match)."""
 
 from env_servers.gomoku_env.config import GomokuConfig, GomokuRewards
 from env_servers.gomoku_env.env import GomokuEnv

@@ -9,7 +9,7 @@ import random
 import re
 from dataclasses import dataclass
 
-X, O, EMPTY = "X", "O", "."
+X, O, EMPTY = "X", "O", "."  # noqa: E741 (the stone is called O)
 WIN_LENGTH = 5
 MIN_SIZE, MAX_SIZE = 5, 19
 DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
@@ -39,7 +39,7 @@ class Board:
         self.moves: list[tuple[int, int, str]] = []  # (row, col, stone) in play order
         self._winner: str | None = None
 
-    def copy(self) -> "Board":
+    def copy(self) -> Board:
         """An independent copy (used by opponents to look ahead)."""
         dup = Board(self.size)
         dup.cells = [row[:] for row in self.cells]

@@ -12,6 +12,7 @@ from typing import Any
 
 from env_servers.gomoku_env.board import MAX_SIZE, MIN_SIZE
 from env_servers.gomoku_env.opponents import OPPONENTS
+from envhub.config import from_kwargs
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class GomokuRewards:
     step_limit: float = -20.0
 
     @classmethod
-    def coerce(cls, value: "GomokuRewards | dict[str, float] | None") -> "GomokuRewards":
+    def coerce(cls, value: GomokuRewards | dict[str, float] | None) -> GomokuRewards:
         """A reward table from a ``GomokuRewards``, a partial dict of overrides, or None (defaults)."""
         if value is None:
             return cls()
@@ -104,18 +105,14 @@ class GomokuConfig:
             if not ok:
                 raise ValueError(f"Expected {expected}, got {got!r}.")
 
-    def replace(self, **changes: Any) -> "GomokuConfig":
+    def replace(self, **changes: Any) -> GomokuConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_kwargs(cls, config: "GomokuConfig | None" = None, **kwargs: Any) -> "GomokuConfig":
-        """A config from an optional base plus keyword overrides; unknown keys name the accepted ones."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise TypeError(f"Unknown gomoku setting(s) {unknown}; accepted: {', '.join(sorted(names))}.")
-        return (config or cls()).replace(**kwargs) if kwargs else (config or cls())
+    def build(cls, config: dict[str, Any]) -> GomokuConfig:
+        """The config from keyword arguments, naming the accepted keys when one is unknown (as every env's)."""
+        return from_kwargs(cls, config, what="gomoku")
 
 
 def _is_int(value: Any) -> bool:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from env_servers.gomoku_env.game import Ruling, SeatEnd
 
@@ -73,7 +74,7 @@ class Match:
         self._delivered: set[str] = set()
         self._cond = asyncio.Condition()
         #: called once when the match ends (the registry forgets it then)
-        self.on_end: Callable[["Match"], None] | None = None
+        self.on_end: Callable[[Match], None] | None = None
 
     @property
     def over(self) -> bool:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import random
 from typing import Annotated, Any
 
-from envhub import Action, Env, Observation, StepResult, tool
-from envhub.errors import ActionValidationError
 from env_servers.gomoku_env import prompts
-from env_servers.gomoku_env.board import X, Board, Move, OpeningConfig, coerce_move, parse_move, random_opening
+from env_servers.gomoku_env.board import Board, Move, OpeningConfig, X, coerce_move, parse_move, random_opening
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.game import INVALID_EVENTS, VALID, GomokuGame, Outcome
+from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
+from envhub import Action, Env, Observation, StepResult, tool
+from envhub.errors import ActionValidationError
 
 
 class GomokuEnv(Env):
@@ -40,11 +41,8 @@ class GomokuEnv(Env):
 
     env_name = "gomoku"
 
-    def __init__(self, config: GomokuConfig | None = None, **settings: Any):
-        try:
-            self.config = GomokuConfig.from_kwargs(config, **settings)
-        except ValueError as exc:
-            raise ActionValidationError(str(exc)) from None
+    def __init__(self, **config: Any):
+        self.config = GomokuConfig.build(config)
         self.rng = random.Random()
         self.game: GomokuGame | None = None
         self.render_image = self.config.render_image
@@ -123,7 +121,7 @@ class GomokuEnv(Env):
                                 "move": list(outcome.move) if outcome.move else None,
                                 "opponent_move": list(outcome.opponent_move) if outcome.opponent_move else None}
         if outcome.ended:
-            info["end_reason"] = outcome.event
+            info["end_reason"], info["outcome"] = outcome.event, outcome_of(outcome.event)
         return info
 
     def _observation(self, text: str, board: Board, event: str = VALID) -> Observation:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from env_servers.gomoku_env.board import O, X, Board, Move, board_from_moves
+from env_servers.gomoku_env.board import Board, Move, O, X, board_from_moves
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.opponents import make_opponent
 
@@ -18,6 +18,7 @@ from env_servers.gomoku_env.opponents import make_opponent
 VALID, WIN, LOSS, DRAW = "valid", "win", "loss", "draw"
 BAD_FORMAT, OUT_OF_BOUNDS, OCCUPIED = "bad_format", "out_of_bounds", "occupied"
 TOO_MANY_INVALID, STEP_LIMIT = "too_many_invalid", "step_limit"
+OPPONENT_FORFEIT = "opponent_forfeit"  # two-agent: the other seat made too many invalid moves
 INVALID_EVENTS = (BAD_FORMAT, OUT_OF_BOUNDS, OCCUPIED)
 
 
@@ -156,7 +157,7 @@ class TwoPlayerGame:
             if self.invalid_streak[stone] >= self.config.max_invalid_moves:
                 return Ruling(TOO_MANY_INVALID, False, ends={
                     stone: SeatEnd(TOO_MANY_INVALID, rewards.too_many_invalid),
-                    foe: SeatEnd("opponent_forfeit", rewards.win)})
+                    foe: SeatEnd(OPPONENT_FORFEIT, rewards.win)})
             return Ruling(kind, False, getattr(rewards, kind))
         assert move is not None
         self.invalid_streak[stone] = 0

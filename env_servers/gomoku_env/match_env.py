@@ -9,15 +9,15 @@ from __future__ import annotations
 import random
 from typing import Annotated, Any, ClassVar
 
-from envhub import Action, Env, Observation, StepResult, tool
-from envhub.errors import ActionValidationError
 from env_servers.gomoku_env import prompts
 from env_servers.gomoku_env.board import Board, Move, OpeningConfig, coerce_move, other, parse_move, random_opening
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.coordinator import REGISTRY, Match, MatchRegistry, Report
 from env_servers.gomoku_env.game import DRAW, STEP_LIMIT, VALID, WIN, TwoPlayerGame
+from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
-
+from envhub import Action, Env, Observation, StepResult, tool
+from envhub.errors import ActionValidationError
 
 PLAYED_EVENTS = frozenset({VALID, WIN, DRAW, STEP_LIMIT})
 
@@ -46,11 +46,8 @@ class GomokuMatchEnv(Env):
     #: where matches are found; one per process, shared by every session
     registry: ClassVar[MatchRegistry] = REGISTRY
 
-    def __init__(self, config: GomokuConfig | None = None, **settings: Any):
-        try:
-            self.config = GomokuConfig.from_kwargs(config, **settings)
-        except ValueError as exc:
-            raise ActionValidationError(str(exc)) from None
+    def __init__(self, **config: Any):
+        self.config = GomokuConfig.build(config)
         self.rng = random.Random()
         self.match: Match | None = None
         self.seat: str | None = None
@@ -170,7 +167,7 @@ class GomokuMatchEnv(Env):
                                 "opponent_move": list(reply) if reply else None}
         end = report.end
         if end is not None:
-            info["end_reason"] = end.reason
+            info["end_reason"], info["outcome"] = end.reason, outcome_of(end.reason)
         return StepResult(observation=self._observation(text, board, report.event), reward=report.reward,
                           done=end is not None and not end.truncated, truncated=end is not None and end.truncated,
                           info=info)

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from env_servers.gomoku_env.board import DIRECTIONS, O, X, Board, Move, other
+from env_servers.gomoku_env.board import DIRECTIONS, Board, Move, O, X, other
 
 # Line patterns, seen from the side to move: '#' own stone, '.' empty, '|' opponent or edge.
 # The centre of each line is the stone just placed; a pattern counts only if it uses that stone.

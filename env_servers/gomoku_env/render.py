@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 
-from env_servers.gomoku_env.board import EMPTY, X, Board
+from env_servers.gomoku_env.board import EMPTY, Board, X
 
 CELL_PX = 32
 MARGIN_PX = 28

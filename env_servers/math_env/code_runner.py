@@ -1,7 +1,7 @@
 """Where the math tool env runs the model's Python: the code sandbox, or a plain local subprocess.
 
 ``PythonRunner`` is the small interface the env needs (``await runner.run(code, timeout_s)``).
-``SandboxPythonRunner`` adapts the code sandbox package (``env_servers.code_env.sandbox``: its
+``SandboxPythonRunner`` adapts the code sandbox package (``env_servers.sandbox``: its
 process-wide backend, bubblewrap namespaces + seccomp + cgroups, or docker; the sandbox
 interpreter has numpy but not necessarily sympy). ``LocalSubprocessRunner`` only adds a
 wall-clock timeout and output caps around ``python -I``: it is **not isolation** and is meant for
@@ -98,7 +98,7 @@ class SandboxPythonRunner:
     """Runs code through the code sandbox's process-wide backend (shared by every session)."""
 
     def __init__(self) -> None:
-        from env_servers.code_env import sandbox
+        from env_servers import sandbox
 
         self._sandbox = sandbox
         self.backend = sandbox.get_default_backend()  # probes now, so "auto" can fall back at start-up

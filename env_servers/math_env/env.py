@@ -17,12 +17,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from env_servers.math_env import loaders, tasks
+from env_servers.math_env.tasks import MathTask
+from env_servers.math_grading.grading import GradeResult, grade
 from envhub import Env, Observation, StepResult
 from envhub.config import from_kwargs
 from envhub.errors import ActionValidationError
-from env_servers.math_env import loaders, tasks
-from env_servers.math_env.grading import GradeResult, grade
-from env_servers.math_env.tasks import MathTask
 
 DEFAULT_SYSTEM_PROMPT = ("You are a helpful assistant that solves math problems step by step. "
                          "Think through the problem carefully and put your final answer in \\boxed{}.")
@@ -61,7 +61,7 @@ class MathConfig:
             raise ValueError(f"Expected rel_tol to be None or in [0, 1), got {self.rel_tol!r}.")
 
     @classmethod
-    def build(cls, config: dict[str, Any]) -> "MathConfig":
+    def build(cls, config: dict[str, Any]) -> MathConfig:
         """The config from keyword arguments, naming the accepted keys when one is unknown."""
         return from_kwargs(cls, config)
 

@@ -13,41 +13,17 @@ Files may be ``.jsonl``, ``.json`` (a list of records, or ``{"data": [...]}``) o
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
+from collections.abc import Iterable
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from env_servers.math_env.grading import extract_boxed
+from env_servers.datasets import read_records
 from env_servers.math_env.tasks import MathTask
+from envhub.parsers import extract_boxed
 
 FORMATS = ("auto", "math", "gsm8k")
-
-
-def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Records of a local ``.jsonl``, ``.json`` or ``.parquet`` file."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"Expected a dataset file at {str(p)!r}; it does not exist.")
-    suffix = p.suffix.lower()
-    if suffix == ".jsonl":
-        with p.open(encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
-    if suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
-        data = data.get("data", data) if isinstance(data, dict) else data
-        if not isinstance(data, list):
-            raise ValueError(f"Expected {p} to hold a JSON list of records (or {{'data': [...]}}).")
-        return data
-    if suffix == ".parquet":
-        try:
-            import pandas
-        except ImportError:
-            raise ImportError(f"Reading {p} needs pandas: pip install pandas pyarrow (or convert it to .jsonl).") from None
-        return pandas.read_parquet(p).to_dict(orient="records")
-    raise ValueError(f"Expected a .jsonl, .json or .parquet file, got {p.name!r}.")
 
 
 def gsm8k_answer(answer_text: str) -> str | None:

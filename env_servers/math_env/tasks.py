@@ -25,13 +25,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Iterator
+from typing import Any
 
-SPLITS = ("train", "validation", "test")
+from env_servers.datasets import SPLITS, split_of
+
 DIFFICULTIES = (1, 2, 3)
-_SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "test": range(90, 100)}
 _MAX_TRIES = 2000
 
 
@@ -47,12 +48,6 @@ class MathTask:
     split: str = "train"
     solution: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-
-def split_of(problem: str) -> str:
-    """The split a statement belongs to, from a stable hash of its text."""
-    bucket = int.from_bytes(hashlib.sha256(problem.encode()).digest()[:8], "big") % 100
-    return next(name for name, r in _SPLIT_BUCKETS.items() if bucket in r)
 
 
 def _task_id(kind: str, difficulty: int, problem: str) -> str:
@@ -268,7 +263,7 @@ def listed_size(split: str, kind: str | None, difficulty: int | None) -> int | N
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _add_pool(split: str, difficulty: int) -> tuple[MathTask, ...]:
     return tuple(add_tasks(split, difficulty))
 

@@ -15,11 +15,11 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from envhub import Observation, StepResult, tool
 from env_servers.math_env.code_runner import RUNNER_KINDS, PythonRunner, make_runner
 from env_servers.math_env.env import MathConfig, MathEnv
-from env_servers.math_env.expressions import sympy_module
-from env_servers.math_env.grading import extract_boxed, grade_answer
+from env_servers.math_grading.expressions import sympy_module
+from env_servers.math_grading.grading import extract_boxed, grade_answer
+from envhub import Observation, StepResult, tool
 
 TOOL_SYSTEM_PROMPT = (
     "You are a helpful assistant that solves math problems. You can call the run_python tool to run "

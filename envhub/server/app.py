@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.routing import WebSocketRoute
@@ -26,7 +27,7 @@ class EnvApp(FastAPI):
 
     ws_endpoint: WebSocketEndpoint
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket" and scope["path"] in ("/ws", scope.get("root_path", "") + "/ws"):
             return await self.ws_endpoint(scope, receive, send)
         await super().__call__(scope, receive, send)
@@ -37,11 +38,15 @@ def create_app(env_cls: type[Env], *, settings: Settings | None = None, **env_co
 
     ``settings`` default to ``Settings.from_env()`` (``ENVHUB_*`` variables). Sync env methods
     run in a shared thread pool of ``settings.thread_pool_size`` threads unless the class sets
-    ``run_inline = True``. The hub (sessions, metrics) is ``app.state.hub``::
+    ``run_inline = True``. The hub (sessions, metrics) is ``app.state.hub``.
 
-        from envhub.server import create_app
-        from envhub.testing import EchoEnv
-        app = create_app(EchoEnv)      # uvicorn my_module:app
+    >>> import json, urllib.request
+    >>> from envhub.server import ServerThread, create_app
+    >>> from envhub.testing import EchoEnv
+    >>> app = create_app(EchoEnv)      # or serve it with: uvicorn my_module:app
+    >>> with ServerThread(app) as server:
+    ...     json.load(urllib.request.urlopen(server.url + "/health"))
+    {'status': 'healthy'}
     """
     if not (isinstance(env_cls, type) and issubclass(env_cls, Env)):
         raise TypeError(f"Expected an envhub.Env subclass, got {env_cls!r}. Subclass envhub.Env and pass the class.")

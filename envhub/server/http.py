@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from envhub import __version__
-from envhub._wire import ALL_EXTENSIONS, PROTOCOL_VERSION
+from envhub._wire import ALL_EXTENSIONS, PROTOCOL_VERSION, encode
 from envhub.errors import EnvHubError, ErrorCode
 from envhub.protocol import Call, Reply
 from envhub.server.hub import Hub
@@ -33,9 +33,17 @@ _STATUS_FOR_CODE = {
 }
 
 
+class WireJSONResponse(JSONResponse):
+    """JSON written by the wire codec: a lone surrogate an env returns stays a ``\\uXXXX`` escape
+    instead of making the reply unencodable (a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return encode(content).encode("utf-8")  # type: ignore[union-attr]
+
+
 def error_response(data: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
     """An HTTP error carrying the wire error data, with the status matching its code."""
-    return JSONResponse(data, status_code=_STATUS_FOR_CODE.get(data.get("code", ""), 500), headers=headers)
+    return WireJSONResponse(data, status_code=_STATUS_FOR_CODE.get(data.get("code", ""), 500), headers=headers)
 
 
 class BearerAuthMiddleware:
@@ -81,7 +89,7 @@ async def _json_body(request: Request) -> dict[str, Any]:
         return {}
     try:
         body = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
         raise EnvHubError(f"Invalid JSON: {exc}", code=ErrorCode.INVALID_JSON) from None
     if not isinstance(body, dict):
         raise EnvHubError(f"Expected a JSON object body, got {type(body).__name__}.", code=ErrorCode.VALIDATION_ERROR)
@@ -113,7 +121,7 @@ async def _run(session: Session, message: dict[str, Any]) -> JSONResponse:
     data = envelope["data"]
     if envelope["type"] == "observation":
         data = {**data, "session_id": session.id}
-    return JSONResponse(data, headers=headers)
+    return WireJSONResponse(data, headers=headers)
 
 
 def build_router(hub: Hub) -> APIRouter:
@@ -140,15 +148,15 @@ def build_router(hub: Hub) -> APIRouter:
     async def mcp(request: Request) -> JSONResponse:
         try:
             body = json.loads(await request.body() or b"null")
-        except ValueError as exc:
-            return JSONResponse(rpc_error(PARSE_ERROR, f"Parse error: {exc}"))
+        except (ValueError, RecursionError) as exc:
+            return WireJSONResponse(rpc_error(PARSE_ERROR, f"Parse error: {exc}"))
         params = body.get("params") if isinstance(body, dict) else None
         session_id = params.get("session_id") if isinstance(params, dict) else None
         session = hub.sessions.get(str(session_id)) if session_id else None
         if session is not None and session.kind == "http" and session.lock is not None:
             async with session.lock:
-                return JSONResponse(await handle_jsonrpc(body, hub.env_cls, runner=session.runner))
-        return JSONResponse(await handle_jsonrpc(body, hub.env_cls, new_runner=hub.new_runner))
+                return WireJSONResponse(await handle_jsonrpc(body, hub.env_cls, runner=session.runner))
+        return WireJSONResponse(await handle_jsonrpc(body, hub.env_cls, new_runner=hub.new_runner))
 
     if hub.settings.http_sessions:
         _add_episode_routes(router, hub)

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import logging
 import secrets
 import time
 import uuid
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Coroutine
+from typing import Any
 
 from envhub.env import Env, EnvRunner
 from envhub.errors import CapacityError, EnvHubError, ErrorCode
 from envhub.protocol import CLOSE_GOING_AWAY, SessionProtocol
 from envhub.server.metrics import Metrics
-from envhub.server.session import Session
+from envhub.server.session import Session, SessionContext
 from envhub.settings import Settings
 
 log = logging.getLogger("envhub.server")
+
+
+def _has_async_methods(env_cls: type[Env]) -> bool:
+    """Whether an env class defines any ``async def`` method of its own (beyond the ``Env`` base)."""
+    return any(inspect.iscoroutinefunction(fn) for klass in env_cls.__mro__ if klass is not Env
+               and issubclass(klass, Env) for fn in vars(klass).values())
 
 #: HTTP sessions need some idle limit even when WebSocket sessions have none.
 HTTP_IDLE_TIMEOUT_S = 600.0
@@ -38,9 +46,15 @@ class Hub:
         self.metrics = Metrics()
         self.shutting_down = False
         self._reserved = 0
-        self._tasks: set[asyncio.Task] = set()
-        self._reaper: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reaper: asyncio.Task[None] | None = None
         self._tools = env_cls.tools()
+        # A cancel interrupts work in the thread pool or async env code, never sync code run inline.
+        self.cancel_interrupts = not self.inline or _has_async_methods(env_cls)
+        #: the part of the hub a session may use
+        self.session_context = SessionContext(build_env=self.build_env, close_env=self.close_env,
+                                              pool=None if self.inline else self.pool, metrics=self.metrics,
+                                              spawn=self.spawn)
 
     # -- construction ------------------------------------------------------------------------
     def check_token(self, presented: str | None) -> bool:
@@ -94,7 +108,7 @@ class Hub:
                                    max_message_bytes=self.settings.max_message_bytes,
                                    step_timeout_s=self.settings.step_timeout_s, tools=self._tools,
                                    resume_token=secrets.token_urlsafe(24))
-        session = Session(self, protocol, env, kind=kind)
+        session = Session(self.session_context, protocol, env, kind=kind)
         self.sessions[session_id] = session
         self.metrics.session_opened()
         self._ensure_reaper()
@@ -144,7 +158,7 @@ class Hub:
             return
         self.spawn(self.close_session(session))
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a background coroutine, keeping a reference so it is not garbage-collected."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

@@ -6,7 +6,8 @@ episode bookkeeping apply); over HTTP without a session it runs in a throwaway e
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from envhub.env import Env, EnvRunner
 from envhub.errors import EnvHubError

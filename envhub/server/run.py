@@ -18,7 +18,6 @@ from envhub.server.transport import WS_IMPLEMENTATION, install_log_redaction
 from envhub.settings import Settings
 
 
-
 def load_target(target: str | type[Env]) -> type[Env]:
     """An env class from a class or a ``"module:Class"`` string."""
     if isinstance(target, type):
@@ -91,7 +90,7 @@ def serve(target: str | type[Env], host: str | None = None, port: int | None = N
         return _serve_workers(target, env_cls, resolved, env_config or {})
     app = create_app(env_cls, settings=resolved, **(env_config or {}))
     config = uvicorn_config(app, resolved)
-    shown = {**vars(resolved), "token": "***" if resolved.token else None}
+    shown = {**vars(resolved), "token": "***" if resolved.token is not None else None}
     logging.getLogger("uvicorn.error").info("envhub serving %s.%s with %s and env config %s",
                                             env_cls.__module__, env_cls.__qualname__, shown, env_config or {})
     DrainingServer(config).run()
@@ -102,6 +101,9 @@ def _serve_workers(target: str | type[Env], env_cls: type[Env], settings: Settin
     os.environ["ENVHUB_TARGET"] = target if isinstance(target, str) else f"{env_cls.__module__}:{env_cls.__qualname__}"
     os.environ["ENVHUB_ENV_CONFIG"] = json.dumps(env_config)
     for name, value in vars(settings).items():
+        if name == "token" and value is None:
+            os.environ.pop("ENVHUB_TOKEN", None)  # no token is the absence of the variable, never a word
+            continue
         os.environ[f"ENVHUB_{name.upper()}"] = "none" if value is None else str(value)
     # Each worker drains its sessions in the app's lifespan shutdown.
     uvicorn.run("envhub.server.run:app_from_environ", factory=True, workers=settings.workers,
@@ -123,7 +125,7 @@ class ServerThread:
     """
 
     def __init__(self, app: Any, *, settings: Settings | None = None, **uvicorn_overrides: Any):
-        settings = (settings or getattr(getattr(app, "state", None), "hub", None) and app.state.hub.settings
+        settings = (settings or (getattr(getattr(app, "state", None), "hub", None) and app.state.hub.settings)
                     or Settings())
         overrides = {"port": 0, "host": "127.0.0.1", "log_level": "warning", **uvicorn_overrides}
         self.server = DrainingServer(uvicorn_config(app, settings, **overrides))
@@ -138,7 +140,7 @@ class ServerThread:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
 
-    def start(self, timeout_s: float = 10.0) -> "ServerThread":
+    def start(self, timeout_s: float = 10.0) -> ServerThread:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
@@ -152,7 +154,7 @@ class ServerThread:
         self.server.should_exit = True
         self._thread.join(timeout_s)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

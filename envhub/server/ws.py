@@ -11,13 +11,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 from urllib.parse import parse_qs
 
 from envhub._wire import EXT_MSGPACK, encode
 from envhub.errors import AuthError, EnvHubError, ErrorCode
-from envhub.protocol import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_SESSION_LOST,
-                             CLOSE_TRY_AGAIN, Call, Close, Reply, error_envelope, negotiate)
+from envhub.protocol import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_SESSION_LOST,
+    CLOSE_TRY_AGAIN,
+    Call,
+    Cancel,
+    Close,
+    Reply,
+    SessionProtocol,
+    error_envelope,
+    negotiate,
+)
 from envhub.server.hub import Hub
 from envhub.server.session import Attachment, Session
 
@@ -51,7 +66,7 @@ class WebSocketEndpoint:
     def __init__(self, hub: Hub):
         self.hub = hub
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -134,20 +149,33 @@ class WebSocketEndpoint:
         hello = proto.hello(resumed=resumed)
         if hello is not None:
             await send({"type": "websocket.send", "text": encode(hello)})
+        # Reading on while a request runs costs a task per request: only where a cancel can stop something.
+        inbox = Inbox(receive, proto) if proto.cancellable and hub.cancel_interrupts else None
+        try:
+            return await self._frame_loop(session, attachment, receive if inbox is None else inbox.next, inbox)
+        finally:
+            if inbox is not None:
+                inbox.close()
+
+    async def _frame_loop(self, session: Session, attachment: Attachment, next_message: Receive,
+                          inbox: Inbox | None) -> bool:
+        proto, hub = session.protocol, self.hub
         send_frame = attachment.send
         while True:
-            message = await receive()
+            message = await next_message()
             if message["type"] != "websocket.receive":
                 return message.get("code", 1000) in (CLOSE_NORMAL, None) or session.closed
             frame = message.get("text")
             effect = proto.receive(frame if frame is not None else message.get("bytes") or b"")
             if type(effect) is Call:
-                envelope = await session.execute(effect)
+                envelope = await session.execute(effect, interrupts=inbox)
             elif type(effect) is Reply:
                 envelope = effect.envelope
                 if envelope["type"] == "error":
                     hub.metrics.error(envelope["data"]["code"])
                 session.last_active = time.monotonic()
+            elif type(effect) is Cancel:
+                continue  # nothing runs under that id any more: its reply has gone out already
             else:
                 assert type(effect) is Close
                 await hub.close_session(session, effect.code, effect.reason)
@@ -160,7 +188,56 @@ class WebSocketEndpoint:
                 return False  # peer vanished mid-reply; a resume will replay it from the cache
 
 
-def _encode(proto: Any, envelope: dict[str, Any]) -> str | bytes:
+class Inbox:
+    """The frames of one connection when requests can be cancelled: a read may be in flight while a
+    request runs, and frames that are not its ``cancel`` queue up for the frame loop, in order."""
+
+    __slots__ = ("_pending", "_protocol", "_receive", "backlog")
+
+    def __init__(self, receive: Receive, protocol: SessionProtocol):
+        self._receive = receive
+        self._protocol = protocol
+        self._pending: asyncio.Future[dict[str, Any]] | None = None
+        self.backlog: deque[dict[str, Any]] = deque()
+
+    async def next(self) -> dict[str, Any]:
+        if self.backlog:
+            return self.backlog.popleft()
+        if self._pending is not None:
+            await self._pending
+            return self.take()
+        return await self._receive()
+
+    def incoming(self) -> asyncio.Future[dict[str, Any]]:
+        """The read in flight (started if there is none)."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._receive())
+        return self._pending
+
+    def take(self) -> dict[str, Any]:
+        """The message of the finished read in flight."""
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        return pending.result()
+
+    def cancels(self, request_id: Any) -> bool:
+        message = self.take()
+        if message["type"] == "websocket.receive":
+            frame = message.get("text")
+            target = self._protocol.cancel_target(frame if frame is not None else message.get("bytes") or b"")
+            if target is not None and target == request_id:
+                return True
+        self.backlog.append(message)  # a disconnect too: the frame loop sees it after the reply
+        return False
+
+    def close(self) -> None:
+        """Stop the read in flight (the connection is done with)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+
+
+def _encode(proto: SessionProtocol, envelope: dict[str, Any]) -> str | bytes:
     """Encode a reply; an env value the codec cannot carry fails this request only."""
     try:
         return proto.encode(envelope)

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
@@ -31,11 +31,11 @@ class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
         super().__init__()
         self._state = State(episode_id="none", step_count=0)
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> EchoObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> EchoObservation:
         self._state = State(episode_id=episode_id or "ep", step_count=0)
         return EchoObservation(echoed_message=f"ready:{kwargs.get('greeting', '')}", reward=0.0)
 
-    def step(self, action: EchoAction, timeout_s: Optional[float] = None, **kwargs: Any) -> EchoObservation:
+    def step(self, action: EchoAction, timeout_s: float | None = None, **kwargs: Any) -> EchoObservation:
         self._state.step_count += 1
         if action.message == "boom":
             raise RuntimeError("boom")

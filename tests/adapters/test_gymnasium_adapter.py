@@ -9,13 +9,12 @@ import pytest
 
 gymnasium = pytest.importorskip("gymnasium")
 
-from adapters.gymnasium import (EnvhubGymEnv, from_gymnasium, observation_to_text, parse_action,  # noqa: E402
-                                to_action)
+from adapters.gymnasium import EnvhubGymEnv, from_gymnasium, observation_to_text, parse_action, to_action  # noqa: E402
+from env_servers.math_env import MathEnv  # noqa: E402
 from envhub.client import EnvClient  # noqa: E402
 from envhub.server import ServerThread, create_app  # noqa: E402
 from envhub.settings import Settings  # noqa: E402
 from envhub.testing import check_env  # noqa: E402
-from env_servers.math_env import MathEnv  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.guess_env import GuessEnv  # noqa: E402

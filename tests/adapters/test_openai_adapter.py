@@ -11,16 +11,23 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from adapters.openai import (ChatCompletionsClient, assistant_message_from_text, assistant_message_to_text,
-                             run_agent, tool_call_from_openai, tool_call_to_openai, tool_from_openai,
-                             tools_to_openai)
+from adapters.openai import (
+    ChatCompletionsClient,
+    assistant_message_from_text,
+    assistant_message_to_text,
+    run_agent,
+    tool_call_from_openai,
+    tool_call_to_openai,
+    tool_from_openai,
+    tools_to_openai,
+)
 from envhub import EnvTool, OpenEnv, ToolCall, ToolManager, ToolSpec
 from envhub.errors import EnvConnectionError
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from examples.guess_env import GuessEnv  # noqa: E402
+from examples.guess_env import GuessEnv
 
 
 def test_tool_specs_round_trip_through_the_openai_shape() -> None:

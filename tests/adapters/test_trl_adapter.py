@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from adapters.trl import (EnvhubEnvironment, EnvhubTextEnvironment, environment_factory, grpo_kwargs,
-                          text_answer_reward)
+from adapters.trl import EnvhubEnvironment, EnvhubTextEnvironment, environment_factory, grpo_kwargs, text_answer_reward
+from env_servers.math_env import MathEnv
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
-from env_servers.math_env import MathEnv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from examples.guess_env import GuessEnv  # noqa: E402
+from examples.guess_env import GuessEnv
 
 pytestmark = pytest.mark.live
 QUIET = Settings(log_level="warning")

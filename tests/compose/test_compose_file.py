@@ -106,11 +106,10 @@ def test_every_server_runs_non_root_read_only_without_capabilities(name: str) ->
 
 def test_every_envhub_variable_is_a_real_setting_with_a_valid_value() -> None:
     # The servers ignore unknown ENVHUB_* variables, so a typo here would silently do nothing.
+    import inspect
     from dataclasses import fields
 
-    import inspect
-
-    from env_servers.code_env.sandbox import SandboxConfig, probe
+    from env_servers.sandbox import SandboxConfig, probe
     from envhub.settings import Settings
 
     known = {f"ENVHUB_{f.name.upper()}" for f in fields(Settings)}
@@ -182,7 +181,7 @@ def test_docker_backend_starts_each_slot_container_locked_down(monkeypatch: pyte
     docker_types.Ulimit = lambda **kw: kw  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "docker", types.ModuleType("docker"))
     monkeypatch.setitem(sys.modules, "docker.types", docker_types)
-    from env_servers.code_env.sandbox.docker_backend import DockerBackend
+    from env_servers.sandbox.docker_backend import DockerBackend
 
     engine = _FakeEngine()
     backend = DockerBackend(1, image="envhub:local", client=engine)
@@ -303,3 +302,19 @@ def test_fleet_images_script_parses_and_explains_itself() -> None:
         assert word in shown.stdout, word
     bad = subprocess.run(["bash", script, "--bogus"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--help" in bad.stderr
+
+
+def test_docs_and_examples_never_serve_an_env_on_another_services_fleet_port() -> None:
+    """``python -m env_servers.X_env ... --port P`` in a doc or example: P is X's fleet port or no fleet port."""
+    module_on = {port: module for module, port, _ in EXPECTED.values()}
+    command = re.compile(r"python -m (env_servers\.\w+)([^\n`]*?)--port (\d+)")
+    texts = [*ROOT.glob("*.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("env_servers/*/README.md"),
+             *ROOT.glob("examples/**/*.py"), *ROOT.glob("examples/**/*.toml")]
+    clashes = []
+    for path in texts:
+        for m in command.finditer(path.read_text()):
+            module, flags, port = m.group(1), m.group(2), int(m.group(3))
+            owner = module_on.get(port)
+            if owner is not None and (owner != module or "--two-agent" in flags):
+                clashes.append(f"{path.relative_to(ROOT)}: {m.group(0)!r} (the fleet gives {port} to {owner})")
+    assert not clashes, "\n".join(clashes)

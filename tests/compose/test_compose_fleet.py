@@ -39,6 +39,17 @@ def test_values_are_interpolated_after_parsing(tmp_path: Path, monkeypatch: pyte
     assert svc.env == {"TOKEN": "a: b # c", "FLAG": "local"}
 
 
+def test_a_key_without_value_passes_the_variable_through_only_when_set(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    compose = tmp_path / "docker-compose.yml"
+    compose.write_text('services:\n  a:\n    command: python -m x\n    ports: ["9:1"]\n'
+                       '    environment:\n      ENVHUB_TOKEN:\n')
+    monkeypatch.delenv("ENVHUB_TOKEN", raising=False)
+    assert load_services(compose)[0].env == {}  # unset: no token, so no auth, and never an empty one
+    (tmp_path / ".env").write_text("ENVHUB_TOKEN=from-dotenv\n")
+    assert load_services(compose)[0].env == {"ENVHUB_TOKEN": "from-dotenv"}
+
+
 @pytest.mark.live
 @pytest.mark.slow
 def test_fleet_up_brings_every_service_up_healthy_then_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,7 +75,7 @@ class ComposeProject:
     ports: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, name: str, files: list[Path] | None = None, **env: str) -> "ComposeProject":
+    def create(cls, name: str, files: list[Path] | None = None, **env: str) -> ComposeProject:
         ports = dict(zip(PORT_VARS, free_ports(len(PORT_VARS))))
         full = {**{PORT_VARS[s]: str(p) for s, p in ports.items()}, "PUBLISH_ADDR": "127.0.0.1",
                 "SANDBOX_SLOTS": "1", "DOCKER_GID": docker_gid(), **env}

@@ -16,9 +16,17 @@ import threading
 import urllib.request
 
 import pytest
+from compose_project import (
+    CONTAINER_PORTS,
+    PORT_VARS,
+    ComposeProject,
+    build_images,
+    engine_problem,
+    health,
+    listening,
+    wait_for,
+)
 
-from compose_project import CONTAINER_PORTS, PORT_VARS, ComposeProject, build_images, engine_problem, health, \
-    listening, wait_for
 from envhub.client import EnvClient
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

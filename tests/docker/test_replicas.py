@@ -11,8 +11,8 @@ import signal
 import urllib.request
 
 import pytest
-
 from compose_project import COMPOSE, REPLICAS, ComposeProject, build_images, engine_problem, health, wait_for
+
 from envhub.client import EnvClient
 from envhub.errors import SessionLostError
 

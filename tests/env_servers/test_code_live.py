@@ -8,12 +8,12 @@ import os
 import httpx
 import pytest
 
+from env_servers.code_env import CodeEnv
+from env_servers.code_env.tasks import reference_solutions
+from env_servers.sandbox import available_backends
 from envhub import EnvClient, EnvTool, OpenEnv
 from envhub.server import create_app
 from envhub.server.run import ServerThread
-from env_servers.code_env import CodeEnv
-from env_servers.code_env.sandbox import available_backends
-from env_servers.code_env.tasks import reference_solutions
 
 pytestmark = [pytest.mark.live, pytest.mark.sandbox,
               pytest.mark.skipif(os.geteuid() != 0 or "local-zygote" not in available_backends(),

@@ -2,19 +2,17 @@
 
 import asyncio
 import io
-
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from env_servers.geometry_env import GeometryEnv
 from envhub import EnvRunner
 from envhub.client import EnvClient
 from envhub.errors import ActionValidationError
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
-from envhub.testing import check_env
-from env_servers.geometry_env import GeometryEnv
 
 TRIANGLE = dict(problem="In triangle ABC, AB = 5, AC = 8 and angle A is 60 degrees. Find BC.", answer="7")
 
@@ -26,11 +24,6 @@ async def start(**config):
 
 def call(name, **arguments):
     return {"tool_name": name, "arguments": arguments}
-
-
-def test_passes_check_env_in_both_modes():
-    check_env(GeometryEnv, sample_action=call("calculate", expression="1+1"))
-    check_env(GeometryEnv, sample_action={"text": r"<think>x</think>\boxed{1}"}, mode="single")
 
 
 async def test_first_observation_has_prompt_image_and_system_prompt():

@@ -11,18 +11,18 @@ from PIL import Image
 
 from env_servers.geometry_env import calculator, loaders
 from env_servers.geometry_env.calculator import CALCULATE_TIMEOUT_S, CalculatorError
-from env_servers.math_env import bounded
 from env_servers.geometry_env.problems import FAMILIES, KINDS, generate, problem_at
 from env_servers.geometry_env.render import render_png
-from env_servers.math_env.expressions import numeric_value, parse_expression
-from env_servers.math_env.grading import is_equiv
 from env_servers.math_env.tasks import SPLITS, split_of
+from env_servers.math_grading import bounded
+from env_servers.math_grading.expressions import numeric_value, parse_expression
+from env_servers.math_grading.grading import is_equiv
 
 
 @pytest.fixture
 def warm_worker():
     """An idle deadline worker, so timings measure evaluation, not interpreter start-up."""
-    assert bounded.call("env_servers.math_env.expressions:is_cheap", "1", timeout_s=30) is True
+    assert bounded.call("env_servers.math_grading.expressions:is_cheap", "1", timeout_s=30) is True
 
 
 @pytest.mark.parametrize("kind", KINDS)

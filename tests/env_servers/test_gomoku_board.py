@@ -4,8 +4,16 @@ import random
 
 import pytest
 
-from env_servers.gomoku_env.board import (O, X, Board, OpeningConfig, board_from_moves, coerce_move, parse_move,
-                                          random_opening)
+from env_servers.gomoku_env.board import (
+    Board,
+    O,
+    OpeningConfig,
+    X,
+    board_from_moves,
+    coerce_move,
+    parse_move,
+    random_opening,
+)
 from env_servers.gomoku_env.opponents import HeuristicOpponent, MixOpponent, RandomOpponent, make_opponent
 from env_servers.gomoku_env.render import render_png
 

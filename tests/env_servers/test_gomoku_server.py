@@ -9,10 +9,10 @@ from io import BytesIO
 
 import pytest
 
+from env_servers.gomoku_env import GomokuEnv, GomokuMatchEnv
 from envhub.client import EnvClient
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
-from env_servers.gomoku_env import GomokuEnv, GomokuMatchEnv
 
 pytestmark = pytest.mark.live
 

@@ -4,37 +4,22 @@ import time
 
 import pytest
 
-from env_servers.math_env import bounded, grading
-from env_servers.math_env.expressions import ExpressionError, is_cheap, parse_expression, try_parse
-from env_servers.math_env.grading import (GRADE_TIMEOUT_S, extract_boxed, grade, grade_answer, has_think_then_boxed,
-                                          is_equiv, last_boxed_only_string, strip_string)
+from env_servers.math_grading import bounded, grading
+from env_servers.math_grading.expressions import ExpressionError, is_cheap, parse_expression, try_parse
+from env_servers.math_grading.grading import (
+    GRADE_TIMEOUT_S,
+    grade,
+    grade_answer,
+    has_think_then_boxed,
+    is_equiv,
+    strip_string,
+)
 
 
 @pytest.fixture
 def warm_worker():
     """An idle deadline worker, so timings below measure grading, not interpreter start-up."""
-    assert bounded.call("env_servers.math_env.expressions:is_cheap", "1", timeout_s=30) is True
-
-
-@pytest.mark.parametrize("text, expected", [
-    (r"The answer is \boxed{5}.", "5"),
-    (r"first \boxed{1} then \boxed{\frac{1}{2}}", r"\frac{1}{2}"),
-    (r"nested \boxed{\frac{a}{\sqrt{b}}} done", r"\frac{a}{\sqrt{b}}"),
-    (r"so $\boxed 5$ is it", "5"),
-    (r"\fbox{7}", "7"),
-    (r"\boxed{(1, 2)}", "(1, 2)"),
-])
-def test_extract_boxed_takes_the_last_brace_matched_box(text, expected):
-    assert extract_boxed(text) == expected
-
-
-@pytest.mark.parametrize("text", ["no box here", r"\boxed{unbalanced", r"empty \boxed{}", "", r"\boxed"])
-def test_extract_boxed_returns_none_without_a_usable_box(text):
-    assert extract_boxed(text) is None
-
-
-def test_last_boxed_keeps_the_command():
-    assert last_boxed_only_string(r"x \boxed{3} y") == r"\boxed{3}"
+    assert bounded.call("env_servers.math_grading.expressions:is_cheap", "1", timeout_s=30) is True
 
 
 @pytest.mark.parametrize("raw, normalised", [

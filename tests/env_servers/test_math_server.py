@@ -3,16 +3,15 @@
 import asyncio
 import sys
 import time
-
 from pathlib import Path
 
 import pytest
 
+from env_servers.math_env import MathEnv, MathToolEnv
 from envhub.client import EnvClient
 from envhub.errors import ActionValidationError
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
-from env_servers.math_env import MathEnv, MathToolEnv
 
 pytestmark = pytest.mark.live
 

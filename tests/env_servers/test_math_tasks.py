@@ -6,8 +6,8 @@ import random
 import pytest
 
 from env_servers.math_env import loaders
-from env_servers.math_env.grading import is_equiv
 from env_servers.math_env.tasks import DIFFICULTIES, KINDS, SPLITS, add_tasks, generate, split_of, task_at
+from env_servers.math_grading.grading import is_equiv
 
 
 @pytest.mark.parametrize("kind", KINDS)

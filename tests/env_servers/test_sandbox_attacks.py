@@ -8,7 +8,6 @@ run only against the isolating backends.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -16,9 +15,9 @@ import time
 import uuid
 
 import pytest
-
-from env_servers.code_env.sandbox import Limits
 from test_sandbox_backends import FAST, ISOLATING, LOCAL, assert_healthy, backend_params, build
+
+from env_servers.sandbox import Limits
 
 pytestmark = pytest.mark.sandbox
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from env_servers.code_env.sandbox import Limits, available_backends, make_backend, SandboxConfig
+from env_servers.sandbox import Limits, SandboxConfig, available_backends, make_backend
 
 _AVAILABLE = available_backends() if os.geteuid() == 0 else []
 #: the image of the container backend's workers (scripts/fleet-images.sh builds it)
@@ -116,9 +116,8 @@ def test_info_names_the_backend(backend):
 
 
 @pytest.mark.docker
-@pytest.mark.docker
 def test_docker_backend_runs_code_without_network():
-    from env_servers.code_env.sandbox.docker_backend import DockerBackend
+    from env_servers.sandbox.docker_backend import DockerBackend
 
     if "docker" not in LOCAL:
         pytest.skip(f"needs a reachable Docker engine, `pip install docker` and the {DOCKER_IMAGE} image "
@@ -135,7 +134,7 @@ def test_docker_backend_runs_code_without_network():
 def zygote():
     if "local-zygote" not in LOCAL:
         pytest.skip(SKIP_REASON)
-    from env_servers.code_env.sandbox.zygote import ZygoteBackend
+    from env_servers.sandbox.zygote import ZygoteBackend
 
     with ZygoteBackend(slots=1, preload=(), max_runs=3) as b:
         yield b
@@ -181,7 +180,7 @@ def test_docker_attach_stream_is_demultiplexed():
     import struct
     import time
 
-    from env_servers.code_env.sandbox.docker_backend import _Channel
+    from env_servers.sandbox.docker_backend import _Channel
 
     ours, engine = socket.socketpair()
     message = json.dumps({"ready": True}).encode()
@@ -194,7 +193,7 @@ def test_docker_attach_stream_is_demultiplexed():
     channel.send({"code": "print(1)"})
     size = struct.unpack(">I", engine.recv(4))[0]
     assert json.loads(engine.recv(size)) == {"code": "print(1)"}
-    from env_servers.code_env.sandbox import SandboxError
+    from env_servers.sandbox import SandboxError
 
     with pytest.raises(SandboxError, match="watchdog"):
         channel.recv(time.monotonic() + 0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from env_servers.code_env.sandbox.cgroups import PARENT, SlotCgroup, layout
+from env_servers.sandbox.cgroups import PARENT, SlotCgroup, layout
 
 
 def test_v2_layout_writes_limits_counts_ooms_and_kills_with_cgroup_kill(tmp_path):

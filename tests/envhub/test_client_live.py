@@ -10,8 +10,14 @@ import pytest
 from envhub import Env, Observation, reward, tool
 from envhub.client import EnvClient
 from envhub.env_tool import EnvTool, ToolManager
-from envhub.errors import (ActionValidationError, AuthError, CapacityError, EpisodeStateError, SessionLostError,
-                           StepTimeoutError)
+from envhub.errors import (
+    ActionValidationError,
+    AuthError,
+    CapacityError,
+    EpisodeStateError,
+    SessionLostError,
+    StepTimeoutError,
+)
 from envhub.remote import OpenEnv
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
@@ -84,7 +90,7 @@ def serve(env_cls=GuessEnv, **settings: Any) -> ServerThread:
 async def test_full_session_with_all_extensions(guess_url):
     async with EnvClient(guess_url) as env:
         first = await env.reset(seed=1, secret=4)
-        assert env.extensions == {"request_id", "msgpack", "tools", "resume", "step_timeout"}
+        assert env.extensions == {"request_id", "msgpack", "tools", "resume", "step_timeout", "cancel"}
         assert first.observation.text.startswith("Guess")
         assert [t.name for t in await env.tools()] == ["guess", "slow", "picture"]
         r = await env.step(call("guess", number=2))
@@ -140,12 +146,26 @@ async def test_server_step_timeout_ends_the_episode(guess_url):
 
 
 async def test_client_timeout_with_ids_keeps_replies_in_step(guess_url):
+    # without the cancel extension the late step finishes on the server and its reply is discarded by id
+    async with EnvClient(guess_url, extensions=["request_id", "msgpack"]) as env:
+        await env.reset()
+        env.message_timeout_s = 0.2
+        with pytest.raises(StepTimeoutError):
+            await env.step(call("slow", seconds=0.4))
+        env.message_timeout_s = 5
+        assert (await env.step(call("guess", number=1))).observation.text == "Higher."
+
+
+async def test_client_timeout_cancels_the_step_and_ends_the_episode(guess_url):
     async with EnvClient(guess_url) as env:
         await env.reset()
         env.message_timeout_s = 0.2
         with pytest.raises(StepTimeoutError):
             await env.step(call("slow", seconds=0.4))
         env.message_timeout_s = 5
+        with pytest.raises(EpisodeStateError, match="cancelled"):
+            await env.step(call("guess", number=1))
+        await env.reset()
         assert (await env.step(call("guess", number=1))).observation.text == "Higher."
 
 

@@ -19,8 +19,17 @@ from websockets.datastructures import Headers
 from websockets.http11 import Response
 
 from envhub.client import EnvClient
-from envhub.errors import (ActionValidationError, AuthError, CapacityError, EnvConnectionError, EnvExecutionError,
-                           MessageTooLargeError, ProtocolError, SessionLostError, StepTimeoutError)
+from envhub.errors import (
+    ActionValidationError,
+    AuthError,
+    CapacityError,
+    EnvConnectionError,
+    EnvExecutionError,
+    MessageTooLargeError,
+    ProtocolError,
+    SessionLostError,
+    StepTimeoutError,
+)
 
 ALL_EXT = ["request_id", "msgpack", "tools", "resume", "step_timeout"]
 TOOLS = [{"type": "function", "function": {"name": "echo", "description": "Echo a message.",

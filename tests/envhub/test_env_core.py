@@ -11,8 +11,16 @@ from pydantic import BaseModel, ConfigDict
 
 from envhub import _wire
 from envhub.env import Env, EnvRunner
-from envhub.errors import (ActionValidationError, EnvDefinitionError, EnvExecutionError, EpisodeStateError, ErrorCode,
-                           MessageTooLargeError, ProtocolError, error_for_code)
+from envhub.errors import (
+    ActionValidationError,
+    EnvDefinitionError,
+    EnvExecutionError,
+    EpisodeStateError,
+    ErrorCode,
+    MessageTooLargeError,
+    ProtocolError,
+    error_for_code,
+)
 from envhub.tools import reward, tool
 from envhub.types import Action, Observation, StepResult, ToolCall, ToolSpec
 

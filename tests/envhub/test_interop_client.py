@@ -28,8 +28,8 @@ GenericEnvClient = generic_client.GenericEnvClient
 REPO = Path(__file__).resolve().parents[2]
 OPENENV010_PYTHON = Path(os.environ.get("ENVHUB_OPENENV010_PYTHON", REPO / ".venv-openenv010" / "bin" / "python"))
 # Present only once `pip install "openenv==0.10.*"` finished in that venv.
-HAS_OPENENV010 = OPENENV010_PYTHON.exists() and any(
-    OPENENV010_PYTHON.parent.parent.glob("lib/python3*/site-packages/openenv/core/generic_client.py")) \
+HAS_OPENENV010 = (OPENENV010_PYTHON.exists() and any(
+    OPENENV010_PYTHON.parent.parent.glob("lib/python3*/site-packages/openenv/core/generic_client.py"))) \
     or (OPENENV010_PYTHON.exists() and "ENVHUB_OPENENV010_PYTHON" in os.environ)
 
 

@@ -6,7 +6,7 @@ Importing openenv-core takes seconds (it pulls in its web UI), so these carry ``
 import asyncio
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -19,8 +19,7 @@ from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
 from envhub.client import EnvClient  # noqa: E402
-from envhub.errors import (ActionValidationError, CapacityError, EnvExecutionError, SessionLostError,  # noqa: E402
-                           StepTimeoutError)
+from envhub.errors import ActionValidationError, CapacityError, EnvExecutionError, SessionLostError, StepTimeoutError  # noqa: E402
 from envhub.remote import AsyncOpenEnv, OpenEnv  # noqa: E402
 
 
@@ -42,7 +41,7 @@ class EchoEnvironment(Environment):
         super().__init__()
         self._state = State(episode_id="none", step_count=0)
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any):
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any):
         self._state = State(episode_id=episode_id or "ep", step_count=0)
         return EchoObservation(echoed_message="ready", reward=0.0)
 

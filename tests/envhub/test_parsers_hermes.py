@@ -4,8 +4,16 @@ import json
 
 import pytest
 
-from envhub.parsers import (ParseStatus, decode_arguments, extract_boxed, extract_tag, extract_tags,
-                            format_tool_call, format_tool_response, parse_tool_calls)
+from envhub.parsers import (
+    ParseStatus,
+    decode_arguments,
+    extract_boxed,
+    extract_tag,
+    extract_tags,
+    format_tool_call,
+    format_tool_response,
+    parse_tool_calls,
+)
 from envhub.types import ToolCall
 
 
@@ -126,25 +134,37 @@ def test_decode_arguments():
     assert decode_arguments({"a": 1}) == {"a": 1}
 
 
-# -- extract_boxed ------------------------------------------------------------------------------
+# -- extract_boxed: the one table (math and geometry grading use the same function) -------------
 @pytest.mark.parametrize("text,expected", [
     (r"\boxed{4}", "4"),
+    (r"The answer is \boxed{5}.", "5"),
     (r"first \boxed{1} then \boxed{2}", "2"),
+    (r"first \boxed{1} then \boxed{\frac{1}{2}}", r"\frac{1}{2}"),
     (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+    (r"nested \boxed{\frac{a}{\sqrt{b}}} done", r"\frac{a}{\sqrt{b}}"),
     (r"$\boxed{x^{2}+\sqrt{3}}$", r"x^{2}+\sqrt{3}"),
+    (r"\boxed{(1, 2)}", "(1, 2)"),
+    (r"\boxed{ 6 }", "6"),
     (r"\fbox{7}", "7"),
     (r"so $\boxed 5$.", "5"),
+    (r"so $\boxed 5$ is it", "5"),
     (r"\boxed 12 apples", "12"),
     (r"\boxed{3} and then \boxed{4", "3"),  # an unclosed last box falls back to the complete one
-    (r"\boxed{}", ""),
 ])
 def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
 
 
-@pytest.mark.parametrize("text", ["no box here", r"\boxed{unclosed", r"\boxedx", "", None, 3, r"\boxed "])
+@pytest.mark.parametrize("text", ["no box here", r"\boxed{unclosed", r"\boxedx", "", None, 3, r"\boxed ",
+                                  r"\boxed", r"\boxed{}", r"empty \boxed{ }", r"\boxed{3} then \boxed{}"])
 def test_extract_boxed_none(text):
     assert extract_boxed(text) is None
+
+
+def test_math_grading_uses_the_same_extract_boxed():
+    grading = pytest.importorskip("env_servers.math_grading.grading")
+    assert grading.extract_boxed is extract_boxed
+    assert grading.grade(r"\boxed{3} and then \boxed{4", "3").correct
 
 
 # -- tags ---------------------------------------------------------------------------------------

@@ -4,11 +4,11 @@ import asyncio
 
 import pytest
 from pydantic import BaseModel
+from test_client_ws import FakeServer
 
 from envhub.errors import EnvConnectionError, EnvExecutionError, SessionLostError, StepTimeoutError
 from envhub.remote import AsyncOpenEnv, OpenEnv, as_envhub_error, observation_text
 from envhub.types import Observation, ToolSpec
-from test_client_ws import FakeServer
 
 echo = lambda name, args: {"message": args.get("text", "")}  # noqa: E731
 

@@ -26,7 +26,7 @@ async def test_envhub_client_negotiates_every_extension(serve_env):
     async with EnvClient(srv.url) as client:
         first = await client.reset(seed=3)
         assert first.observation.echoed_message == "ready"
-        assert client.extensions == {"request_id", "msgpack", "tools", "resume", "step_timeout"}
+        assert client.extensions == {"request_id", "msgpack", "tools", "resume", "step_timeout", "cancel"}
         result = await client.step({"message": "héllo ✓"})
         assert result.observation.message_length == 7 and result.reward == pytest.approx(0.7)
         assert (await client.state())["messages"] == 1

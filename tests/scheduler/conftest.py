@@ -3,8 +3,8 @@ over ASGI, or live with uvicorn on a loopback port in a background thread."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest

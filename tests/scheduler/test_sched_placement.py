@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from sched_helpers import PY, wait_for
+
 from trainer.scheduler._jobs import Job, JobRequest
 from trainer.scheduler._store import Principal
 

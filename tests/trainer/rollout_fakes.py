@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Annotated, Callable
+from collections.abc import Callable
+from typing import Annotated
 
 from envhub import Env, Observation, StepResult, tool
 from trainer.rollout.types import GenRequest, GenResult

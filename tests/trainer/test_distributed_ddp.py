@@ -9,7 +9,8 @@ with strategy "recipe", the worker runs the RL recipe itself (``train``) with ``
 its default, one rank keeping a group per step and the other none, and checks that policy and value
 head stay identical on every rank. With strategy "sampling" it runs ``train`` on an env whose prompt
 ignores the task seed: the ranks must start from identical weights yet sample different completions,
-and the same ones again on a rerun.
+and the same ones again on a rerun. ``accelerate launch --multi_gpu`` starts the same worker as torchrun does.
+Mixed precision (accelerate's autocast) is checked in process, on a layer and through the RL recipe.
 """
 
 from __future__ import annotations
@@ -117,10 +118,16 @@ def test_default_strategy_is_auto_and_none_refuses_several_ranks(no_torchrun_env
         wrap_model(model, "none", DistInfo(rank=0, world_size=2))
 
 
-def _launch(tmp_path: Path, nproc: int, backend: str, strategy: str, timeout: float = 300) -> list[dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-           __file__, str(tmp_path), backend, strategy]
+def _launch(tmp_path: Path, nproc: int, backend: str, strategy: str, timeout: float = 300,
+            launcher: str = "torchrun") -> list[dict]:
+    if launcher == "torchrun":
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                  "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
+    else:  # accelerate's multi-process launcher (torch.distributed.run underneath; --multi_gpu runs on CPU too)
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                  "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port())]
+    cmd = [*launch, __file__, str(tmp_path), backend, strategy]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -138,6 +145,70 @@ def test_two_gloo_ranks_stay_in_step_and_match_one_rank_on_the_full_batch(tmp_pa
     assert all(diff < 1e-5 for diff in results[0]["vs_single_rank"]), results[0]["vs_single_rank"]
     assert results[0]["moved"] > 1e-3  # the parameters really moved, far beyond the tolerance above
     _assert_resumed_exactly(results)
+
+
+@pytest.mark.slow
+def test_accelerate_launch_runs_the_same_ranks_in_step(tmp_path):
+    # the wrapping is the same under both launchers, so the torchrun test above covers resume
+    results = _launch(tmp_path, 2, "gloo", "ddp-only", launcher="accelerate")
+    for result in results:
+        assert result["world_size"] == 2 and result["wrapper"] == "DistributedDataParallel"
+        assert result["rank_spread"] == [0.0] * STEPS
+    assert all(diff < 1e-5 for diff in results[0]["vs_single_rank"]), results[0]["vs_single_rank"]
+    assert results[0]["moved"] > 1e-3
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    # accelerate keeps one state per process (mixed precision included): start and leave it blank
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_mixed_precision_autocasts_forward_and_keeps_fp32_parameters(no_torchrun_env, fresh_accelerate_state,
+                                                                     monkeypatch):
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(16, 16), torch.randn(4, 16)
+    fp32_out = model(x)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what `accelerate launch --mixed_precision bf16` sets
+    wrapped = wrap_model(model, "auto", init_distributed("gloo"), mixed_precision="auto")
+    out = wrapped(x)
+    bf16_out = torch.nn.functional.linear(x.bfloat16(), model.weight.bfloat16(), model.bias.bfloat16())
+    assert out.dtype == torch.float32 and torch.equal(out, bf16_out.float())  # computed in bf16, returned in fp32
+    assert not torch.equal(out, fp32_out)
+    out.sum().backward()
+    assert model.weight.dtype == model.weight.grad.dtype == torch.float32
+
+
+def test_the_rl_recipe_trains_under_bf16_autocast(tmp_path, no_torchrun_env, fresh_accelerate_state):
+    from trainer.model import load_policy
+    from trainer.recipes.rl import train
+
+    cfg = load_config(None, [
+        f"env.env_class='{__name__}:ConstantPromptEnv'", "env.train_task={}", "env.eval_task={}",
+        "env.eval_key='seed'", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "model.intermediate_size=64", "rollout.max_tokens_per_turn=6",
+        "rollout.max_total_tokens=6", "algo.name='ppo'", "algo.kl_coef=0.05", "algo.filter_zero_variance=false",
+        "run.batch_size=2", "run.group_size=2", "run.eval_problems=1", "run.steps=2", "optim.lr=1e-2",
+        "run.mixed_precision='bf16'", f"run.output_dir='{tmp_path}'"])
+    model, tok = load_policy(cfg.model)
+    before = [p.detach().clone() for p in model.parameters()]
+    summary = train(cfg, model=model, tokenizer=tok, log=lambda line: None)
+    assert summary["steps"] == 2 and all(p.dtype == torch.float32 for p in model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_bad_mixed_precision_is_explained(no_torchrun_env, monkeypatch):
+    with pytest.raises(ValueError, match="Expected mixed_precision in"):
+        wrap_model(torch.nn.Linear(2, 2), "auto", init_distributed("gloo"), mixed_precision="fp8")
+    with pytest.raises(ValueError, match="Expected run.mixed_precision in"):
+        load_config(None, ["run.mixed_precision='half'"])
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="accelerate launch --mixed_precision no"):
+        wrap_model(torch.nn.Linear(2, 2), "auto", init_distributed("gloo"), mixed_precision="auto")
 
 
 @pytest.mark.slow
@@ -202,12 +273,14 @@ def _tiny_model(device, seed: int = 0):
 
 
 def _grpo_loss(model, tokens_BT, advantages_B):
-    from trainer.algos import policy_loss, token_logprobs
+    from trainer.core.losses import token_logprobs, weighted_loss
 
     logits_BTV = model(input_ids=tokens_BT).logits
     logprobs_BT = token_logprobs(logits_BTV[:, PROMPT - 1:-1], tokens_BT[:, PROMPT:])
-    mask_BT = torch.ones_like(logprobs_BT)  # equal completion lengths: equal token counts per rank
-    loss, _ = policy_loss(logprobs_BT, logprobs_BT.detach(), advantages_B, mask_BT)
+    # equal completion lengths: equal token counts per rank; weights 1/tokens make the core's sum a token mean
+    inputs = {"advantages": advantages_B[:, None].expand_as(logprobs_BT),
+              "weights": torch.full_like(logprobs_BT, 1.0 / logprobs_BT.numel())}
+    loss, _, _ = weighted_loss("ppo", logprobs_BT, inputs, {})
     return loss
 
 
@@ -245,7 +318,8 @@ def _train_in_step(info, strategy: str) -> dict:
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=LR)
     single_opt = torch.optim.SGD(single.parameters(), lr=LR) if single is not None else None
     gen = torch.Generator().manual_seed(1)
-    report = {"rank_spread": [], "vs_single_rank": [], "samples": shard(list(range(GLOBAL_BATCH)), info)}
+    report = {"rank_spread": [], "vs_single_rank": [], "samples": shard(list(range(GLOBAL_BATCH)), info),
+              "wrapper": type(wrapped).__name__}
     for _ in range(STEPS):
         tokens_BT, advantages_B = _global_batch(gen)
         mine = report["samples"]
@@ -393,13 +467,13 @@ def _sampling(info, out_dir: str) -> dict:
     spreads: list[float] = []
     wrap = rl.wrap_model
 
-    def recording_wrap(model, strategy, info_):
+    def recording_wrap(model, strategy, info_, **kwargs):
         if hasattr(model, "generate"):  # the policy, not the value head
             flat = _flat(model)
             gathered = [torch.zeros_like(flat) for _ in range(info_.world_size)]
             dist.all_gather(gathered, flat)
             spreads.append(max((g - flat).abs().max().item() for g in gathered))
-        return wrap(model, strategy, info_)
+        return wrap(model, strategy, info_, **kwargs)
 
     rl.wrap_model = recording_wrap
     runs = []
@@ -426,8 +500,9 @@ def _worker(out_dir: str, backend: str, strategy: str) -> None:
         barrier()
         cleanup()
         return
-    report = {"world_size": info.world_size, "device": str(info.device), **_train_in_step(info, strategy)}
-    report["resume"] = {
+    report = {"world_size": info.world_size, "device": str(info.device),
+              **_train_in_step(info, strategy.removesuffix("-only"))}
+    report["resume"] = {} if strategy.endswith("-only") else {
         "ddp": _resume_round_trip(info, lambda m: wrap_model(m, "ddp", info), Path(out_dir, "ckpt_ddp")),
         "fsdp": _resume_round_trip(info, lambda m: _fully_shard_any_device(m, info), Path(out_dir, "ckpt_fsdp")),
     }

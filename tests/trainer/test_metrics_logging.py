@@ -69,6 +69,21 @@ def test_plot_rewards_writes_a_png(tmp_path):
         plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "x.png", keys=["nope"])
 
 
+def test_plot_axis_names_what_is_plotted(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    labels = []
+    real = Axes.set_ylabel
+    monkeypatch.setattr(Axes, "set_ylabel", lambda ax, label, **kw: (labels.append(label), real(ax, label, **kw))[1])
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        for step in range(1, 4):
+            logger.log(step, {"train/reward_mean": step / 10, "train/penalised_turn_frac": 1.0 / step})
+    plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "r.png")
+    plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "i.png", keys=["train/penalised_turn_frac"])
+    plot_rewards(tmp_path / "metrics.jsonl", tmp_path / "j.png", keys=["train/penalised_turn_frac"], ylabel="invalid")
+    assert labels == ["reward", "train/penalised_turn_frac", "invalid"]
+
+
 def test_progress_without_tty_prints_a_line_every_few_percent():
     out = io.StringIO()
     bar = Progress(100, desc="train", file=out, every_pct=10)
@@ -78,7 +93,8 @@ def test_progress_without_tty_prints_a_line_every_few_percent():
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue()
     assert 10 <= len(lines) <= 11  # one per 10 % (plus the first update)
-    assert lines[-1].startswith("train: 100.0%") and "100/100" in lines[-1] and "loss=0.01" in lines[-1]
+    assert lines[-1].startswith("train: 100%|") and "100/100" in lines[-1] and "loss=0.01" in lines[-1]
+    assert lines[0].startswith("train:   1%|") and "1/100" in lines[0]
 
 
 def test_progress_on_a_tty_redraws_in_place():
@@ -87,10 +103,13 @@ def test_progress_on_a_tty_redraws_in_place():
             return True
 
     out = FakeTTY()
-    with Progress(3, file=out) as bar:
+    with Progress(3, desc="sft", file=out) as bar:
         for _ in range(3):
-            bar.update()
-    assert out.getvalue().count("\r") == 3 and out.getvalue().endswith("\n")
+            bar.update(reward=0.5)
+    text = out.getvalue()
+    assert text.startswith("\r") and text.endswith("\n") and text.count("\n") == 1  # one line, redrawn
+    final = text.rsplit("\r", 1)[1]
+    assert final.startswith("sft: 100%|") and "3/3" in final and "reward=0.5" in final
     with pytest.raises(ValueError, match="total >= 0"):
         Progress(-1)
 

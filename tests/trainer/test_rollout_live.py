@@ -3,15 +3,14 @@ costs only its episodes: the engine reconnects once the server is back."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
 import pytest
+from rollout_fakes import AddEnv, CalcEnv, ScriptedSampler, add_answer
 
 from envhub.server import create_app
 from envhub.server.run import ServerThread
-from rollout_fakes import AddEnv, CalcEnv, ScriptedSampler, add_answer
 from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, StopReason, make_tasks
 from trainer.tokenizer import build_tiny_tokenizer
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from rollout_fakes import ScriptedSampler
+
 from env_servers.gomoku_env import GomokuMatchEnv
 from trainer.multiagent import MatchRollout, MatchSpec, by_agent
 from trainer.rollout import EnvPool, RolloutConfig, StopReason
@@ -62,6 +62,7 @@ async def test_rewards_go_to_the_acting_agent_and_decisive_games_sum_to_zero(ser
     assert x.reward + o.reward == 0
     assert x.stop_reason is StopReason.DONE and o.stop_reason is StopReason.DONE
     assert (x.info["end_reason"], o.info["end_reason"]) == ("win", "loss")
+    assert (x.info["outcome"], o.info["outcome"]) == ("win", "loss")
 
     # Match 2: bob (X) first sends no move: the -1 is his alone; the outcome rewards still sum to zero.
     x, o = second.trajectories["X"], second.trajectories["O"]
@@ -87,7 +88,7 @@ async def test_a_player_leaving_mid_match_is_an_infra_end_for_the_other(serve_en
         [MatchSpec("leave-1", {"X": "alice", "O": "bob"}, {"board_size": 5, "opening": []})])
     x, o = result.trajectories["X"], result.trajectories["O"]
     assert x.stop_reason is StopReason.TURN_LIMIT and not x.infra_failed  # its own limit: trained on
-    assert o.info["end_reason"] == "opponent_disconnected"
+    assert o.info["end_reason"] == "opponent_disconnected" and o.info["outcome"] == "disconnected"
     assert o.infra_failed and o.stop_reason is StopReason.ENV_ERROR and not result.decisive
 
 
@@ -99,8 +100,9 @@ class BrokenSampler(ScriptedSampler):
 
 
 async def test_a_failing_policy_abandons_the_match_and_leaves_no_seat_playing(serve_env, tok) -> None:
-    from env_servers.gomoku_env.coordinator import REGISTRY
     from rollout_fakes import wait_until
+
+    from env_servers.gomoku_env.coordinator import REGISTRY
 
     server = serve_env(GomokuMatchEnv, turn_timeout_s=10.0)
     alice, bob = ScriptedSampler(tok, line_player("alice")), BrokenSampler(tok, line_player("bob"))
@@ -156,3 +158,20 @@ async def test_the_scripted_random_player_only_makes_legal_moves_over_a_whole_ga
         reasons = set(result.end_reasons.values())
         assert reasons in ({"win", "loss"}, {"draw"}), reasons  # every game played out, nobody forfeits
         assert all(r >= 0 or r == -10 for t in result.trajectories.values() for r in t.turn_rewards)
+
+
+def test_outcome_metrics_count_the_envs_outcome_not_its_end_reasons() -> None:
+    from envhub.types import Outcome
+    from trainer.multiagent.agent import outcome_metrics
+    from trainer.rollout.types import Task, Trajectory
+
+    def played(outcome, end_reason="an env's own words", stop=StopReason.DONE):
+        return Trajectory(task=Task(reset_kwargs={}), stop_reason=stop, reward=1.0,
+                          info={"outcome": outcome, "end_reason": end_reason})
+
+    trajs = [played("win"), played(Outcome.WIN.value), played("loss", "win"), played("draw"), played(None),
+             played("disconnected", stop=StopReason.ENV_ERROR)]
+    m = outcome_metrics(trajs, "a")
+    assert (m["a/win_rate"], m["a/loss_rate"], m["a/draw_rate"]) == (2 / 5, 1 / 5, 1 / 5)
+    assert m["a/episodes"] == 5 and m["a/infra_failures"] == 1
+

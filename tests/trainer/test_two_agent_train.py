@@ -10,12 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from rollout_fakes import ScriptedSampler
+
 from env_servers.gomoku_env import GomokuMatchEnv
 from trainer.metrics import read_metrics
-from trainer.multiagent import (Agent, MatchRollout, MatchSpec, PhaseBarrier, by_agent, load_two_agent_config,
-                                train_two_agents)
+from trainer.multiagent import (
+    Agent,
+    MatchRollout,
+    MatchSpec,
+    PhaseBarrier,
+    by_agent,
+    load_two_agent_config,
+    train_two_agents,
+)
 from trainer.multiagent.opponents import RandomMoveSampler, empty_cells
 from trainer.multiagent.two_agent import build_pool, evaluate
 from trainer.rollout import GenRequest

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.config import (AlgoConfig, EnvConfig, OptimConfig, RunConfig, apply_overrides, from_dict,
-                            read_toml)
+from trainer.config import AlgoConfig, EnvConfig, OptimConfig, RunConfig, apply_overrides, from_dict, read_toml
 from trainer.model import ModelConfig
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig

@@ -7,9 +7,10 @@ earned them. Here each seat is an ordinary :class:`RolloutEngine` episode, run b
 agent sitting in that seat, so every trajectory holds only its own agent's sampled ids, log-probs and
 rewards, and belongs to that agent alone (``traj.info["agent"]``).
 
-Infrastructure ends are not policy outcomes: a match the env ends because a player disconnected or
-timed out (``info["end_reason"]`` in :data:`INFRA_END_REASONS`) gives the seat a stop reason that is
-an infra failure, so it is excluded from the loss like any env outage.
+Results come from the env's ``info["outcome"]`` (:class:`envhub.types.Outcome`), never from its own
+end-reason vocabulary. Infrastructure ends are not policy outcomes: a match the env ends because a
+player disconnected or timed out (an outcome in :data:`INFRA_OUTCOMES`) gives the seat a stop reason
+that is an infra failure, so it is excluded from the loss like any env outage.
 """
 
 from __future__ import annotations
@@ -20,19 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.errors import EnvConnectionError
-from envhub.types import StepResult
+from envhub.types import Outcome, StepResult
 from trainer.rollout.engine import RolloutConfig, RolloutEngine
 from trainer.rollout.envs import EnvPool, EnvSession
 from trainer.rollout.sampler import Sampler
 from trainer.rollout.types import EpisodeState, StopReason, Task, Trajectory
 
-#: ``end_reason`` values that say the match ended for a reason outside the game (not a loss)
-INFRA_END_REASONS: dict[str, StopReason] = {
-    "opponent_disconnected": StopReason.ENV_ERROR,
-    "disconnected": StopReason.ENV_ERROR,
-    "opponent_timeout": StopReason.TIMEOUT,
-    "turn_timeout": StopReason.TIMEOUT,
-}
+#: outcomes that say the match ended for a reason outside the game (not a loss), as a stop reason
+INFRA_OUTCOMES: dict[Outcome, StopReason] = {Outcome.DISCONNECTED: StopReason.ENV_ERROR,
+                                             Outcome.TIMED_OUT: StopReason.TIMEOUT}
 #: seats in move order (the first one moves first)
 SEATS = ("X", "O")
 
@@ -66,21 +63,24 @@ class MatchResult:
 
     @property
     def end_reasons(self) -> dict[str, str | None]:
+        """Seat -> the env's own end reason (for logs; results come from :attr:`outcomes`)."""
         return {seat: t.info.get("end_reason") for seat, t in self.trajectories.items()}
+
+    @property
+    def outcomes(self) -> dict[str, Outcome | None]:
+        return {seat: Outcome.of(t.info) for seat, t in self.trajectories.items()}
 
     @property
     def decisive(self) -> bool:
         """A game one seat won and the other lost (five in a row or a forfeit), not cut short."""
-        reasons = set(self.end_reasons.values())
-        return not self.infra_failed and reasons in ({"win", "loss"}, {"too_many_invalid", "opponent_forfeit"})
+        return not self.infra_failed and sorted(o or "" for o in self.outcomes.values()) == ["loss", "win"]
 
     @property
     def winner(self) -> str | None:
         """The agent that won a decisive game, else None."""
         if not self.decisive:
             return None
-        return next(t.info["agent"] for t in self.trajectories.values()
-                    if t.info.get("end_reason") in ("win", "opponent_forfeit"))
+        return next(self.trajectories[seat].info["agent"] for seat, o in self.outcomes.items() if o is Outcome.WIN)
 
 
 class _SeatSession:
@@ -92,7 +92,7 @@ class _SeatSession:
     its first move only once ``state()["agents"]`` shows both seats.
     """
 
-    def __init__(self, inner: EnvSession, recorder: "_MatchRecorder"):
+    def __init__(self, inner: EnvSession, recorder: _MatchRecorder):
         self.inner, self.recorder = inner, recorder
         self.key: tuple[str, str] | None = None
         self.moved = False
@@ -190,7 +190,7 @@ class MatchRollout:
     A seat's session is closed as soon as its episode ends (never pooled for reuse), so the env
     learns at once that the seat left.
 
-    >>> rollout = MatchRollout(EnvPool(["ws://localhost:8003"]), {"a": (s_a, tok), "b": (s_b, tok)},
+    >>> rollout = MatchRollout(EnvPool(["ws://localhost:8005"]), {"a": (s_a, tok), "b": (s_b, tok)},
     ...                        RolloutConfig(max_turns=20))                        # doctest: +SKIP
     >>> results = await rollout.run([MatchSpec("m1", {"X": "a", "O": "b"}, {"seed": 1})])  # doctest: +SKIP
     """
@@ -282,13 +282,13 @@ class MatchRollout:
 
     def _annotate(self, spec: MatchSpec, seat: str, traj: Trajectory) -> None:
         info = self.recorder.infos.get((spec.match_id, seat), {})
-        end_reason = info.get("end_reason")
+        end_reason, outcome = info.get("end_reason"), Outcome.of(info)
         other = SEATS[1] if seat == SEATS[0] else SEATS[0]
         traj.info.update(agent=spec.seats[seat], seat=seat, match_id=spec.match_id, opponent=spec.seats[other],
-                         end_reason=end_reason)
-        if end_reason in INFRA_END_REASONS and not traj.infra_failed:
-            traj.stop_reason = INFRA_END_REASONS[end_reason]
-            traj.error = f"the match ended outside the game: {end_reason}"
+                         end_reason=end_reason, outcome=outcome.value if outcome is not None else None)
+        if outcome in INFRA_OUTCOMES and not traj.infra_failed:
+            traj.stop_reason = INFRA_OUTCOMES[outcome]
+            traj.error = f"the match ended outside the game: {end_reason or outcome.value}"
 
 
 def by_agent(results: list[MatchResult]) -> dict[str, list[Trajectory]]:
@@ -300,4 +300,4 @@ def by_agent(results: list[MatchResult]) -> dict[str, list[Trajectory]]:
     return out
 
 
-__all__ = ["MatchSpec", "MatchResult", "MatchRollout", "by_agent", "INFRA_END_REASONS", "SEATS"]
+__all__ = ["MatchSpec", "MatchResult", "MatchRollout", "by_agent", "INFRA_OUTCOMES", "SEATS"]

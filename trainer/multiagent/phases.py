@@ -11,9 +11,10 @@ before every match of the step is over (its trajectories would be incomplete).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 PHASES = ("rollout", "update")
@@ -55,7 +56,7 @@ class PhaseBarrier:
         self.agents = list(agents)
         self.parallel = parallel
         self.records: list[PhaseRecord] = []
-        self._done: dict[str, tuple[str, int] | None] = {a: None for a in self.agents}
+        self._done: dict[str, tuple[str, int] | None] = dict.fromkeys(self.agents)
 
     def expected(self) -> tuple[str, int]:
         """The next phase and step every agent must enter."""
@@ -77,7 +78,7 @@ class PhaseBarrier:
         start = time.monotonic()
         out = fn()
         end = time.monotonic()
-        self._leave(phase, step, {a: (start, end) for a in self.agents}, end)
+        self._leave(phase, step, dict.fromkeys(self.agents, (start, end)), end)
         return out
 
     def each(self, phase: str, step: int, work: dict[str, Callable[[], T]]) -> dict[str, T]:

@@ -25,8 +25,9 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -142,10 +143,11 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
     log("validation reward before: " + _fmt_rewards(before))
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
-        results = barrier.joint("rollout", step, lambda: rollout.run_sync(train_matches(cfg, names, step, run_id)))
+        results = barrier.joint("rollout", step, lambda: rollout.run_sync(train_matches(cfg, names, step, run_id)))  # noqa: B023
         t1 = time.monotonic()
         trajs = by_agent(results)
-        updates = barrier.each("update", step, {n: (lambda a=a: a.update(trajs.get(a.name, []), step))
+        # each() calls these before the loop moves on, so trajs and step are this iteration's
+        updates = barrier.each("update", step, {n: (lambda a=a: a.update(trajs.get(a.name, []), step))  # noqa: B023
                                                 for n, a in agents.items()})
         shared = {**match_metrics(results), "time/rollout_s": t1 - t0, "time/step_s": time.monotonic() - t0}
         waits = barrier.wait_times("update", step)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from envhub.errors import ActionValidationError, EnvHubError, EpisodeStateError, StepTimeoutError
-from envhub.types import StepResult
 from envhub.parsers import ParseStatus, parse_tool_calls
+from envhub.types import StepResult
 from trainer.rollout.envs import EnvPool, EnvSession
 from trainer.rollout.render import ChatRenderer
 from trainer.rollout.sampler import Sampler

@@ -9,8 +9,9 @@ meanwhile. The vLLM sampler lives in :mod:`trainer.rollout.vllm_sampler` (GPU, i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 

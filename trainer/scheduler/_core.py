@@ -18,10 +18,11 @@ import asyncio
 import os
 import secrets
 import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from trainer.scheduler import _procs
 from trainer.scheduler._jobs import Job, JobRequest

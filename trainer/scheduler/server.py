@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from trainer.scheduler._core import Scheduler
@@ -58,8 +59,90 @@ def resolve_auth(host: str, auth: bool | None, key_count: int) -> bool:
     return enabled
 
 
+# -- routes: plain module-level functions; the scheduler and auth mode come from the app's state --
+router = APIRouter()
+
+
+def scheduler_of(request: Request) -> Scheduler:
+    """The scheduler the app serving ``request`` was created for."""
+    return request.app.state.scheduler
+
+
+async def principal(request: Request, authorization: str | None = Header(default=None)) -> Principal:
+    """Who is calling: the local admin when auth is off, else the owner of the bearer key."""
+    if not request.app.state.auth:
+        return LOCAL_USER
+    if not authorization or not authorization.startswith("Bearer "):
+        raise SchedulerAuthError("Expected an 'Authorization: Bearer <key>' header; "
+                                 "set ENVHUB_SCHEDULER_KEY for the CLI and client")
+    who = await scheduler_of(request).authenticate(authorization[len("Bearer "):].strip())
+    if who is None:
+        raise SchedulerAuthError("Unknown API key; create one with `envhub-sched keys create --user NAME`")
+    return who
+
+
+Sched = Annotated[Scheduler, Depends(scheduler_of)]
+Caller = Annotated[Principal, Depends(principal)]
+
+
+def _host(scheduler: Scheduler) -> str:
+    return scheduler.config.advertise_host
+
+
+@router.get("/health")
+async def health(request: Request, scheduler: Sched) -> dict[str, Any]:
+    return {"ok": True, "gpus": scheduler.gpus.total, "auth": request.app.state.auth}
+
+
+@router.get("/gpus")
+async def gpus(scheduler: Sched, who: Caller) -> list[dict[str, Any]]:
+    return scheduler.gpu_view()
+
+
+@router.post("/jobs", status_code=201)
+async def submit(body: JobRequest, scheduler: Sched, who: Caller) -> dict[str, Any]:
+    return (await scheduler.submit(who, body)).public(_host(scheduler))
+
+
+@router.get("/jobs")
+async def list_jobs(scheduler: Sched, who: Caller, all: bool = True) -> list[dict[str, Any]]:
+    return [job.public(_host(scheduler)) for job in scheduler.list(who, all_users=all)]
+
+
+@router.get("/jobs/{job_id}")
+async def status(job_id: str, scheduler: Sched, who: Caller) -> dict[str, Any]:
+    return scheduler.get(who, job_id).public(_host(scheduler))
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel(job_id: str, scheduler: Sched, who: Caller) -> dict[str, Any]:
+    return (await scheduler.cancel(who, job_id)).public(_host(scheduler))
+
+
+@router.post("/jobs/{job_id}/heartbeat")
+async def heartbeat(job_id: str, scheduler: Sched, who: Caller) -> dict[str, Any]:
+    return (await scheduler.heartbeat(who, job_id)).public(_host(scheduler))
+
+
+@router.get("/jobs/{job_id}/logs")
+async def logs(job_id: str, scheduler: Sched, who: Caller, tail: int | None = Query(default=None, ge=0),
+               follow: bool = False) -> StreamingResponse:
+    scheduler.get(who, job_id)  # 404 / 403 before streaming anything
+    return StreamingResponse(scheduler.follow_log(job_id, tail, follow), media_type="text/plain")
+
+
+@router.get("/", response_class=HTMLResponse)
+async def page() -> str:
+    return resources.files("trainer.scheduler").joinpath("_page.html").read_text()
+
+
+async def _scheduler_error(request: Request, exc: SchedulerError) -> JSONResponse:
+    return JSONResponse({"detail": exc.message}, status_code=getattr(exc, "status_code", 500))
+
+
 def create_app(scheduler: Scheduler, *, auth: bool = False) -> FastAPI:
-    """The HTTP app. Starts the scheduler on startup if it is not started, and stops it after."""
+    """The HTTP app over ``scheduler`` (the routes above). Starts the scheduler on startup if it is not
+    started, and stops it after."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,61 +155,9 @@ def create_app(scheduler: Scheduler, *, auth: bool = False) -> FastAPI:
             await scheduler.stop()
 
     app = FastAPI(title="envhub GPU scheduler", lifespan=lifespan)
-    host = scheduler.config.advertise_host
-
-    async def principal(authorization: str | None = Header(default=None)) -> Principal:
-        if not auth:
-            return LOCAL_USER
-        if not authorization or not authorization.startswith("Bearer "):
-            raise SchedulerAuthError("Expected an 'Authorization: Bearer <key>' header; "
-                                     "set ENVHUB_SCHEDULER_KEY for the CLI and client")
-        who = await scheduler.authenticate(authorization[len("Bearer "):].strip())
-        if who is None:
-            raise SchedulerAuthError("Unknown API key; create one with `envhub-sched keys create --user NAME`")
-        return who
-
-    @app.exception_handler(SchedulerError)
-    async def _scheduler_error(request: Request, exc: SchedulerError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=getattr(exc, "status_code", 500))
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"ok": True, "gpus": scheduler.gpus.total, "auth": auth}
-
-    @app.get("/gpus")
-    async def gpus(who: Principal = Depends(principal)) -> list[dict[str, Any]]:
-        return scheduler.gpu_view()
-
-    @app.post("/jobs", status_code=201)
-    async def submit(request: JobRequest, who: Principal = Depends(principal)) -> dict[str, Any]:
-        return (await scheduler.submit(who, request)).public(host)
-
-    @app.get("/jobs")
-    async def list_jobs(all: bool = True, who: Principal = Depends(principal)) -> list[dict[str, Any]]:
-        return [job.public(host) for job in scheduler.list(who, all_users=all)]
-
-    @app.get("/jobs/{job_id}")
-    async def status(job_id: str, who: Principal = Depends(principal)) -> dict[str, Any]:
-        return scheduler.get(who, job_id).public(host)
-
-    @app.post("/jobs/{job_id}/cancel")
-    async def cancel(job_id: str, who: Principal = Depends(principal)) -> dict[str, Any]:
-        return (await scheduler.cancel(who, job_id)).public(host)
-
-    @app.post("/jobs/{job_id}/heartbeat")
-    async def heartbeat(job_id: str, who: Principal = Depends(principal)) -> dict[str, Any]:
-        return (await scheduler.heartbeat(who, job_id)).public(host)
-
-    @app.get("/jobs/{job_id}/logs")
-    async def logs(job_id: str, tail: int | None = Query(default=None, ge=0), follow: bool = False,
-                   who: Principal = Depends(principal)) -> StreamingResponse:
-        scheduler.get(who, job_id)
-        return StreamingResponse(scheduler.follow_log(job_id, tail, follow), media_type="text/plain")
-
-    @app.get("/", response_class=HTMLResponse)
-    async def page() -> str:
-        return resources.files("trainer.scheduler").joinpath("_page.html").read_text()
-
+    app.state.scheduler, app.state.auth = scheduler, auth
+    app.add_exception_handler(SchedulerError, _scheduler_error)  # type: ignore[arg-type]
+    app.include_router(router)
     return app
 
 

@@ -12,10 +12,10 @@ import os
 import selectors
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from env_servers.code_env.sandbox.limits import Limits
+from env_servers.sandbox.limits import Limits
 
 DRAIN_S = 0.1
 _CHUNK = 65536

@@ -11,7 +11,8 @@ import argparse
 import dataclasses
 import logging
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envhub import Env
 

@@ -18,10 +18,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from env_servers.code_env.sandbox import launcher
-from env_servers.code_env.sandbox.cgroups import SlotCgroup
-from env_servers.code_env.sandbox.limits import ExecResult, Limits, SandboxError, check_files
-from env_servers.code_env.sandbox.supervisor import Capture, supervise
+from env_servers.sandbox import launcher
+from env_servers.sandbox.cgroups import SlotCgroup
+from env_servers.sandbox.limits import ExecResult, Limits, SandboxError, check_files
+from env_servers.sandbox.supervisor import Capture, supervise
 
 CGROUP_OVERHEAD_MB = 128
 

@@ -19,10 +19,10 @@ import struct
 import time
 from typing import Any
 
-from env_servers.code_env.sandbox import seccomp
-from env_servers.code_env.sandbox.base import Slot, SlotBackend
-from env_servers.code_env.sandbox.limits import ExecResult, Limits, SandboxError, decode_output
-from env_servers.code_env.sandbox.zygote import DEFAULT_PRELOAD, WATCHDOG_EXTRA_S, ZYGOTE_SOURCE
+from env_servers.sandbox import seccomp
+from env_servers.sandbox.base import Slot, SlotBackend
+from env_servers.sandbox.limits import ExecResult, Limits, SandboxError, decode_output
+from env_servers.sandbox.zygote import DEFAULT_PRELOAD, WATCHDOG_EXTRA_S, ZYGOTE_SOURCE
 
 DEFAULT_IMAGE = "python:3.11-slim"
 ZYGOTE_OVERHEAD_MB = 256  # the warm zygote's own heap (preloaded modules) on top of a run's memory

@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 
-from env_servers.code_env.sandbox.limits import Limits
+from env_servers.sandbox.limits import Limits
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"

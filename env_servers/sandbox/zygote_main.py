@@ -140,7 +140,7 @@ def child(req, stdin_fd, out_w, err_w, base_as):
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.closerange(3, 65536)
-        sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
+        sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
         if SECCOMP_FILTER:

@@ -67,7 +67,7 @@ class _Worker:
 
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, "-m", "env_servers.math_env.bounded"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "env_servers.math_grading.bounded"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         self._buffer = b""
         if self.read_line(_START_TIMEOUT_S) != "ready":

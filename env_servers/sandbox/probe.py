@@ -9,8 +9,8 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from env_servers.code_env.sandbox import launcher
-from env_servers.code_env.sandbox.limits import Limits, SandboxError
+from env_servers.sandbox import launcher
+from env_servers.sandbox.limits import Limits, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class SandboxConfig:
             raise ValueError(f"Expected sandbox backend 'auto' or one of {', '.join(BACKENDS)}, got {self.backend!r}.")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "SandboxConfig":
+    def from_env(cls, environ: dict[str, str] | None = None) -> SandboxConfig:
         env = os.environ if environ is None else environ
         slots = env.get("ENVHUB_SANDBOX_SLOTS")
         preload = env.get("ENVHUB_SANDBOX_PRELOAD")
@@ -56,7 +56,7 @@ def bwrap_works() -> bool:
     """A real probe run through the full bwrap chain (cached per process)."""
     if not (launcher.have_tools("bwrap", "prlimit", "setpriv") and launcher.sandbox_python_ok()):
         return False
-    from env_servers.code_env.sandbox.bwrap import BwrapBackend
+    from env_servers.sandbox.bwrap import BwrapBackend
 
     try:
         with BwrapBackend(slots=1) as backend:
@@ -72,7 +72,7 @@ def bwrap_works() -> bool:
 
 def available_backends() -> list[str]:
     """Backends that can run on this host, strongest first."""
-    from env_servers.code_env.sandbox.docker_backend import docker_available
+    from env_servers.sandbox.docker_backend import docker_available
 
     found = []
     if bwrap_works():
@@ -95,19 +95,19 @@ def make_backend(config: SandboxConfig | None = None):
                                "(apt-get install -y bubblewrap) and /usr/bin/python3, or configure docker.")
         name = available[0]
     if name == "local-zygote":
-        from env_servers.code_env.sandbox.zygote import ZygoteBackend
+        from env_servers.sandbox.zygote import ZygoteBackend
 
         return ZygoteBackend(config.slots, preload=config.preload, max_runs=config.max_runs, limits=config.limits)
     if name == "local-bwrap":
-        from env_servers.code_env.sandbox.bwrap import BwrapBackend
+        from env_servers.sandbox.bwrap import BwrapBackend
 
         return BwrapBackend(config.slots)
     if name == "docker":
-        from env_servers.code_env.sandbox.docker_backend import DockerBackend
+        from env_servers.sandbox.docker_backend import DockerBackend
 
         return DockerBackend(config.slots, image=config.docker_image, limits=config.limits, gvisor=config.gvisor,
                              preload=config.preload)
-    from env_servers.code_env.sandbox.rlimit import RlimitBackend
+    from env_servers.sandbox.rlimit import RlimitBackend
 
     return RlimitBackend(config.slots)
 

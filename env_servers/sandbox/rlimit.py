@@ -15,10 +15,10 @@ import shutil
 import subprocess
 import tempfile
 
-from env_servers.code_env.sandbox import launcher
-from env_servers.code_env.sandbox.base import Slot, SlotBackend, supervise_slot_run
-from env_servers.code_env.sandbox.bwrap import to_result
-from env_servers.code_env.sandbox.limits import ExecResult, Limits
+from env_servers.sandbox import launcher
+from env_servers.sandbox.base import Slot, SlotBackend, supervise_slot_run
+from env_servers.sandbox.bwrap import to_result
+from env_servers.sandbox.limits import ExecResult, Limits
 
 log = logging.getLogger(__name__)
 

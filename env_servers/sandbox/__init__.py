@@ -2,7 +2,7 @@
 
 The stable public API, also used by other envs (the math env's code-interpreter mode)::
 
-    from env_servers.code_env.sandbox import Limits, run
+    from env_servers.sandbox import Limits, run
 
     result = await run("print(6 * 7)", limits=Limits(timeout_s=2))
     result.stdout        # '42\\n'
@@ -17,9 +17,15 @@ Build a dedicated one with :func:`make_backend`. Every backend has ``async run(.
 
 from __future__ import annotations
 
-from env_servers.code_env.sandbox.limits import ExecResult, Limits, SandboxBackend, SandboxError
-from env_servers.code_env.sandbox.probe import (BACKENDS, SandboxConfig, available_backends, get_default_backend,
-                                                make_backend, set_default_backend)
+from env_servers.sandbox.limits import ExecResult, Limits, SandboxBackend, SandboxError
+from env_servers.sandbox.probe import (
+    BACKENDS,
+    SandboxConfig,
+    available_backends,
+    get_default_backend,
+    make_backend,
+    set_default_backend,
+)
 
 
 async def run(code: str, *, stdin: bytes = b"", files: dict[str, bytes] | None = None,

@@ -1,6 +1,6 @@
 r"""Answer extraction and grading for math answers: pure functions, no envhub.
 
-Pipeline: :func:`extract_boxed` takes the last brace-matched ``\boxed{...}`` (also ``\fbox{...}``
+Pipeline: :func:`envhub.parsers.extract_boxed` takes the last brace-matched ``\boxed{...}`` (also ``\fbox{...}``
 and the ``\boxed 5`` space form); :func:`strip_string` applies the Hendrycks MATH
 normalisation (``\dfrac``->``\frac``, ``\left``/``\right``, degrees, ``\$``, units, ``\%``, short
 ``x=`` prefixes, ``\sqrt3``, ``\frac12``, ``0.5``, ``a/b``); :func:`is_equiv` compares two answers
@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from env_servers.math_env import bounded
-from env_servers.math_env.expressions import is_cheap, numeric_value, sympy_module, try_parse
+from env_servers.math_grading import bounded
+from env_servers.math_grading.expressions import is_cheap, numeric_value, sympy_module, try_parse
+from envhub.parsers import extract_boxed
 
 _UNIT_WORDS = ("square units", "sq units", "square inches", "square feet", "square meters", "square cm",
                "units", "unit", "degrees", "degree", "cm", "mm", "km", "meters", "meter", "inches", "inch",
@@ -39,50 +40,7 @@ GRADE_TIMEOUT_S = 2.0
 _OPEN, _CLOSE = "([{", ")]}"
 
 
-# -- extraction ----------------------------------------------------------------------------
-
-def last_boxed_only_string(text: str) -> str | None:
-    r"""The last ``\boxed{...}`` / ``\fbox{...}`` with its command, brace-matched; ``None`` if absent or unbalanced."""
-    if not isinstance(text, str):
-        return None
-    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if idx < 0:
-        return None
-    cmd = "\\boxed" if text.startswith("\\boxed", idx) else "\\fbox"
-    rest = text[idx + len(cmd):]
-    if rest.startswith(" ") and not rest.lstrip().startswith("{"):
-        content = re.split(r"[$\n]", rest.lstrip(), maxsplit=1)[0].strip()
-        return f"{cmd} {content}" if content else None
-    start = idx + len(cmd) + (len(rest) - len(rest.lstrip()))
-    if start >= len(text) or text[start] != "{":
-        return None
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return cmd + text[start:i + 1]
-    return None
-
-
-def remove_boxed(boxed: str | None) -> str | None:
-    r"""``\boxed{x}`` -> ``x``; ``\boxed x`` -> ``x``; anything else -> ``None``."""
-    if not boxed:
-        return None
-    for cmd in ("\\boxed", "\\fbox"):
-        if boxed.startswith(cmd + " "):
-            return boxed[len(cmd) + 1:].strip()
-        if boxed.startswith(cmd + "{") and boxed.endswith("}"):
-            return boxed[len(cmd) + 1:-1]
-    return None
-
-
-def extract_boxed(text: str) -> str | None:
-    r"""The content of the last ``\boxed{}`` in a response, stripped; ``None`` when there is none or it is empty."""
-    content = remove_boxed(last_boxed_only_string(text))
-    if content is None or not content.strip():
-        return None
-    return content.strip()
-
+# -- extraction (envhub.parsers.extract_boxed: one implementation for every env and the SDK) ------
 
 def has_think_then_boxed(text: str) -> bool:
     r"""The ``<think>...</think>`` then ``\boxed{...}`` format some prompts ask for."""
@@ -209,8 +167,8 @@ def _pieces(normalised: str) -> tuple[str, list[str]]:
 
 def _expand_pm(piece: str) -> list[str]:
     r"""``a \pm b`` is the two solutions ``a + b`` and ``a - b``."""
-    left, sep, right = piece.partition("\pm")
-    if not sep or "\pm" in right or not right:
+    left, sep, right = piece.partition(r"\pm")
+    if not sep or r"\pm" in right or not right:
         return [piece]
     return [f"{left}+{right}", f"{left}-{right}"]
 
@@ -294,7 +252,7 @@ def is_equiv(prediction: str | None, ground_truth: str | None, *, rel_tol: float
     if all(is_cheap(piece) for s in (p, g) for piece in _pieces(s)[1]):
         return symbolic_equiv(*args)
     try:  # transcendental or odd powers: sympy may take long, so run it in a killable worker
-        return bool(bounded.call("env_servers.math_env.grading:symbolic_equiv", *args, timeout_s=GRADE_TIMEOUT_S))
+        return bool(bounded.call("env_servers.math_grading.grading:symbolic_equiv", *args, timeout_s=GRADE_TIMEOUT_S))
     except bounded.BoundedCallError:
         return False
 
@@ -335,5 +293,5 @@ def grade_answer(answer: str, ground_truth: str, *, rel_tol: float | None = None
     return GradeResult(parsed, is_equiv(parsed, ground_truth, rel_tol=rel_tol))
 
 
-__all__ = ["last_boxed_only_string", "remove_boxed", "extract_boxed", "has_think_then_boxed", "strip_string",
+__all__ = ["extract_boxed", "has_think_then_boxed", "strip_string",
            "is_equiv", "values_equal", "grade", "grade_answer", "GradeResult"]

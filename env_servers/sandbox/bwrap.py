@@ -14,10 +14,10 @@ import os
 import signal
 import subprocess
 
-from env_servers.code_env.sandbox import launcher, seccomp
-from env_servers.code_env.sandbox.base import Slot, SlotBackend, supervise_slot_run
-from env_servers.code_env.sandbox.limits import ExecResult, Limits, decode_output
-from env_servers.code_env.sandbox.supervisor import Capture
+from env_servers.sandbox import launcher, seccomp
+from env_servers.sandbox.base import Slot, SlotBackend, supervise_slot_run
+from env_servers.sandbox.limits import ExecResult, Limits, decode_output
+from env_servers.sandbox.supervisor import Capture
 
 # statuses bwrap reports as 128 + signal; other exit codes above 128 are left as exit codes
 _FATAL_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGABRT,

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from env_servers.code_env.sandbox import launcher, seccomp
-from env_servers.code_env.sandbox.base import Slot, SlotBackend
-from env_servers.code_env.sandbox.limits import ExecResult, Limits, SandboxError, decode_output
+from env_servers.sandbox import launcher, seccomp
+from env_servers.sandbox.base import Slot, SlotBackend
+from env_servers.sandbox.limits import ExecResult, Limits, SandboxError, decode_output
 
 ZYGOTE_SOURCE = (Path(__file__).parent / "zygote_main.py").read_bytes()
 WATCHDOG_EXTRA_S = 5.0
