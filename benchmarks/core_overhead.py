@@ -107,7 +107,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = p.parse_args()
+    if args.smoke:
+        args.batch, args.seq_len, args.tenants, args.steps, args.warmup = 2, 16, 2, 1, 0
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = ModelConfig(name="tiny", hidden_size=args.hidden_size, num_layers=args.layers)
