@@ -3,6 +3,7 @@
     bash scripts/fleet-images.sh                       # engine, Compose v2 and the images, once
     .venv/bin/python benchmarks/replicas.py            # math, 32 sessions, 20 s per setup
     .venv/bin/python benchmarks/replicas.py --service gomoku --sessions 64 --seconds 30
+    .venv/bin/python benchmarks/replicas.py --smoke    # seconds; without Docker: the same loop on a local server
 
 Each setup is its own compose project on free loopback ports: ``direct`` is the plain compose
 file (the service publishes its port, no proxy); ``proxy xN`` adds compose/replicas.yml with N
@@ -101,6 +102,25 @@ async def action(env: EnvClient, service: str) -> dict:
     return {"text": "pass"}
 
 
+def docker_ready() -> bool:
+    """An engine, Compose v2 and the images (``scripts/fleet-images.sh --check``)."""
+    check = subprocess.run(["bash", str(ROOT / "scripts" / "fleet-images.sh"), "--check"], capture_output=True)
+    return check.returncode == 0
+
+
+def measure_local(service: str, sessions: int, seconds: float) -> tuple[float, int]:
+    """The client loop against the env served in this process (no containers): a smoke check."""
+    from envhub.server import ServerThread, create_app
+    from envhub.server.run import load_target
+
+    env_cls = load_target(f"env_servers.{service}_env.env:{service.capitalize()}Env")
+    with ServerThread(create_app(env_cls)) as srv:
+        asyncio.run(drive(srv.ws_url, service, sessions, min(3.0, seconds)))  # warm-up: lazy imports
+        t0 = time.monotonic()
+        steps, errors = asyncio.run(drive(srv.ws_url, service, sessions, seconds))
+        return steps / (time.monotonic() - t0), errors
+
+
 def measure(setup: Setup, sessions: int, seconds: float) -> tuple[float, int]:
     url = f"ws://127.0.0.1:{setup.port}"
     asyncio.run(drive(url, setup.service, sessions, min(3.0, seconds)))  # warm-up: imports, first sessions
@@ -114,7 +134,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--service", default="math", choices=sorted(PORTS))
     parser.add_argument("--sessions", type=int, default=32, help="concurrent client sessions (default 32)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per setup (default 20)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sessions, args.seconds = 2, 1.0
+        if not docker_ready():
+            rate, errors = measure_local(args.service, args.sessions, args.seconds)
+            print("no Docker engine or images here (bash scripts/fleet-images.sh): measured the client loop "
+                  f"against a local {args.service} server instead: {rate:.0f} steps/s, {errors} errors")
+            return
     rows = []
     for replicas in (None, 1, 2):
         with Setup(args.service, replicas) as setup:

@@ -89,6 +89,10 @@ async def sandbox_backend(backend, code: str, runs: int) -> tuple[float, float, 
     return (*percentiles(latencies), runs / (time.perf_counter() - t0), cpu_ms)
 
 
+def docker_image_present(image: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=300, help="runs per measurement (default 300)")
@@ -102,6 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.runs = 4
     names = args.backends.split(",") if args.backends else available_backends()
+    if not args.backends and "docker" in names and not docker_image_present(args.docker_image):
+        print(f"note: no {args.docker_image} image (bash scripts/fleet-images.sh); skipping the docker backend")
+        names.remove("docker")
     workloads = dict(WORKLOADS)
     if subprocess.run([SANDBOX_PYTHON, "-c", "import numpy"], capture_output=True).returncode:
         print(f"note: {SANDBOX_PYTHON} has no numpy (apt-get install python3-numpy); skipping the numpy workload")
