@@ -3,6 +3,7 @@
     envhub-train --config examples/configs/math_grpo.toml env.url=ws://localhost:8001 run.steps=50
     envhub-train sft --config my_sft.toml sft.data=demos.jsonl
     envhub-train --config FILE --print-config        # the resolved config, nothing run
+    envhub-train serve --port 8900                   # the Tinker-compatible training service (docs/service.md)
 
 Under ``torchrun`` every rank runs its share of the rollouts and the gradients are averaged.
 """
@@ -17,7 +18,7 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="envhub-train", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("mode", nargs="?", default="rl", help="rl (default), sft or two-agent")
+    parser.add_argument("mode", nargs="?", default="rl", help="rl (default), sft, two-agent, or serve (see envhub-train serve --help)")
     parser.add_argument("--config", "-c", default=None, help="TOML config file (defaults when omitted)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--scheduler", metavar="URL", default=None,
@@ -30,7 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def serve_main(argv: list[str]) -> int:
+    """``envhub-train serve ...``: the Tinker-compatible training service."""
+    from trainer.service import serve
+
+    parser = argparse.ArgumentParser(prog="envhub-train serve", description=serve.__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=serve.__doc__)
+    serve.add_arguments(parser)
+    return serve.serve(parser.parse_args(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        return serve_main(argv[1:])
     args = build_parser().parse_intermixed_args(argv)
     # "envhub-train algo.name=x" parses the override as the mode: give it back to the overrides.
     if args.mode not in ("rl", "sft", "two-agent"):

@@ -29,7 +29,8 @@ def serve_training(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     started: list[ServerThread] = []
 
     def start(state_dir: Path | None = None, **settings: Any) -> ServerThread:
-        cfg = ServiceSettings(state_dir=state_dir or tmp_path / "state", long_poll_s=5.0, **settings)
+        settings = {"state_dir": state_dir or tmp_path / "state", "long_poll_s": 5.0, "threads": 1, **settings}
+        cfg = ServiceSettings(**settings)
         app = build_app(cfg, TINY)
         server = ServerThread(app).start()
         server.app = app

@@ -126,15 +126,16 @@ class ModelHost:
             return client.sampling_client()
         return self.load_sampler(name, client.weights_state(), rank=self._rank(client.adapter))
 
-    def load_sampler(self, name: str, weights: dict[str, torch.Tensor], *, rank: int,
-                     alpha: int = 32) -> SamplingClient:
-        """A sampler over saved adapter ``weights`` (from :meth:`TrainingClient.weights_state`)."""
+    def load_sampler(self, name: str, weights: dict[str, torch.Tensor], *, rank: int, alpha: int = 32,
+                     target_modules: Any = None) -> SamplingClient:
+        """A sampler over saved adapter ``weights`` (from :meth:`TrainingClient.weights_state`); ``target_modules``
+        are the layers the adapter was trained on (default: those of the host's adapters)."""
         from peft import set_peft_model_state_dict
 
         self._check_new(name, tenant=False)
         if self.full is not None:
             raise TenantError(f"Tenant {self.full!r} trains the full model; adapters cannot be loaded beside it.")
-        adapter = self._add_adapter(rank, alpha, None, self._targets())
+        adapter = self._add_adapter(rank, alpha, None, target_modules or self._targets())
         set_peft_model_state_dict(self.model, weights, adapter_name=adapter)
         for p in self._adapter_params(adapter):
             p.requires_grad_(False)

@@ -55,8 +55,9 @@ class _Job:
 class Engine:
     """Runs submitted work on a worker thread and wakes ``retrieve_future`` long-polls."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, *, on_start: Callable[[], None] | None = None):
         self.store = store
+        self._on_start = on_start
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._lock = threading.Lock()
@@ -108,6 +109,8 @@ class Engine:
     # -- consumer side (worker thread) ---------------------------------------------------------
 
     def _loop(self) -> None:
+        if self._on_start is not None:
+            self._on_start()  # e.g. torch's thread count, which is set per thread
         while True:
             job = self._queue.get()
             if job is None:

@@ -24,6 +24,7 @@ class ServiceSettings:
     max_request_bytes: int = 64 * 2**20
     long_poll_s: float = 20.0
     device: str = "auto"
+    threads: int | None = None  # torch CPU threads for model work (None: torch's default)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)

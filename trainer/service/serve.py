@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
                         help=f"tokens per forward_backward call (default {d.max_batch_tokens})")
     parser.add_argument("--device", default=d.device, help="torch device: auto (default: cuda when present), cpu, cuda:N")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for model work (default: torch's; 1 is fastest for the tiny model "
+                             "on a busy machine)")
     parser.add_argument("--model-config", action="append", default=[], metavar="KEY=VALUE",
                         help="a trainer ModelConfig field, e.g. hidden_size=32 for a smaller tiny model")
 
@@ -57,7 +60,8 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
     return ServiceSettings(model=args.model, served_name=args.served_name, sampler=args.sampler, token=args.token,
                            state_dir=Path(args.state_dir), max_tenants=args.max_tenants,
                            full_parameter=args.full_parameter, idle_timeout_s=args.idle_timeout_s,
-                           max_batch_tokens=args.max_batch_tokens, device=args.device)
+                           max_batch_tokens=args.max_batch_tokens, device=args.device,
+                           threads=args.threads)
 
 
 def model_config(name: str, overrides: list[str]):
