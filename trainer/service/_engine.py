@@ -17,6 +17,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable
@@ -115,7 +116,10 @@ class Engine:
             job = self._queue.get()
             if job is None:
                 return
+            start = time.perf_counter()
             status, body, content_type = self._run(job)
+            log.debug("request %s (%s) %s in %.3f s", job.request_id, job.request_type, status,
+                      time.perf_counter() - start)
             self.store.finish_future(job.request_id, status, body, content_type)
             self._wake(job.request_id)
 

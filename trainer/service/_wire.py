@@ -29,7 +29,7 @@ def datums(wire: list[_proto.WireDatum], *, vocab_size: int, max_tokens: int) ->
         if "target_tokens" in d.loss_fn_inputs:
             _check_ids(d.loss_fn_inputs["target_tokens"].reshape(-1).tolist(), vocab_size, f"datum {i} target_tokens")
         try:
-            out.append(Datum(d.tokens, {k: np.asarray(v).reshape(-1) for k, v in d.loss_fn_inputs.items()}))
+            out.append(Datum(d.tokens, {k: np.array(v).reshape(-1) for k, v in d.loss_fn_inputs.items()}))
         except ValueError as exc:
             raise ValueError(f"datum {i}: {exc}") from None
     return out

@@ -11,17 +11,52 @@ State (futures, training runs, checkpoints) lives under --state-dir and survives
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import queue
+import subprocess
 import sys
+import threading
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from trainer.service._settings import ServiceSettings
 
 log = logging.getLogger("envhub.service")
+
+
+@contextlib.contextmanager
+def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 180.0) -> Iterator[str]:
+    """Run ``envhub-train serve --port 0 <args>`` as a subprocess for the block; yields its URL.
+
+    >>> with local_service(["--full-parameter"], "serve.log") as url:     # doctest: +SKIP
+    ...     service = tinker.ServiceClient(base_url=url, api_key="tml-local")
+    """
+    argv = [sys.executable, "-m", "trainer.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=timeout_s)  # "envhub-train serve: listening on http://127.0.0.1:PORT"
+        except queue.Empty:
+            line = ""
+        if "listening on" not in line:
+            raise RuntimeError(f"envhub-train serve did not start within {timeout_s:.0f} s; see {log_path}")
+        yield line.rsplit(" ", 1)[-1].strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
