@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from trainer.service._store import Store
 
@@ -45,20 +45,28 @@ def error_body(message: str, category: str) -> bytes:
     return json.dumps({"error": message, "category": category}).encode()
 
 
+#: runs several jobs' ``batch`` payloads in one go: one ``(body, content_type)`` or exception per job
+BatchRunner = Callable[[list[Any]], list["tuple[bytes, str] | BaseException"]]
+
+
 @dataclass
 class _Job:
     request_id: int
     request_type: str
     model_id: str | None
     work: Work
+    batch: Any = None  # set for work that may run together with its neighbours' (see BatchRunner)
 
 
 class Engine:
     """Runs submitted work on a worker thread and wakes ``retrieve_future`` long-polls."""
 
-    def __init__(self, store: Store, *, on_start: Callable[[], None] | None = None):
+    def __init__(self, store: Store, *, on_start: Callable[[], None] | None = None,
+                 batch_runner: BatchRunner | None = None, max_batch_jobs: int = 8):
         self.store = store
         self._on_start = on_start
+        self._batch_runner, self.max_batch_jobs = batch_runner, max_batch_jobs
+        self.batched_jobs = 0  # jobs that ran in a batch with others (a statistic)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._lock = threading.Lock()
@@ -68,11 +76,15 @@ class Engine:
     # -- producer side (HTTP handlers) ---------------------------------------------------------
 
     def submit(self, request_type: str, work: Work, *, dedupe_key: str | None = None,
-               model_id: str | None = None) -> int:
-        """Record a pending future and queue its work; a re-sent request returns the first one's id."""
+               model_id: str | None = None, batch: Any = None) -> int:
+        """Record a pending future and queue its work; a re-sent request returns the first one's id.
+
+        Queued jobs of one ``request_type`` that carry a ``batch`` payload and belong to different
+        models may run as one batch when they are next to each other in the queue.
+        """
         request_id, new = self.store.add_future(dedupe_key, request_type, model_id)
         if new:
-            self._queue.put(_Job(request_id, request_type, model_id, work))
+            self._queue.put(_Job(request_id, request_type, model_id, work, batch))
         return request_id
 
     def fail_now(self, request_type: str, message: str, *, model_id: str | None = None) -> int:
@@ -116,22 +128,56 @@ class Engine:
             job = self._queue.get()
             if job is None:
                 return
+            jobs = [job] + self._batch_mates(job)
             start = time.perf_counter()
-            status, body, content_type = self._run(job)
-            log.debug("request %s (%s) %s in %.3f s", job.request_id, job.request_type, status,
+            if len(jobs) == 1:
+                outcomes = [self._outcome(job, self._call(job.work))]
+            else:
+                self.batched_jobs += len(jobs)
+                results = self._call(lambda: self._batch_runner([j.batch for j in jobs]))
+                if isinstance(results, BaseException):
+                    results = [results] * len(jobs)
+                outcomes = [self._outcome(j, r) for j, r in zip(jobs, results)]
+            log.debug("requests %s (%s) in %.3f s", [j.request_id for j in jobs], job.request_type,
                       time.perf_counter() - start)
-            self.store.finish_future(job.request_id, status, body, content_type)
-            self._wake(job.request_id)
+            for j, (status, body, content_type) in zip(jobs, outcomes):
+                self.store.finish_future(j.request_id, status, body, content_type)
+                self._wake(j.request_id)
 
-    def _run(self, job: _Job) -> tuple[str, bytes, str]:
+    def _batch_mates(self, first: _Job) -> list[_Job]:
+        """Queued jobs right behind ``first`` that can join its batch (taken off the queue)."""
+        if first.batch is None or self._batch_runner is None:
+            return []
+        mates: list[_Job] = []
+        models = {first.model_id}
+        with self._queue.mutex:  # peek at the head of the queue without blocking producers for long
+            pending = self._queue.queue
+            while pending and len(mates) + 1 < self.max_batch_jobs:
+                nxt = pending[0]
+                if nxt is None or nxt.batch is None or nxt.request_type != first.request_type or nxt.model_id in models:
+                    break
+                mates.append(pending.popleft())
+                models.add(nxt.model_id)
+        return mates
+
+    @staticmethod
+    def _call(fn: Callable[[], Any]) -> Any:
         try:
-            body, content_type = job.work()
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - categorised in _outcome; the worker carries on
+            exc.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
+            return exc
+
+    @staticmethod
+    def _outcome(job: _Job, result: Any) -> tuple[str, bytes, str]:
+        if not isinstance(result, BaseException):
+            body, content_type = result
             return "completed", body, content_type
-        except ValueError as exc:  # UserError and the core's own input checks
-            return "failed", error_body(str(exc), "user"), JSON
-        except Exception as exc:  # noqa: BLE001 - one request's fault must not stop the worker
-            log.error("request %s (%s) failed:\n%s", job.request_id, job.request_type, traceback.format_exc())
-            return "failed", error_body(f"{type(exc).__name__}: {exc}", "server"), JSON
+        if isinstance(result, ValueError):  # UserError and the core's own input checks
+            return "failed", error_body(str(result), "user"), JSON
+        log.error("request %s (%s) failed:\n%s", job.request_id, job.request_type,
+                  getattr(result, "__traceback_text__", repr(result)))
+        return "failed", error_body(f"{type(result).__name__}: {result}", "server"), JSON
 
     def _wake(self, request_id: int) -> None:
         with self._lock:

@@ -32,7 +32,7 @@ class Ops:
         self.settings = settings
         self.host = host
         self.store = store or Store(settings.state_dir / "service.sqlite")
-        self.engine = Engine(self.store, on_start=self._set_threads)
+        self.engine = Engine(self.store, on_start=self._set_threads, batch_runner=self.forward_backward_batch)
         self.samplers = SamplerCache(host)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
         self.vocab_size = int(host.base.get_input_embeddings().weight.shape[0])
@@ -108,15 +108,34 @@ class Ops:
         kind = "forward" if req.forward_only else "forward_backward"
 
         def work() -> tuple[bytes, str]:
-            client = self._client(req.model_id)
-            if len(req.data) > self.settings.max_batch_datums:
-                raise UserError(f"Expected at most {self.settings.max_batch_datums} datums per call, got "
-                                f"{len(req.data)}.")
-            data = _wire.datums(req.data, vocab_size=self.vocab_size, max_tokens=self.settings.max_batch_tokens)
+            client, data = self._client(req.model_id), self._datums(req)
             run = client.forward if req.forward_only else client.forward_backward
             return _wire.forward_backward_proto(run(data, req.loss_fn, dict(req.loss_fn_config))), PROTOBUF
-        rid = self.engine.submit(kind, work, dedupe_key=f"{req.model_id}/{req.seq_id}", model_id=req.model_id)
+        batch = None if self.settings.full_parameter else req  # LoRA tenants can share one pass
+        rid = self.engine.submit(kind, work, dedupe_key=f"{req.model_id}/{req.seq_id}", model_id=req.model_id,
+                                 batch=batch)
         return rid, req.model_id
+
+    def _datums(self, req: _proto.ForwardBackwardRequest) -> list:
+        if len(req.data) > self.settings.max_batch_datums:
+            raise UserError(f"Expected at most {self.settings.max_batch_datums} datums per call, got {len(req.data)}.")
+        return _wire.datums(req.data, vocab_size=self.vocab_size, max_tokens=self.settings.max_batch_tokens)
+
+    def forward_backward_batch(self, reqs: list[_proto.ForwardBackwardRequest]) -> list:
+        """Several training runs' forward_backward (or forward) requests in one pass through the shared base
+        model (``ModelHost.forward_backward_batch``); each gets its own result or error."""
+        results: list[Any] = [None] * len(reqs)
+        items, slots = [], []
+        for i, req in enumerate(reqs):
+            try:
+                items.append((self._client(req.model_id), self._datums(req), req.loss_fn, dict(req.loss_fn_config)))
+                slots.append(i)
+            except ValueError as exc:
+                results[i] = exc
+        outputs = self.host.forward_backward_batch(items, backward=not reqs[0].forward_only) if items else []
+        for i, out in zip(slots, outputs):
+            results[i] = out if isinstance(out, BaseException) else (_wire.forward_backward_proto(out), PROTOBUF)
+        return results
 
     def submit_training(self, kind: str, body: dict[str, Any]) -> int:
         model_id = str(body.get("model_id"))
