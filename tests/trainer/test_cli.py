@@ -39,7 +39,7 @@ def test_bad_key_and_missing_env_are_clear_errors(capsys) -> None:
 
 
 def test_aggregation_is_checked_when_the_config_loads(capsys) -> None:
-    from trainer.algos.losses import AGGREGATIONS
+    from trainer.core import AGGREGATIONS
 
     for name in AGGREGATIONS:  # every value the loss accepts loads
         assert load_config(None, [f"algo.aggregation='{name}'"]).algo.aggregation == name

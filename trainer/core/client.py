@@ -47,10 +47,11 @@ class TrainingClient:
         self.micro_batch_size = micro_batch_size
         policy = params if params is not None else [p for p in model.parameters() if p.requires_grad]
         self.params = policy + (list(value_head.parameters()) if value_head is not None else [])
-        if not self.params:
-            raise ValueError("Expected a model with trainable parameters, got none (all frozen).")
+        if not self.params and params is None:
+            raise ValueError("Expected a model with trainable parameters, got none (all frozen); pass params=[] "
+                             "for a forward-only client.")
         # hyperparameters come with every optim_step; state (moments, step counts) lives here between them
-        self.optimizer = torch.optim.AdamW(self.params, lr=0.0)
+        self.optimizer = torch.optim.AdamW(self.params, lr=0.0) if self.params else None
         self.version = 0  # optimizer steps taken: the policy version samplers report
 
     @classmethod
@@ -81,6 +82,8 @@ class TrainingClient:
 
         Returns ``grad_norm`` (before clipping) and ``learning_rate``.
         """
+        if self.optimizer is None:
+            raise RuntimeError("Expected a trainable client, got a forward-only one (built with params=[]).")
         adam = adam or AdamParams()
         for group in self.optimizer.param_groups:
             group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
@@ -94,7 +97,8 @@ class TrainingClient:
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients without stepping."""
-        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
 
     # -- sampling ---------------------------------------------------------------------------------
     def sampling_client(self) -> SamplingClient:
@@ -112,23 +116,13 @@ class TrainingClient:
         """log p(tokens[i] | tokens[:i]) under the current weights (None at position 0)."""
         return self.sampling_client().compute_logprobs(tokens)
 
-    def rollout_sampler(self, config: Any = None, *, backend: str = "hf", seed: int = 0) -> Any:
-        """A sampler for the rollout engine over this policy: HF ``generate`` on the shared model, or vLLM."""
-        if backend == "vllm":
-            from trainer.rollout.vllm_sampler import VLLMSampler
-
-            return VLLMSampler(self.model, self.tokenizer, config, lora=_is_peft(self.model), seed=seed)
-        from trainer.rollout import HFSampler
-
-        return HFSampler(self.model, self.tokenizer, config)
-
-    def save_weights_for_sampler(self, sampler: Any) -> int:
-        """Hand the current weights to a rollout ``sampler`` (nothing to copy for HF, a push for vLLM).
-
-        Returns the policy version (optimizer steps so far) the sampler now reports.
+    def save_weights_for_sampler(self, sampler: Any, version: int | None = None) -> int:
+        """Hand the current weights to a rollout engine's ``sampler`` (``HFSampler`` shares the model, so
+        nothing moves; ``VLLMSampler`` gets them pushed), stamped ``version`` (default: optimizer steps so far).
         """
-        sampler.update_weights(self.model, self.version)
-        return self.version
+        version = self.version if version is None else version
+        sampler.update_weights(self.model, version)
+        return version
 
     # -- state ------------------------------------------------------------------------------------
     def save_state(self, path: str | os.PathLike, *, optimizer: bool = True, metadata: dict | None = None) -> Path:
@@ -141,7 +135,7 @@ class TrainingClient:
         torch.save(self.weights_state(), tmp / "weights.pt")
         if self.value_head is not None:
             torch.save(_unwrap(self.value_head).state_dict(), tmp / "value_head.pt")
-        if optimizer:
+        if optimizer and self.optimizer is not None:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         meta = {"version": self.version, "lora": self.adapter is not None or _is_peft(self.model),
                 "optimizer": optimizer, **(metadata or {})}

@@ -1,4 +1,4 @@
-"""Packing trajectories into training tensors, and the model forward both RL and SFT use."""
+"""Packing trajectories into training tensors (the recipes turn rows into the core's datums)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer.algos import token_logprobs
 from trainer.rollout.types import Trajectory
 
 
@@ -27,14 +26,6 @@ class PackedBatch:
 
     def __len__(self) -> int:
         return self.tokens_BT.shape[0]
-
-    def select(self, idx: list[int] | Tensor) -> "PackedBatch":
-        """Rows ``idx``, trimmed to their longest sequence (micro-batches stay small)."""
-        idx = torch.as_tensor(idx, dtype=torch.long)
-        width = int(self.attn_BT[idx].sum(dim=1).max().item())
-        return PackedBatch(self.tokens_BT[idx, :width], self.attn_BT[idx, :width], self.mask_BS[idx, :width - 1],
-                           self.advantages_BS[idx, :width - 1], self.rewards_BS[idx, :width - 1],
-                           self.sampler_logprobs_BS[idx, :width - 1])
 
 
 def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
@@ -67,21 +58,4 @@ def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: 
     return PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], rew[:, 1:], lps[:, 1:])
 
 
-def forward_logprobs(model: torch.nn.Module, tokens_BT: Tensor, attn_BT: Tensor, *, temperature: float = 1.0,
-                     hidden: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Log-probs [B, T-1] of each next token (logits / temperature), and the last hidden states if asked."""
-    out = model(input_ids=tokens_BT, attention_mask=attn_BT, output_hidden_states=hidden, use_cache=False)
-    logits_BSV = out.logits[:, :-1]
-    if temperature != 1.0:
-        logits_BSV = logits_BSV / temperature
-    lp_BS = token_logprobs(logits_BSV, tokens_BT[:, 1:])
-    return lp_BS, (out.hidden_states[-1][:, :-1] if hidden else None)
-
-
-def micro_batches(n: int, size: int, *, generator: torch.Generator | None = None, shuffle: bool = False) -> list[list[int]]:
-    """Index lists of at most ``size`` rows covering ``range(n)``."""
-    order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
-    return [order[i:i + size] for i in range(0, n, size)]
-
-
-__all__ = ["PackedBatch", "pack", "token_advantages", "forward_logprobs", "micro_batches"]
+__all__ = ["PackedBatch", "pack", "token_advantages"]
