@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import random
+import signal
 import sys
 import threading
 import time
@@ -34,12 +34,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tinker  # noqa: E402
-from tinker import types  # noqa: E402
+import tinker
+from tinker import types
 
-from envhub import OpenEnv  # noqa: E402
-from trainer.quickstart import math_server  # noqa: E402
-from trainer.service.serve import local_service  # noqa: E402
+from envhub import OpenEnv
+from trainer.quickstart import math_server
+from trainer.service.serve import local_service
 
 TASK = {"kind": "add", "difficulty": 1}
 _START = time.monotonic()

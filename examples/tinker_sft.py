@@ -23,10 +23,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tinker  # noqa: E402
-from tinker import types  # noqa: E402
+import tinker
+from tinker import types
 
-from trainer.service.serve import local_service  # noqa: E402
+from trainer.service.serve import local_service
 
 #: (prompt, reply) pairs: the model learns to answer each greeting in kind
 PAIRS = [("hello", "hi there!"), ("good morning", "morning!"), ("how are you?", "fine, thanks."),

@@ -18,7 +18,8 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="envhub-train", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("mode", nargs="?", default="rl", help="rl (default), sft, two-agent, or serve (see envhub-train serve --help)")
+    parser.add_argument("mode", nargs="?", default="rl",
+                        help="rl (default), sft, two-agent, or serve (see envhub-train serve --help)")
     parser.add_argument("--config", "-c", default=None, help="TOML config file (defaults when omitted)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--scheduler", metavar="URL", default=None,

@@ -3,8 +3,9 @@ loopback port (port 0) with a small tiny model, and ``sdk`` builds an official `
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 

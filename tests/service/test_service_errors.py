@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 tinker = pytest.importorskip("tinker")
+from test_service_sdk import TEXT, forward_logprobs, sft_datum, train  # noqa: E402
 from tinker import types  # noqa: E402
 from tinker.proto import request_conv  # noqa: E402
 
-from test_service_sdk import TEXT, forward_logprobs, sft_datum, train  # noqa: E402
 from trainer.service._store import RESTART_ERROR  # noqa: E402
 
 pytestmark = pytest.mark.live

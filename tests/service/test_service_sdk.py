@@ -97,7 +97,8 @@ def test_two_tenants_do_not_interfere(serve_training, sdk):
 def test_save_state_and_training_clients_from_it(serve_training, sdk):
     server = serve_training()
     sc = sdk(server.url)
-    tc = sc.create_lora_training_client(base_model="tiny", rank=8, seed=0, user_metadata={"renderer_name": "x"}).result()
+    tc = sc.create_lora_training_client(base_model="tiny", rank=8, seed=0,
+                                        user_metadata={"renderer_name": "x"}).result()
     train(tc, 5)
     state = tc.save_state("step-5").result().path
     expected = forward_logprobs(tc)

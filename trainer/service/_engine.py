@@ -19,8 +19,9 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from trainer.service._store import Store
 
@@ -134,7 +135,8 @@ class Engine:
                 outcomes = [self._outcome(job, self._call(job.work))]
             else:
                 self.batched_jobs += len(jobs)
-                results = self._call(lambda: self._batch_runner([j.batch for j in jobs]))
+                payloads = [j.batch for j in jobs]
+                results = self._call(lambda: self._batch_runner(payloads))
                 if isinstance(results, BaseException):
                     results = [results] * len(jobs)
                 outcomes = [self._outcome(j, r) for j, r in zip(jobs, results)]
@@ -164,7 +166,7 @@ class Engine:
     def _call(fn: Callable[[], Any]) -> Any:
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - categorised in _outcome; the worker carries on
+        except Exception as exc:  # categorised in _outcome; the worker carries on
             exc.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
             return exc
 

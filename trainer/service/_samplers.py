@@ -11,13 +11,15 @@ of ``max_loaded`` entries, and each run keeps its last ``keep_snapshots`` snapsh
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from trainer.core import ModelHost, SamplingClient
+from trainer.service._lora import checkpoint_lora
 
 
 @dataclass
@@ -74,8 +76,6 @@ class SamplerCache:
 
     def for_checkpoint(self, directory: Path) -> SamplingClient:
         def read() -> tuple[dict[str, torch.Tensor], int, list[str]]:
-            from trainer.service._ops import checkpoint_lora
-
             if self.host.full is not None:
                 raise ValueError("This server trains the full model (--full-parameter); it samples only from the "
                                  "training run's live weights, not from saved checkpoints.")

@@ -232,5 +232,5 @@ async def _reap_idle(ops: Ops) -> None:
         await asyncio.sleep(period_s)
         try:
             ops.reap_idle()
-        except Exception:  # noqa: BLE001 - the reaper must outlive one bad pass
+        except Exception:  # the reaper must outlive one bad pass
             log.exception("idle reaper pass failed")

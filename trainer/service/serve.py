@@ -19,9 +19,10 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from trainer.service._settings import ServiceSettings
 
@@ -83,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{d.idle_timeout_s:.0f})")
     parser.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
                         help=f"tokens per forward_backward call (default {d.max_batch_tokens})")
-    parser.add_argument("--device", default=d.device, help="torch device: auto (default: cuda when present), cpu, cuda:N")
+    parser.add_argument("--device", default=d.device,
+                        help="torch device: auto (default: cuda when present), cpu, cuda:N")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for model work (default: torch's; 1 is fastest for the tiny model "
                              "on a busy machine)")
