@@ -77,6 +77,16 @@ def test_forward_only_passes_change_nothing(serve_training, sdk):
     assert step.metrics["grad_norm:mean"] == 0.0  # no gradient was kept by the forward passes
     assert forward_logprobs(tc) == before
 
+    # the SDK's client-side custom losses are a forward-only pass then a weighted cross_entropy one
+    def neg_mean_logprob(data, logprobs_list):
+        loss = -sum(lp.sum() for lp in logprobs_list) / sum(len(lp) for lp in logprobs_list)
+        return loss, {"custom:mean": float(loss)}
+
+    custom = tc.forward_backward_custom([sft_datum()], neg_mean_logprob).result()
+    assert custom.metrics["custom:mean"] == pytest.approx(-sum(before) / len(before), rel=1e-4)
+    assert tc.optim_step(types.AdamParams(learning_rate=0.1)).result().metrics["grad_norm:mean"] > 0
+    assert forward_logprobs(tc) != before
+
 
 def test_two_tenants_do_not_interfere(serve_training, sdk):
     sc = sdk(serve_training().url)
