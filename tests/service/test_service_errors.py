@@ -126,11 +126,19 @@ def test_a_restart_keeps_finished_results_and_fails_what_was_in_flight(serve_tra
 
 
 def test_tenant_limit_idle_unload_and_full_parameter(serve_training, sdk):
-    sc = sdk(serve_training(max_tenants=2).url)
+    limited = serve_training(max_tenants=2)
+    sc = sdk(limited.url)
     a = sc.create_lora_training_client(base_model="tiny", rank=4).result()
-    sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    b = sc.create_lora_training_client(base_model="tiny", rank=4).result()
     user_error(sc.create_lora_training_client(base_model="tiny", rank=4), "--max-tenants 2")
     assert len(forward_logprobs(a)) == len(TEXT) - 1  # the others carry on
+    with httpx.Client(base_url=limited.url) as http:
+        for run in (a, b):
+            rid = http.post("/api/v1/unload_model", json={"model_id": run.model_id}).json()
+            assert http.post("/api/v1/retrieve_future", json=rid).json() == {"model_id": run.model_id}
+    c = sc.create_lora_training_client(base_model="tiny", rank=4).result()  # no adapter was left on the model
+    losses = train(c, 3)
+    assert losses[-1] < losses[0]
 
     idle = serve_training(idle_timeout_s=0.5)
     ops = idle.app.state.ops

@@ -100,3 +100,21 @@ def test_envhub_train_submits_itself_through_the_scheduler(tmp_path):
     finally:
         os.killpg(sched.pid, signal.SIGTERM)
         sched.wait(timeout=30)
+
+
+def test_a_subcommand_is_a_few_lines_and_every_mode_shares_the_config_shape(capsys, monkeypatch) -> None:
+    from trainer import cli
+
+    ports: list[int] = []
+    echo = cli.Command("echo", "records its port", lambda p: p.add_argument("--port", type=int, required=True),
+                       lambda args: ports.append(args.port) or 0)
+    monkeypatch.setitem(cli.COMMANDS, "echo", echo)
+    assert main(["echo", "--port", "5"]) == 0 and ports == [5]
+    assert main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("rl", "sft", "two-agent", "echo"))
+    # every training mode: overrides, --print-config, and load errors as exit status 2 naming the mode
+    assert main(["sft", "sft.steps=3", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["sft"]["steps"] == 3
+    assert main(["two-agent", "agents.carol.optim.lr=0.1"]) == 2
+    assert "envhub-train two-agent: " in capsys.readouterr().err

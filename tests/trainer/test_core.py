@@ -175,6 +175,8 @@ def test_bad_input_is_refused_with_the_fix(client):
         Datum([1, 2, 3], {"target_tokens": [2, 3]})
     with pytest.raises(ValueError, match="advantages"):
         client.forward_backward([Datum([1, 2], {"target_tokens": [2, 3]})], "ppo")
+    with pytest.raises(ValueError, match="vocabulary"):
+        client.forward([ce_datum([5, 6, 10**6])])
     with pytest.raises(ValueError, match="loss_fn_config"):
         client.forward_backward([ce_datum([5, 6, 7])], "cross_entropy", {"clip": 1.0})
     with pytest.raises(ValueError, match="same loss_fn_inputs"):

@@ -74,7 +74,7 @@ def test_snapshots_stay_frozen_while_training_goes_on(host, tmp_path):
     assert snap.compute_logprobs([5, 6, 7, 8]) == frozen != alice.compute_logprobs([5, 6, 7, 8])
     # saved state becomes a sampler too, and a tenant again
     alice.save_state(tmp_path / "alice")
-    loaded = host.load_sampler("alice-saved", torch.load(tmp_path / "alice" / "weights.pt"), rank=4)
+    loaded = host.sampler_from_state("alice-saved", tmp_path / "alice")
     assert loaded.compute_logprobs([5, 6, 7, 8]) == pytest.approx(alice.compute_logprobs([5, 6, 7, 8]))
     host.remove("alice")
     again = host.create_lora_client("alice2", rank=4)

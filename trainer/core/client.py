@@ -137,8 +137,7 @@ class TrainingClient:
             torch.save(_unwrap(self.value_head).state_dict(), tmp / "value_head.pt")
         if optimizer and self.optimizer is not None:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        meta = {"version": self.version, "lora": self.adapter is not None or _is_peft(self.model),
-                "optimizer": optimizer, **(metadata or {})}
+        meta = {"version": self.version, "lora_rank": self.lora_rank, "optimizer": optimizer, **(metadata or {})}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         if final.exists():
             shutil.rmtree(final)
@@ -161,6 +160,14 @@ class TrainingClient:
         meta = json.loads((path / "meta.json").read_text())
         self.version = int(meta.get("version", 0))
         return meta
+
+    @property
+    def lora_rank(self) -> int:
+        """The rank of this policy's LoRA adapter; 0 when it trains full parameters."""
+        model = _unwrap(self.model)
+        if not _is_peft(model):
+            return 0
+        return int(model.peft_config[self.adapter or "default"].r)
 
     def weights_state(self) -> dict[str, Tensor]:
         """The trainable weights on the CPU: this adapter's (keys without its name) or the full model's."""
@@ -197,6 +204,7 @@ class TrainingClient:
             if not isinstance(d, Datum):
                 raise TypeError(f"Expected Datum items, got {type(d).__name__}.")
             check_loss(loss_fn, d.loss_fn_inputs, config)
+        _check_ids(self.model, data)
         size = self.micro_batch_size or len(data)
         outputs: list[dict[str, Tensor]] = []
         totals: dict[str, float] = {}
@@ -235,6 +243,16 @@ def _per_datum(padded: Padded, lp_BT: Tensor, elementwise_BT: Tensor, values_BT:
             row["values"] = values_BT[i, :n].detach().float().cpu()
         out.append(row)
     return out
+
+
+def _check_ids(model: nn.Module, data: list[Datum]) -> None:
+    """Refuse token ids outside the vocabulary before any pass (an embedding lookup would fail mid-batch)."""
+    vocab = int(_unwrap(model).get_input_embeddings().num_embeddings)
+    for i, d in enumerate(data):
+        ids = [d.model_input] + ([d.loss_fn_inputs["target_tokens"]] if "target_tokens" in d.loss_fn_inputs else [])
+        if any(int(t.min()) < 0 or int(t.max()) >= vocab for t in ids):
+            raise ValueError(f"Expected token ids in [0, {vocab}) (the model's vocabulary), got one out of range "
+                             f"in datum {i}.")
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

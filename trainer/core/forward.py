@@ -59,7 +59,9 @@ def run_model(model: Any, tokens_BT: Tensor, attn_BT: Tensor, *, adapters: list[
               hidden: bool = False) -> tuple[Tensor, Tensor | None]:
     """``(logits [B, T, V], last hidden states [B, T, H] or None)`` of one pass through ``model``."""
     kwargs: dict[str, Any] = {"adapter_names": adapters} if adapters is not None else {}
-    out = model(input_ids=tokens_BT, attention_mask=attn_BT, output_hidden_states=hidden, use_cache=False, **kwargs)
+    # no padding: no mask, so attention keeps its fastest (purely causal) path
+    mask = None if bool(attn_BT.all()) else attn_BT
+    out = model(input_ids=tokens_BT, attention_mask=mask, output_hidden_states=hidden, use_cache=False, **kwargs)
     return out.logits, (out.hidden_states[-1] if hidden else None)
 
 

@@ -126,6 +126,20 @@ class ModelHost:
             return client.sampling_client()
         return self.load_sampler(name, client.weights_state(), rank=self._rank(client.adapter))
 
+    def sampler_from_state(self, name: str, path: Any) -> SamplingClient:
+        """A sampler over the weights a LoRA tenant's ``save_state`` wrote to ``path``."""
+        import json
+        from pathlib import Path
+
+        path = Path(path)
+        if not (path / "weights.pt").exists():
+            raise FileNotFoundError(f"Expected {path / 'weights.pt'}; pass a directory written by save_state.")
+        rank = int(json.loads((path / "meta.json").read_text()).get("lora_rank", 0))
+        if rank < 1:
+            raise TenantError(f"Expected LoRA weights in {path}, got full-parameter ones (load them with load_state).")
+        weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
+        return self.load_sampler(name, weights, rank=rank)
+
     def load_sampler(self, name: str, weights: dict[str, torch.Tensor], *, rank: int, alpha: int = 32,
                      target_modules: Any = None) -> SamplingClient:
         """A sampler over saved adapter ``weights`` (from :meth:`TrainingClient.weights_state`); ``target_modules``
@@ -216,6 +230,10 @@ class ModelHost:
                 self.model = get_peft_model(self.base, config, adapter_name=name)
             else:
                 self.model.add_adapter(name, config)
+        if self.model.active_adapter not in self.model.peft_config:
+            # every earlier adapter was deleted, but peft still names the last one active and looks it up
+            # on each forward: make the new one active instead
+            self.model.set_adapter(name)
         self.model.eval()
         self._unfreeze_tenants()
         return name

@@ -1,1 +1,1 @@
-"""trainer.recipes: the training loops (RL from env services, SFT), each readable top to bottom."""
+"""trainer.recipes: the training loops (RL from env services, SFT), each a readable loop over the training core."""
