@@ -1,9 +1,10 @@
 """What the training core costs, on the CPU: its SFT step against the same step in plain torch, and one batched
 pass for several LoRA tenants against one pass per tenant.
 
-1. ``sft``: a batch of token sequences, token-mean cross-entropy, backward, gradient clipping, AdamW. Plain torch pads, runs the
-   model, takes the loss and steps; the core does ``forward_backward([Datum...], "cross_entropy")`` (weights
-   ``1 / tokens``) and ``optim_step``. Both start from the same weights and must end on the same loss.
+1. ``sft``: a batch of token sequences, token-mean cross-entropy, backward, gradient clipping, AdamW. Plain
+   torch runs the model, takes the loss and steps; the core does ``forward_backward([Datum...],
+   "cross_entropy")`` (weights ``1 / tokens``) and ``optim_step``. Both start from the same weights and must
+   end on the same loss.
 2. ``tenants``: N LoRA tenants on one base (``ModelHost``), each with its own batch: N ``forward_backward`` calls
    against one ``forward_backward_batch`` (peft's per-row adapters), forward and backward only.
 

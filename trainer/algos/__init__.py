@@ -1,4 +1,4 @@
-"""trainer.algos: advantage estimators as pure torch functions, and PPO's value head (the losses live in trainer.core)."""
+"""trainer.algos: advantage estimators as pure torch functions, and PPO's value head (losses: trainer.core)."""
 
 from trainer.algos.advantages import (
     gae,

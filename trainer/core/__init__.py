@@ -1,4 +1,4 @@
-"""trainer.core: the training core (forward_backward, forward, optim_step, sample, save/load) for recipes and service."""
+"""trainer.core: the training core (forward_backward, forward, optim_step, sample, save/load) of recipes and service."""
 
 from trainer.core.client import TrainingClient
 from trainer.core.host import ModelHost, TenantError

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -56,7 +57,7 @@ class TrainingClient:
 
     @classmethod
     def from_config(cls, model_cfg: Any, *, device: torch.device | str = "cpu", value_head: bool = False,
-                    micro_batch_size: int | None = None) -> "TrainingClient":
+                    micro_batch_size: int | None = None) -> TrainingClient:
         """A single-tenant client for a :class:`~trainer.model.ModelConfig` (LoRA when ``lora_rank > 0``)."""
         from trainer.algos import ValueHead
         from trainer.model import hidden_size_of, load_policy

@@ -7,8 +7,9 @@ outermost wrapper so DDP's gradient hooks fire.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

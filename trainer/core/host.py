@@ -16,7 +16,8 @@ base weights themselves, so it is the only tenant while it lives; removing it re
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -191,7 +192,7 @@ class ModelHost:
         adapters = [c.adapter for _, c, p, _, _ in good for _ in p.lengths]
         logits, _ = run_model(self.model, tokens, attn, adapters=adapters)
         total, outs, row = 0.0, [], 0
-        for i, client, padded, loss_fn, config in good:
+        for i, _client, padded, loss_fn, config in good:
             B, T = padded.tokens_BT.shape
             logits_BTV = logits[row:row + B, :T]
             lp_BT = target_logprobs(logits_BTV, padded.inputs["target_tokens"], config.get("temperature", 1.0))

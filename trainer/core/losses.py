@@ -24,7 +24,7 @@ clipped value loss ``0.5 * max((v - R)^2, (v_clip - R)^2)`` (``value_clip_eps`` 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

@@ -13,7 +13,8 @@ cache does. ``generate`` only picks the ids.
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -6,8 +6,9 @@ length-N tensor in the same frame: position ``i`` of ``model_input`` predicts ``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -58,7 +59,7 @@ class Datum:
         return int(self.model_input.numel())
 
     @classmethod
-    def from_sequence(cls, tokens: Sequence[int], **per_token: Sequence[float]) -> "Datum":
+    def from_sequence(cls, tokens: Sequence[int], **per_token: Sequence[float]) -> Datum:
         """A datum from a whole sequence: inputs ``tokens[:-1]``, targets ``tokens[1:]``, and each
         per-token list (aligned with ``tokens``, e.g. a loss mask) shifted the same way.
 
