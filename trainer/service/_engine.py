@@ -13,6 +13,7 @@ traceback, and the worker carries on with the next request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import queue
@@ -135,8 +136,7 @@ class Engine:
                 outcomes = [self._outcome(job, self._call(job.work))]
             else:
                 self.batched_jobs += len(jobs)
-                payloads = [j.batch for j in jobs]
-                results = self._call(lambda: self._batch_runner(payloads))
+                results = self._call(functools.partial(self._batch_runner, [j.batch for j in jobs]))
                 if isinstance(results, BaseException):
                     results = [results] * len(jobs)
                 outcomes = [self._outcome(j, r) for j, r in zip(jobs, results)]
