@@ -5,6 +5,7 @@
     envhub-train sft --config my_sft.toml sft.data=demos.jsonl
     envhub-train two-agent --config examples/configs/gomoku_two_agent.toml env.url=ws://localhost:8005
     envhub-train --config FILE --print-config        # the resolved config, nothing run
+    envhub-train serve --port 8900                   # the Tinker-compatible training service (docs/service.md)
     envhub-train COMMAND --help                      # a command's own options
     envhub-train --config examples/configs/openenv_shout_grpo.toml env.action_mapper=message  # any OpenEnv server
 
@@ -168,6 +169,23 @@ register(ConfigCommand("sft", "Supervised fine-tuning on demonstrations (sft.dat
                        load=_load_train, execute=_run_sft, kind="sft"))
 register(ConfigCommand("two-agent", "Two policies trained against each other through a match env.",
                        load=_load_two_agent, check=_match_env, execute=_run_two_agent))
+
+
+def _configure_serve(parser: argparse.ArgumentParser) -> None:
+    from trainer.service import serve
+
+    parser.formatter_class, parser.epilog = argparse.RawDescriptionHelpFormatter, serve.__doc__
+    serve.add_arguments(parser)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from trainer.service import serve
+
+    return serve.serve(args)
+
+
+register(Command("serve", "The Tinker-compatible training service: the tinker SDK drives it (docs/service.md).",
+                 _configure_serve, _run_serve))
 
 
 # -- entry point ---------------------------------------------------------------------------------

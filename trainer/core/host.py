@@ -231,6 +231,10 @@ class ModelHost:
                 self.model = get_peft_model(self.base, config, adapter_name=name)
             else:
                 self.model.add_adapter(name, config)
+        if self.model.active_adapter not in self.model.peft_config:
+            # every earlier adapter was deleted, but peft still names the last one active and looks it up
+            # on each forward: make the new one active instead
+            self.model.set_adapter(name)
         self.model.eval()
         self._unfreeze_tenants()
         return name

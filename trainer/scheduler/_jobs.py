@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-JobKind = Literal["rl", "sft", "inference", "cmd"]
-JOB_KINDS: tuple[str, ...] = ("rl", "sft", "inference", "cmd")
+JobKind = Literal["rl", "sft", "inference", "service", "cmd"]
+JOB_KINDS: tuple[str, ...] = ("rl", "sft", "inference", "service", "cmd")
 STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
 ACTIVE_STATES = frozenset({"queued", "running"})
 

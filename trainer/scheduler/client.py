@@ -176,11 +176,48 @@ class SchedulerClient:
                 pass  # the scheduler is gone; its heartbeat timeout ends the job if it comes back
 
 
+    @contextmanager
+    def training_service(self, *, gpus: int = 1, args: list[str] | None = None, heartbeat_timeout_s: float = 60.0,
+                         start_timeout_s: float = 600.0, name: str = "envhub-train-serve") -> Iterator[JobHandle]:
+        """Run ``envhub-train serve`` as a ``service`` job for the ``with`` block; yields its handle once the
+        service answers, with ``handle.url`` its base URL (for ``tinker.ServiceClient(base_url=...)``).
+
+        ``args`` are extra ``envhub-train serve`` flags (``--model``, ``--token``...); the port is the one
+        the scheduler reserved. The service ends with the block, or — if this process dies — when its
+        heartbeats stop, like any job.
+        """
+        command = [sys.executable, "-m", "trainer.cli", "serve", "--host", "0.0.0.0", *(args or [])]
+        with self.job(command, gpus=gpus, kind="service", name=name, ports=1, cwd=os.getcwd(),
+                      heartbeat_timeout_s=heartbeat_timeout_s) as handle:
+            handle.url = _wait_for_service(self, handle.id, start_timeout_s)
+            yield handle
+
+
+def _wait_for_service(client: SchedulerClient, job_id: str, timeout_s: float) -> str:
+    """The service job's URL once ``/api/v1/healthz`` answers; an error with its log if it ends first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.status(job_id)
+        if job["state"] not in ("queued", "running"):
+            raise SchedulerError(f"Training service job {job_id} ended ({job['state']}: {job.get('reason', '')}) "
+                                 f"before answering; its log:\n{client.logs(job_id, tail=4000)}")
+        if job["state"] == "running" and job["endpoints"]:
+            url = job["endpoints"][0]
+            try:
+                if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    raise TimeoutError(f"Training service job {job_id} did not answer within {timeout_s} s")
+
+
 class JobHandle:
     """A job submitted by :meth:`SchedulerClient.job`, kept alive by heartbeats."""
 
     def __init__(self, client: SchedulerClient, job_id: str, interval_s: float):
         self.client, self.id = client, job_id
+        self.url: str | None = None  # a service job's base URL, set by SchedulerClient.training_service
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, args=(interval_s,), name=f"heartbeat-{job_id}",
                                         daemon=True)

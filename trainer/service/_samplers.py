@@ -1,0 +1,110 @@
+"""Which weights a sampling session samples from, and the adapters loaded to serve them.
+
+A sampler is the base model, an ephemeral snapshot of a training run (from
+``save_weights_and_get_sampling_client``), or a saved ``sampler_weights`` / ``weights`` checkpoint.
+A snapshot keeps a CPU copy of the run's adapter and the run's weight generation: while the run
+has not stepped since, samples come from the live adapter at no cost (the RL loop's case);
+afterwards the copy is loaded as an adapter of its own. Loaded sampler adapters are an LRU cache
+of ``max_loaded`` entries, and each run keeps its last ``keep_snapshots`` snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.core import ModelHost, SamplingClient
+from trainer.service._lora import checkpoint_lora
+
+
+@dataclass
+class Snapshot:
+    model_id: str
+    generation: int
+    weights: dict[str, torch.Tensor] | None  # None for a full-parameter run: it is always sampled live
+    rank: int
+    targets: Any = None
+
+
+class SamplerCache:
+    """Sampling clients for sampler ids; runs on the engine thread only."""
+
+    def __init__(self, host: ModelHost, *, max_loaded: int = 4, keep_snapshots: int = 4):
+        self.host = host
+        self.max_loaded = max_loaded
+        self.keep_snapshots = keep_snapshots
+        self.snapshots: dict[str, Snapshot] = {}
+        self._loaded: OrderedDict[str, tuple[str, SamplingClient]] = OrderedDict()  # key -> (sampler name, client)
+        self._slots = 0
+
+    def snapshot(self, sampler_id: str, model_id: str, generation: int) -> None:
+        client = self.host.client(model_id)
+        weights, rank, targets = None, 0, None
+        if client.adapter is not None:
+            config = self.host.model.peft_config[client.adapter]
+            weights, rank, targets = client.weights_state(), int(config.r), sorted(config.target_modules)
+        self.drop(sampler_id)
+        self.snapshots[sampler_id] = Snapshot(model_id, generation, weights, rank, targets)
+        mine = [k for k, s in self.snapshots.items() if s.model_id == model_id]
+        for old in mine[:-self.keep_snapshots]:
+            self.drop(old)
+            self.snapshots[old] = Snapshot(model_id, -1, None, 0)  # remembered, but its weights are gone
+
+    def for_snapshot(self, sampler_id: str, generation_of: Callable[[str], int | None]) -> SamplingClient:
+        snap = self.snapshots.get(sampler_id)
+        if snap is None:
+            raise ValueError(f"Sampler {sampler_id!r} has no weights on this server (ephemeral samplers do not "
+                             "survive a restart); save named weights with save_weights_for_sampler(name) and "
+                             "create_sampling_client(model_path=...) to keep them.")
+        live = generation_of(snap.model_id)
+        if snap.generation >= 0 and live == snap.generation and snap.model_id in self.host.clients:
+            return self.host.client(snap.model_id).sampling_client()
+        if snap.weights is None:
+            if snap.generation < 0:
+                raise ValueError(f"Sampler {sampler_id!r} was released: a training run keeps only its last "
+                                 f"{self.keep_snapshots} ephemeral samplers; ask for a new one with "
+                                 "save_weights_and_get_sampling_client().")
+            if snap.model_id in self.host.clients:  # full-parameter run: its sampler follows the live weights
+                return self.host.client(snap.model_id).sampling_client()
+            raise ValueError(f"Sampler {sampler_id!r} belongs to training run {snap.model_id!r}, which is unloaded.")
+        return self._load(sampler_id, lambda: (snap.weights, snap.rank, snap.targets))
+
+    def for_checkpoint(self, directory: Path) -> SamplingClient:
+        def read() -> tuple[dict[str, torch.Tensor], int, list[str]]:
+            if self.host.full is not None:
+                raise ValueError("This server trains the full model (--full-parameter); it samples only from the "
+                                 "training run's live weights, not from saved checkpoints.")
+            rank, targets = checkpoint_lora(directory)
+            return torch.load(directory / "weights.pt", map_location="cpu", weights_only=True), rank, targets
+        return self._load(f"path:{directory}", read)
+
+    def base(self) -> SamplingClient:
+        return self.host.base_sampler()
+
+    def drop(self, key: str) -> None:
+        loaded = self._loaded.pop(key, None)
+        if loaded is not None:
+            self.host.remove(loaded[0])
+
+    def drop_run(self, model_id: str) -> None:
+        for key in [k for k, s in self.snapshots.items() if s.model_id == model_id]:
+            self.drop(key)
+            self.snapshots[key] = Snapshot(model_id, -1, None, 0)
+
+    def _load(self, key: str, read: Callable[[], tuple[dict[str, torch.Tensor], int, Any]]) -> SamplingClient:
+        if key in self._loaded:
+            self._loaded.move_to_end(key)
+            return self._loaded[key][1]
+        weights, rank, targets = read()
+        while len(self._loaded) >= self.max_loaded:
+            self.drop(next(iter(self._loaded)))
+        self._slots += 1
+        name = f"sampler-{self._slots}"
+        client = self.host.load_sampler(name, weights, rank=rank, target_modules=targets)
+        self._loaded[key] = (name, client)
+        return client

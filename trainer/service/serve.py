@@ -1,0 +1,162 @@
+"""``envhub-train serve``: the Tinker-compatible training service on one base model.
+
+    envhub-train serve --port 8900                          # the tiny model on CPU
+    envhub-train serve --model Qwen/Qwen3-0.6B --served-name Qwen/Qwen3-0.6B --token tml-secret
+    # then, in any process:
+    #   tinker.ServiceClient(base_url="http://127.0.0.1:8900", api_key="tml-secret")
+
+State (futures, training runs, checkpoints) lives under --state-dir and survives restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from trainer.service._settings import ServiceSettings
+
+log = logging.getLogger("envhub.service")
+
+
+@contextlib.contextmanager
+def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 180.0) -> Iterator[str]:
+    """Run ``envhub-train serve --port 0 <args>`` as a subprocess for the block; yields its URL.
+
+    >>> with local_service(["--full-parameter"], "serve.log") as url:     # doctest: +SKIP
+    ...     service = tinker.ServiceClient(base_url=url, api_key="tml-local")
+    """
+    argv = [sys.executable, "-m", "trainer.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=timeout_s)  # "envhub-train serve: listening on http://127.0.0.1:PORT"
+        except queue.Empty:
+            line = ""
+        if "listening on" not in line:
+            raise RuntimeError(f"envhub-train serve did not start within {timeout_s:.0f} s; see {log_path}")
+        yield line.rsplit(" ", 1)[-1].strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = ServiceSettings()
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="TCP port (default: the port envhub-sched reserved for the job, else 8900; 0 picks a "
+                             "free one and prints it)")
+    parser.add_argument("--model", default=d.model, help="base model: 'tiny' (default) or a Hugging Face name/path")
+    parser.add_argument("--served-name", default=None,
+                        help="the name clients pass as base_model (default: --model), e.g. the public name of a "
+                             "local checkpoint so tokenizer and renderer lookups work")
+    parser.add_argument("--sampler", choices=("hf", "vllm"), default=d.sampler, help="sampling backend (default hf)")
+    parser.add_argument("--token", default=None,
+                        help="API key clients must send (must start with 'tml-'); default: no auth")
+    parser.add_argument("--state-dir", default=str(d.state_dir),
+                        help=f"SQLite database and checkpoints (default {d.state_dir})")
+    parser.add_argument("--max-tenants", type=int, default=d.max_tenants,
+                        help=f"training clients held at once (default {d.max_tenants})")
+    parser.add_argument("--full-parameter", action="store_true",
+                        help="train every weight instead of LoRA (one training client at a time)")
+    parser.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
+                        help=f"unload a session's models after this long without heartbeat (default "
+                             f"{d.idle_timeout_s:.0f})")
+    parser.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
+                        help=f"tokens per forward_backward call (default {d.max_batch_tokens})")
+    parser.add_argument("--device", default=d.device,
+                        help="torch device: auto (default: cuda when present), cpu, cuda:N")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for model work (default: torch's; 1 is fastest for the tiny model "
+                             "on a busy machine)")
+    parser.add_argument("--model-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a trainer ModelConfig field, e.g. hidden_size=32 for a smaller tiny model")
+
+
+def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
+    return ServiceSettings(model=args.model, served_name=args.served_name, sampler=args.sampler, token=args.token,
+                           state_dir=Path(args.state_dir), max_tenants=args.max_tenants,
+                           full_parameter=args.full_parameter, idle_timeout_s=args.idle_timeout_s,
+                           max_batch_tokens=args.max_batch_tokens, device=args.device,
+                           threads=args.threads)
+
+
+def model_config(name: str, overrides: list[str]):
+    """A :class:`~trainer.model.ModelConfig` for ``name`` with ``KEY=VALUE`` fields (JSON values)."""
+    from trainer.model import ModelConfig
+
+    known = {f.name for f in fields(ModelConfig)} - {"name", "lora_rank"}
+    values: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"Expected --model-config KEY=VALUE with KEY one of {sorted(known)}, got {item!r}.")
+        try:
+            values[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[key] = raw
+    return ModelConfig(name=name, **values)
+
+
+def build_app(settings: ServiceSettings, model_overrides: list[str] | None = None):
+    """The ASGI app with its base model loaded (what ``serve`` runs; tests use it in process)."""
+    from trainer.core import ModelHost
+    from trainer.service._ops import Ops
+    from trainer.service.app import create_app
+
+    if settings.sampler == "vllm":
+        raise ValueError("--sampler vllm: the training core's tenants sample with Hugging Face generate in this "
+                         "build; run with --sampler hf.")
+    device = settings.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    host = ModelHost(model_config(settings.model, model_overrides or []), device=device,
+                     max_tenants=10**6)  # the service enforces --max-tenants itself, samplers aside
+    return create_app(Ops(settings, host))
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = settings_from_args(args)
+        app = build_app(settings, args.model_config)
+    except (ValueError, OSError) as exc:
+        print(f"envhub-train serve: {exc}", file=sys.stderr)
+        return 2
+    from trainer.scheduler.server import bind_socket
+
+    port = args.port if args.port is not None else int((os.environ.get("ENVHUB_JOB_PORTS") or "8900").split(",")[0])
+    sock = bind_socket(args.host, port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    # one parseable line: the scheduler's service jobs and scripts started with --port 0 read the URL here
+    print(f"envhub-train serve: listening on {url}", flush=True)
+    log.info("serving %s as %r (state in %s, auth %s)", settings.model, settings.name, settings.state_dir,
+             "on" if settings.token else "off")
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
