@@ -114,14 +114,13 @@ def _envhub(argv: list[str]) -> None:
 
 
 def _envhub_train(argv: list[str]) -> None:
-    from trainer.cli import build_parser
+    from trainer import cli
     from trainer.config import load_config
 
-    args = build_parser().parse_intermixed_args(argv)
-    if args.mode not in ("rl", "sft", "two-agent"):
-        args.overrides.insert(0, args.mode)
-        args.mode = "rl"
-    if args.mode == "rl" and args.config and (ROOT / args.config).exists():
+    named = bool(argv) and argv[0] in cli.COMMANDS
+    name = argv[0] if named else cli.DEFAULT_COMMAND
+    args = cli.COMMANDS[name].parser().parse_intermixed_args(argv[1:] if named else argv)
+    if name == "rl" and args.config and (ROOT / args.config).exists():
         load_config(str(ROOT / args.config), args.overrides)  # every override names a real field
 
 
