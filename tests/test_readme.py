@@ -114,15 +114,13 @@ def _envhub(argv: list[str]) -> None:
 
 
 def _envhub_train(argv: list[str]) -> None:
-    from trainer.cli import build_parser
-    from trainer.config import load_config
+    from trainer.cli import COMMANDS, DEFAULT_COMMAND, ConfigCommand
 
-    args = build_parser().parse_intermixed_args(argv)
-    if args.mode not in ("rl", "sft", "two-agent"):
-        args.overrides.insert(0, args.mode)
-        args.mode = "rl"
-    if args.mode == "rl" and args.config and (ROOT / args.config).exists():
-        load_config(str(ROOT / args.config), args.overrides)  # every override names a real field
+    name = argv[0] if argv and argv[0] in COMMANDS else DEFAULT_COMMAND
+    command = COMMANDS[name]
+    args = command.parser().parse_intermixed_args(argv[1:] if argv and argv[0] == name else argv)
+    if isinstance(command, ConfigCommand) and args.config and (ROOT / args.config).exists():
+        command.load(str(ROOT / args.config), args.overrides)  # every override names a real field
 
 
 def _envhub_sched(argv: list[str]) -> None:
