@@ -29,7 +29,7 @@ import httpx
 
 from envhub.env_tool import EnvTool, ToolManager
 from envhub.errors import EnvConnectionError
-from envhub.parsers import ParseStatus, format_tool_call, parse_tool_calls
+from envhub.parsers import ParseStatus, format_tool_call
 from envhub.types import ToolCall, ToolSpec
 
 # -- conversions ---------------------------------------------------------------------------------
@@ -82,12 +82,18 @@ def tool_call_from_openai(call: Any) -> ToolCall | None:
     return ToolCall(name=fn["name"], arguments=raw, id=call_id if isinstance(call_id, str) else None)
 
 
-def assistant_message_from_text(text: str) -> dict[str, Any]:
-    """An OpenAI assistant message from a Hermes-style turn (``<tool_call>{...}</tool_call>`` blocks).
+def assistant_message_from_text(text: str, *, parser: Any = "hermes",
+                                tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An OpenAI assistant message from a model's raw turn, read with a tool-call parser of
+    :mod:`envhub.tool_parsers` (``hermes``: ``<tool_call>{...}</tool_call>`` blocks; ``qwen3_coder``,
+    ``llama3_json``, ``mistral``, or a parser function).
 
-    Malformed blocks are left out of ``tool_calls``; the text outside the blocks is ``content``.
+    Malformed calls are left out of ``tool_calls``; the text outside the calls is ``content``.
+    ``tools`` (OpenAI schemas) type the arguments of formats that write them as text.
     """
-    parsed = parse_tool_calls(text)
+    from envhub.tool_parsers import get_tool_parser
+
+    parsed = get_tool_parser(parser)(text, tools=tools)
     if parsed.status is ParseStatus.NO_CALL:
         return {"role": "assistant", "content": text}
     calls = [ToolCall(c.name, c.arguments, c.id or f"call_{uuid.uuid4().hex[:12]}") for c in parsed.calls]

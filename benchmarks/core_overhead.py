@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.hidden_size, args.batch, args.seq_len, args.tenants, args.steps, args.warmup = 32, 2, 16, 2, 2, 1
+        args.batch, args.seq_len, args.tenants, args.steps, args.warmup = 2, 16, 2, 1, 0
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = ModelConfig(name="tiny", hidden_size=args.hidden_size, num_layers=args.layers)

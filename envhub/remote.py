@@ -44,16 +44,19 @@ _SERVER_ERROR = re.compile(r"Server error: (?P<message>.*) \(code: (?P<code>[A-Z
 def observation_text(obs: Any) -> str:
     """The text a model should see for any observation shape.
 
-    ``str`` as is; an envhub :class:`Observation` -> ``.text`` (its other fields when the text
-    is empty); a dict -> the first of ``result, output, content, text, message``, else JSON; a
-    typed object -> the same attribute order, else its fields as JSON.
+    ``str`` as is; an envhub :class:`Observation` -> ``.text`` (its other fields, declared by a
+    subclass or received from a server, when the text is empty); a dict -> the first of
+    ``result, output, content, text, message``, else JSON; a typed object -> the same attribute
+    order, else its fields as JSON.
     """
     if obs is None:
         return ""
     if isinstance(obs, str):
         return obs
-    if isinstance(obs, Observation):
-        return obs.text if obs.text else _dict_text(dict(obs.model_extra or {}))
+    if isinstance(obs, Observation):  # a typed subclass's fields count like a server's extra fields
+        if obs.text:
+            return obs.text
+        return _dict_text(obs.model_dump(mode="json", exclude={"text", "images", "metadata"}))
     if isinstance(obs, dict):
         return _dict_text(obs)
     for key in _TEXT_KEYS:

@@ -3,9 +3,10 @@
 
     envhub-train --config examples/configs/math_grpo.toml env.url=ws://localhost:8001 run.steps=50
     envhub-train sft --config my_sft.toml sft.data=demos.jsonl
-    envhub-train two-agent --config examples/configs/gomoku_two_agent.toml env.url=ws://localhost:8003
+    envhub-train two-agent --config examples/configs/gomoku_two_agent.toml env.url=ws://localhost:8005
     envhub-train --config FILE --print-config        # the resolved config, nothing run
     envhub-train COMMAND --help                      # a command's own options
+    envhub-train --config examples/configs/openenv_shout_grpo.toml env.action_mapper=message  # any OpenEnv server
 
 The command comes first; without one, ``rl`` runs. Under ``torchrun`` every rank runs its share of the
 rollouts and the gradients are averaged.
@@ -13,6 +14,9 @@ rollouts and the gradients are averaged.
 A command is a :class:`Command` (name, help, ``configure(parser)``, ``run(args) -> exit status``) added
 with :func:`register`; :class:`ConfigCommand` is the shape every training mode shares (``--config``,
 overrides, ``--print-config``, ``--scheduler``; load errors exit 2 with the message).
+
+Exit status: 0 when the run finished, 1 when every episode failed ``run.max_failed_steps`` steps
+in a row (the reason and an example are printed), 2 for a config error.
 """
 
 from __future__ import annotations
@@ -82,7 +86,14 @@ class ConfigCommand(Command):
         if problem:
             print(f"{PROG} {self.name}: {problem}", file=sys.stderr)
             return 2
-        print(json.dumps(self.execute(cfg), indent=2))
+        from trainer.rollout.failures import RolloutFailureError
+
+        try:
+            summary = self.execute(cfg)
+        except RolloutFailureError as exc:  # every episode failed for several steps: nothing was learned
+            print(f"{PROG} {self.name}: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(summary, indent=2))
         return 0
 
     def _submit(self, args: argparse.Namespace) -> int:

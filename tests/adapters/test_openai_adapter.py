@@ -62,6 +62,18 @@ def test_hermes_text_and_openai_messages_convert_both_ways() -> None:
     assert assistant_message_from_text(back)["tool_calls"][0]["function"] == call["function"]
 
 
+def test_other_model_families_turns_become_openai_messages_with_their_parser() -> None:
+    mistral = assistant_message_from_text('Checking.[TOOL_CALLS]guess[CALL_ID]a1b2c3d4e[ARGS]{"number": 7}',
+                                          parser="mistral")
+    assert mistral["content"] == "Checking." and mistral["tool_calls"][0]["id"] == "a1b2c3d4e"
+    schema = [{"type": "function", "function": {"name": "guess", "parameters": {
+        "type": "object", "properties": {"number": {"type": "integer"}}}}}]
+    qwen3 = assistant_message_from_text("<tool_call>\n<function=guess>\n<parameter=number>\n7\n</parameter>\n"
+                                        "</function>\n</tool_call>", parser="qwen3_coder", tools=schema)
+    assert json.loads(qwen3["tool_calls"][0]["function"]["arguments"]) == {"number": 7}
+    assert assistant_message_from_text("It is 7.", parser="llama3_json") == {"role": "assistant", "content": "It is 7."}
+
+
 def _bisect(messages: list[dict[str, Any]]) -> int:
     low, high, last = 1, 100, None
     for m in messages:

@@ -19,12 +19,12 @@ import envhub
 PUBLIC_API = {
     "Env", "EnvRunner", "Observation", "Action", "StepResult", "ToolSpec", "ToolCall", "tool", "reward",
     "EnvHubError", "EnvClient", "SyncEnvClient", "OpenEnv", "EnvTool", "ToolManager", "create_app", "serve",
-    "check_env", "__version__",
+    "check_env", "FunctionTool", "LocalEnv", "__version__",
 }
 #: what a user starts from: each docstring carries an example that runs (``serve`` blocks until a
 #: signal, so its example is ``envhub serve`` in the README, which tests/test_readme.py checks)
 ENTRY_POINTS = ["Env", "EnvRunner", "tool", "reward", "EnvClient", "SyncEnvClient", "OpenEnv", "EnvTool",
-                "ToolManager", "create_app", "check_env"]
+                "ToolManager", "create_app", "check_env", "FunctionTool", "LocalEnv"]
 MODULES = sorted(info.name for info in pkgutil.walk_packages(envhub.__path__, "envhub.")
                  if not info.name.endswith("__main__"))
 

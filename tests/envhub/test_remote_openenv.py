@@ -8,6 +8,7 @@ from test_client_ws import FakeServer
 
 from envhub.errors import EnvConnectionError, EnvExecutionError, SessionLostError, StepTimeoutError
 from envhub.remote import AsyncOpenEnv, OpenEnv, as_envhub_error, observation_text
+from envhub.testing import EchoObservation
 from envhub.types import Observation, ToolSpec
 
 echo = lambda name, args: {"message": args.get("text", "")}  # noqa: E731
@@ -41,6 +42,7 @@ class WithOutput(BaseModel):
     ({}, ""),
     (Typed(echoed_message="typed"), '{"echoed_message": "typed"}'),
     (WithOutput(output="o"), "o"),
+    (EchoObservation(echoed_message="sub", message_length=3), '{"echoed_message": "sub", "message_length": 3}'),
 ])
 def test_observation_text(obs, expected):
     assert observation_text(obs) == expected

@@ -198,3 +198,16 @@ def test_the_module_entry_point_resolves_the_config_and_refuses_a_missing_env(ca
     assert printed["agents"]["bob"]["optim"]["lr"] == 0.01 and printed["agents"]["bob"]["model"]["lora_rank"] == 16
     assert main(["agents.carol.optim.lr=0.1"]) == 2 and "exactly two agents" in capsys.readouterr().err
     assert main([]) == 2 and "no match env" in capsys.readouterr().err
+
+
+def test_a_two_agent_run_whose_matches_all_fail_stops_naming_the_reason(tmp_path) -> None:
+    from trainer.rollout.failures import RolloutFailureError
+
+    cfg = tiny_config(tmp_path, "env.env_class='test_recipes:BrokenEnv'", "run.steps=4", "run.max_failed_steps=2",
+                      "match.partner_grace_s=0.1", "run.eval_problems=1",
+                      "match.eval_opponent='random'")
+    messages: list[str] = []
+    with pytest.raises(RolloutFailureError, match=r"last 2 steps.*8/8 episodes failed \(8 with env_error\)"):
+        train_two_agents(cfg, log=messages.append)
+    assert sum("episodes failed" in m for m in messages) == 2
+    assert [json.loads(line)["reason"] for line in open(tmp_path / "failures.jsonl")] == ["env_error"] * 2

@@ -37,6 +37,7 @@ from trainer.multiagent.match_rollout import SEATS, MatchResult, MatchRollout, M
 from trainer.multiagent.opponents import RandomMoveSampler
 from trainer.multiagent.phases import PhaseBarrier
 from trainer.rollout import EnvPool, load_env_class
+from trainer.rollout.failures import FailureWatch, RolloutFailureError
 
 
 def build_pool(cfg: TwoAgentConfig) -> EnvPool:
@@ -141,15 +142,23 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
     for n, agent in agents.items():
         agent.logger.log(first_step, before[n])
     log("validation reward before: " + _fmt_rewards(before))
+    watch = FailureWatch(cfg.run.max_failed_steps, log, out / "failures.jsonl")  # both seats' episodes
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
         results = barrier.joint("rollout", step, lambda: rollout.run_sync(train_matches(cfg, names, step, run_id)))  # noqa: B023
         t1 = time.monotonic()
         trajs = by_agent(results)
+        try:
+            failures = watch.check(step + 1, [t for seats in trajs.values() for t in seats])
+        except RolloutFailureError:
+            for agent in agents.values():
+                agent.close()
+            raise
         # each() calls these before the loop moves on, so trajs and step are this iteration's
         updates = barrier.each("update", step, {n: (lambda a=a: a.update(trajs.get(a.name, []), step))  # noqa: B023
                                                 for n, a in agents.items()})
-        shared = {**match_metrics(results), "time/rollout_s": t1 - t0, "time/step_s": time.monotonic() - t0}
+        shared = {**match_metrics(results), **failures, "time/rollout_s": t1 - t0,
+                  "time/step_s": time.monotonic() - t0}
         waits = barrier.wait_times("update", step)
         if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
             evals = evaluate(cfg, agents, pool, run_id, f"eval{step + 1}")
