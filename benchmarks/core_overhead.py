@@ -98,7 +98,7 @@ def bench_tenants(args: argparse.Namespace, cfg: ModelConfig) -> None:
     print(f"  one batched pass     {b:8.1f} ms   ratio batched / per tenant: {b / s:.2f}x")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
@@ -109,7 +109,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.smoke:
         args.batch, args.seq_len, args.tenants, args.steps, args.warmup = 2, 16, 2, 1, 0
     torch.set_num_threads(args.threads)

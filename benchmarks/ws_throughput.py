@@ -33,6 +33,8 @@ from typing import Any
 
 KINDS = ("envhub", "openenv", "ceiling")
 ACTION = {"message": "hello world"}
+#: a server that is not healthy by then has failed (imports alone can take a while on a loaded machine)
+START_TIMEOUT_S = 120
 
 
 # -- servers (run in child processes: `ws_throughput.py --serve KIND --port P`) ------------------------
@@ -124,7 +126,7 @@ def start_server(kind: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", kind, "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url + "/health", timeout=1):
@@ -134,7 +136,7 @@ def start_server(kind: str) -> tuple[subprocess.Popen, str]:
                 raise RuntimeError(f"{kind} server exited with code {proc.returncode}; see {log.name}") from None
             time.sleep(0.1)
     proc.kill()
-    raise RuntimeError(f"{kind} server did not become healthy in 60 s")
+    raise RuntimeError(f"{kind} server did not become healthy in {START_TIMEOUT_S} s; see {log.name}")
 
 
 def cpu_seconds(pid: int) -> float:

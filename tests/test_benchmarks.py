@@ -7,11 +7,13 @@ docstring saying what it compares and a ``--smoke`` flag; a new script is picked
 from __future__ import annotations
 
 import ast
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, NamedTuple
 
 import pytest
 
@@ -20,28 +22,25 @@ BENCHMARKS = sorted((ROOT / "benchmarks").glob("*.py"))
 TIMEOUT_S = 300
 
 
-class SmokeRun(NamedTuple):
-    proc: subprocess.Popen[bytes]
-    output: Path
-    log: IO[bytes]
-
-
 @pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SmokeRun]]:
-    # All start at once: most of a smoke run is interpreters starting and servers coming up, not CPU.
-    runs: dict[str, SmokeRun] = {}
-    for path in BENCHMARKS:
+def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[tuple[int, str]]]]:
+    # As many at once as there are cores: most of a smoke run is interpreters starting and servers
+    # coming up, but more at once than that starves the servers the throughput scripts start.
+    def run(path: Path) -> tuple[int, str]:
         workdir = tmp_path_factory.mktemp(path.stem)  # anything a script writes (runs/bench/...) lands here
-        log = open(workdir / "output.txt", "wb")
-        proc = subprocess.Popen([sys.executable, str(path), "--smoke"], cwd=workdir, stdout=log,
-                                stderr=subprocess.STDOUT)
-        runs[path.name] = SmokeRun(proc, workdir / "output.txt", log)
-    yield runs
-    for run in runs.values():
-        if run.proc.poll() is None:
-            run.proc.kill()
-            run.proc.wait()
-        run.log.close()
+        # its own session, so that a script past its time goes down with the servers it started
+        proc = subprocess.Popen([sys.executable, str(path), "--smoke"], cwd=workdir, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            return -1, f"ran past {TIMEOUT_S} s:\n{output}"
+        return proc.returncode, output
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        yield {path.name: pool.submit(run, path) for path in BENCHMARKS}
 
 
 def test_there_are_benchmarks() -> None:
@@ -55,14 +54,7 @@ def test_benchmark_says_what_it_compares(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", BENCHMARKS, ids=[p.name for p in BENCHMARKS])
-def test_benchmark_smoke_run(smoke_runs: dict[str, SmokeRun], path: Path) -> None:
-    run = smoke_runs[path.name]
-    try:
-        code = run.proc.wait(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        run.proc.kill()
-        code = run.proc.wait()
-        pytest.fail(f"{path.name} --smoke ran past {TIMEOUT_S} s:\n{run.output.read_text()[-3000:]}")
-    output = run.output.read_text()
+def test_benchmark_smoke_run(smoke_runs: dict[str, Future[tuple[int, str]]], path: Path) -> None:
+    code, output = smoke_runs[path.name].result()
     assert code == 0, f"{path.name} --smoke exited with {code}:\n{output[-3000:]}"
     assert any(ch.isdigit() for ch in output), f"{path.name} --smoke printed no figures:\n{output}"

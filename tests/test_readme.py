@@ -114,14 +114,13 @@ def _envhub(argv: list[str]) -> None:
 
 
 def _envhub_train(argv: list[str]) -> None:
-    from trainer import cli
-    from trainer.config import load_config
+    from trainer.cli import COMMANDS, DEFAULT_COMMAND, ConfigCommand
 
-    named = bool(argv) and argv[0] in cli.COMMANDS
-    name = argv[0] if named else cli.DEFAULT_COMMAND
-    args = cli.COMMANDS[name].parser().parse_intermixed_args(argv[1:] if named else argv)
-    if name == "rl" and args.config and (ROOT / args.config).exists():
-        load_config(str(ROOT / args.config), args.overrides)  # every override names a real field
+    name = argv[0] if argv and argv[0] in COMMANDS else DEFAULT_COMMAND
+    command = COMMANDS[name]
+    args = command.parser().parse_intermixed_args(argv[1:] if argv and argv[0] == name else argv)
+    if isinstance(command, ConfigCommand) and args.config and (ROOT / args.config).exists():
+        command.load(str(ROOT / args.config), args.overrides)  # every override names a real field
 
 
 def _envhub_sched(argv: list[str]) -> None:
