@@ -114,14 +114,12 @@ def _envhub(argv: list[str]) -> None:
 
 
 def _envhub_train(argv: list[str]) -> None:
-    from trainer.cli import build_parser
+    from trainer.cli import COMMANDS, DEFAULT_COMMAND
     from trainer.config import load_config
 
-    args = build_parser().parse_intermixed_args(argv)
-    if args.mode not in ("rl", "sft", "two-agent"):
-        args.overrides.insert(0, args.mode)
-        args.mode = "rl"
-    if args.mode == "rl" and args.config and (ROOT / args.config).exists():
+    name, rest = (argv[0], argv[1:]) if argv and argv[0] in COMMANDS else (DEFAULT_COMMAND, argv)
+    args = COMMANDS[name].parser().parse_intermixed_args(rest)
+    if name == "rl" and args.config and (ROOT / args.config).exists():
         load_config(str(ROOT / args.config), args.overrides)  # every override names a real field
 
 
