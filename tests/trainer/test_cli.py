@@ -126,5 +126,5 @@ def test_a_run_whose_episodes_all_fail_exits_1_naming_the_reason(tmp_path, capsy
                "model.intermediate_size=64", "rollout.max_tokens_per_turn=4", "run.batch_size=2", "run.group_size=2",
                "run.eval_problems=1", "run.steps=5", "run.max_failed_steps=2", f"run.output_dir='{tmp_path}'"])
     err = capsys.readouterr().err
-    assert rc == 1 and "envhub-train: Every episode failed in the last 2 steps" in err
+    assert rc == 1 and "envhub-train rl: Every episode failed in the last 2 steps" in err
     assert "4/4 episodes failed (4 with env_error)" in err and "backend down" in err
