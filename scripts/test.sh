@@ -35,6 +35,6 @@ if [ "${#paths[@]}" -gt 0 ]; then
 fi
 if [ "${#vllm_paths[@]}" -gt 0 ] && { [ "$status" = 0 ] || [ "$status" = 1 ]; }; then
   echo "== tests that need vLLM, in .venv-vllm"
-  .venv-vllm/bin/python -m pytest -m vllm "${options[@]}" "${vllm_paths[@]}" || { rc=$?; [ "$status" != 0 ] || status=$rc; }
+  .venv-vllm/bin/python -m pytest "${options[@]}" -m vllm "${vllm_paths[@]}" || { rc=$?; [ "$status" != 0 ] || status=$rc; }
 fi
 exit "$status"
