@@ -140,7 +140,7 @@ def _frozen_copy(model: Any) -> Any:
 
 
 def _to(batch: PackedBatch, device: torch.device) -> PackedBatch:
-    return PackedBatch(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
+    return batch.to(device)
 
 
 __all__ = ["Agent", "outcome_metrics", "WIN_REASONS", "LOSS_REASONS"]

@@ -50,14 +50,16 @@ from trainer.distributed import (all_reduce_mean, init_distributed, max_over_ran
                                  world_size, wrap_model)
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy, trainable_parameters
-from trainer.recipes.batch import PackedBatch, forward_logprobs, micro_batches, pack, token_advantages
+from trainer.recipes.batch import PackedBatch, forward_logprobs, image_token_id, micro_batches, pack, token_advantages
 from trainer.rollout import (EnvPool, HFSampler, RolloutEngine, Task, Trajectory, build_groups, load_env_class,
                              make_tasks)
+from trainer.vision import load_vision_processor
 
 
 # -- set-up ------------------------------------------------------------------------------------
 def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
-    """Sampler + env pool + engine for ``cfg`` (vLLM when ``sampling.backend == "vllm"``)."""
+    """Sampler + env pool + engine for ``cfg`` (vLLM when ``sampling.backend == "vllm"``); a vision-language
+    policy gets its image processor, so observation images reach it."""
     urls = cfg.env.all_urls()
     env_cls = load_env_class(cfg.env.env_class) if cfg.env.env_class and not urls else None
     if env_cls is not None and cfg.env.env_kwargs:
@@ -65,6 +67,10 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
         env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
     pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
+    vision = load_vision_processor(cfg.model, tok)
+    if vision is not None and cfg.sampling.backend == "vllm":
+        raise ValueError("Expected sampling.backend='hf' for a vision-language policy: the vLLM sampler does not "
+                         "take images yet.")
     if cfg.sampling.backend == "vllm":
         from trainer.rollout.vllm_sampler import VLLMSampler
 
@@ -72,7 +78,7 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
                               seed=rank_seed(cfg.run.seed, rank()))  # ranks sample different completions
     else:
         sampler = HFSampler(model, tok, cfg.sampling)
-    return RolloutEngine(pool, sampler, tok, cfg.rollout)
+    return RolloutEngine(pool, sampler, tok, cfg.rollout, vision=vision)
 
 
 def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
@@ -134,7 +140,8 @@ def ppo_advantages(cfg: TrainConfig, model: Any, value_head: Any, batch: PackedB
     with torch.no_grad():
         for idx in micro_batches(len(batch), cfg.optim.micro_batch_size):
             mb = batch.select(idx)
-            _, hidden = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, hidden=True)
+            _, hidden = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, hidden=True,
+                                         **mb.model_inputs(image_token_id(model)))
             v = torch.zeros(len(idx), batch.mask_BS.shape[1])
             v[:, :hidden.shape[1]] = value_head(hidden).cpu()
             values.append(v)
@@ -186,7 +193,8 @@ def optimise(cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer, bat
                 mb = _to(batch.select(sel), device)
                 S = mb.mask_BS.shape[1]
                 lp_BS, hidden = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, temperature=T,
-                                                 hidden=value_head is not None)
+                                                 hidden=value_head is not None,
+                                                 **mb.model_inputs(image_token_id(model)))
                 old = lp_BS.detach() if old_lp_BS is None else old_lp_BS[sel, :S].to(device)
                 ref = None if ref_lp_BS is None else ref_lp_BS[sel, :S].to(device)
                 loss, m = algos.policy_loss(lp_BS, old, mb.advantages_BS, mb.mask_BS, clip_eps=a.clip_eps,
@@ -229,7 +237,7 @@ def _split(rows: list[int], parts: int, gen: torch.Generator) -> list[list[int]]
 
 
 def _to(b: PackedBatch, device: torch.device) -> PackedBatch:
-    return PackedBatch(*(getattr(b, f).to(device) for f in b.__dataclass_fields__))
+    return b.to(device)
 
 
 def _logprobs_no_grad(cfg: TrainConfig, model: Any, batch: PackedBatch, device: torch.device) -> torch.Tensor:
@@ -237,7 +245,8 @@ def _logprobs_no_grad(cfg: TrainConfig, model: Any, batch: PackedBatch, device: 
     with torch.no_grad():
         for idx in micro_batches(len(batch), cfg.optim.micro_batch_size):
             mb = _to(batch.select(idx), device)
-            lp, _ = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, temperature=cfg.sampling.temperature)
+            lp, _ = forward_logprobs(model, mb.tokens_BT, mb.attn_BT, temperature=cfg.sampling.temperature,
+                                     **mb.model_inputs(image_token_id(model)))
             out[idx, :lp.shape[1]] = lp.float().cpu()
     return out
 
@@ -365,7 +374,7 @@ def _pad_rows(batch: PackedBatch | None, rows: int, pad_id: int) -> PackedBatch:
     pad = PackedBatch(tokens, attn, *(torch.zeros((rows - have, width - 1)) for _ in range(4)))
     if batch is None:
         return pad
-    return PackedBatch(*(torch.cat([getattr(batch, f), getattr(pad, f)]) for f in batch.__dataclass_fields__))
+    return batch.cat(pad)
 
 
 def _reference(model: Any) -> Any:

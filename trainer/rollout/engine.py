@@ -11,6 +11,11 @@ Per episode, the state machine PENDING -> GENERATING -> INTERACTING -> ... -> TE
   observation ids come from a fixed-base render (mask 0), never from re-tokenising the chat.
 - TERMINATED with a :class:`StopReason`: done, turn limit, token limit, parse error (policy
   failures, trained on), or env error / timeout (infrastructure, excluded from the loss).
+
+Observation images (``Observation.images``, PNG bytes) reach a vision-language policy: with a
+:class:`~trainer.vision.VisionProcessor` the user or tool message becomes ``[image parts..., text]``,
+the placeholders are expanded to each image's token count (mask 0) and the images travel with the
+trajectory to the sampler and the loss. A text-only policy sees the text alone.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from trainer.rollout.envs import EnvPool, EnvSession
 from trainer.rollout.render import ChatRenderer
 from trainer.rollout.sampler import Sampler
 from trainer.rollout.types import EpisodeState, GenRequest, GenResult, StopReason, Task, Trajectory
+from trainer.vision import VisionProcessor
 
 
 @dataclass
@@ -69,12 +75,13 @@ class _Stop(Exception):
 class RolloutEngine:
     """Runs episodes against an :class:`EnvPool` with a :class:`Sampler`; ``await engine.run(tasks)``."""
 
-    def __init__(self, pool: EnvPool, sampler: Sampler, tokenizer: Any, config: RolloutConfig | None = None):
+    def __init__(self, pool: EnvPool, sampler: Sampler, tokenizer: Any, config: RolloutConfig | None = None, *,
+                 vision: VisionProcessor | None = None):
         self.pool = pool
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, vision)
         self.states: dict[int, EpisodeState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         set_demand = getattr(sampler, "set_demand", None)
@@ -150,7 +157,8 @@ class RolloutEngine:
         specs = await session.tools() if cfg.tool_mode != "text" else []
         use_tools = cfg.tool_mode == "tools" or (cfg.tool_mode == "auto" and bool(specs))
         tools = [s.to_openai() for s in specs] if use_tools else None
-        traj.append(self.renderer.prompt_ids(self._first_messages(first), tools), policy=False)
+        ids, images = self.renderer.prompt(self._first_messages(first), tools)
+        traj.append(ids, policy=False, images=images)
         traj.prompt_len = len(traj.tokens)
         if first.ended:
             return StopReason.DONE
@@ -162,7 +170,8 @@ class RolloutEngine:
             if budget < 1:
                 return StopReason.TOKEN_LIMIT
             self.states[key] = EpisodeState.GENERATING
-            gen = await self.sampler.generate(GenRequest(list(traj.tokens), budget, greedy=greedy))
+            gen = await self.sampler.generate(GenRequest(list(traj.tokens), budget, greedy=greedy,
+                                                         images=list(traj.images)))
             traj.append(gen.token_ids, policy=True, logprobs=gen.logprobs)
             traj.turn_ends.append(len(traj.tokens) - 1)
             traj.num_turns += 1
@@ -178,27 +187,33 @@ class RolloutEngine:
                 return StopReason.TOKEN_LIMIT
             if traj.num_turns >= cfg.max_turns:
                 return StopReason.TURN_LIMIT
-            traj.append(self.renderer.observation_ids(new_messages, tools, after_eos=gen.finish_reason == "stop"),
-                        policy=False)
+            ids, images = self.renderer.observation(new_messages, tools, after_eos=gen.finish_reason == "stop")
+            traj.append(ids, policy=False, images=images)
 
-    def _first_messages(self, first: Any) -> list[dict[str, str]]:
+    def _first_messages(self, first: Any) -> list[dict[str, Any]]:
         obs = first.observation
         system = obs.metadata.get("system_prompt") if isinstance(obs.metadata, dict) else None
         if not self.config.use_env_system_prompt or not system:
             system = self.config.system_prompt
         messages = [{"role": "system", "content": system}] if system else []
-        return messages + [{"role": "user", "content": obs.text}]
+        return messages + [{"role": "user", "content": self._content(obs)}]
+
+    def _content(self, obs: Any) -> Any:
+        """A message content for ``obs``: its text, or its images then its text for a vision policy."""
+        if not obs.images or self.renderer.vision is None:
+            return obs.text
+        return [*({"type": "image", "image": img} for img in obs.images), {"type": "text", "text": obs.text}]
 
     async def _interact(self, session: EnvSession, traj: Trajectory, gen: GenResult,
                         use_tools: bool) -> tuple[StepResult, list[dict[str, str]]]:
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         if not use_tools:
             result = await self._step(session, {"text": text}, traj)
-            return result, [{"role": "user", "content": result.observation.text}]
+            return result, [{"role": "user", "content": self._content(result.observation)}]
         parsed = parse_tool_calls(text, truncated=gen.finish_reason == "length")
         if parsed.status is ParseStatus.NO_CALL:
             result = await self._step(session, {"text": parsed.content}, traj)
-            return result, [{"role": "user", "content": result.observation.text}]
+            return result, [{"role": "user", "content": self._content(result.observation)}]
         return await self._run_tool_calls(session, traj, parsed)
 
     async def _run_tool_calls(self, session: EnvSession, traj: Trajectory,
@@ -215,7 +230,7 @@ class RolloutEngine:
             traj.tool_calls += 1
             last = await self._step(session, {"tool_name": call.name, "arguments": call.arguments}, traj)
             total += last.reward
-            responses.append({"role": "tool", "content": last.observation.text})
+            responses.append({"role": "tool", "content": self._content(last.observation)})
             if last.ended:
                 break
         last = last or StepResult()

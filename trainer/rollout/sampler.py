@@ -3,7 +3,8 @@
 ``HFSampler`` runs Hugging Face ``generate`` (CPU or GPU). Many episodes are in flight at once,
 each awaiting its own turn; the sampler gathers every request that is waiting and answers them
 with ONE batched ``generate`` call (left-padded), in a worker thread so env traffic keeps flowing
-meanwhile. The vLLM sampler lives in :mod:`trainer.rollout.vllm_sampler` (GPU, imported lazily).
+meanwhile. Requests with images (a vision-language policy) carry their pixel patches and grids
+into the same call. The vLLM sampler lives in :mod:`trainer.rollout.vllm_sampler` (GPU, imported lazily).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from trainer.rollout.types import GenRequest, GenResult
+from trainer.vision import vision_inputs
 
 
 class Sampler(Protocol):
@@ -129,6 +131,7 @@ class HFSampler:
         greedy = requests[0].greedy
         temperature = 1.0 if greedy else self.config.temperature
         max_new = max(r.max_new_tokens for r in requests)
+        images = _image_inputs(model, requests, ids_BT.to(device))
         was_training = model.training
         model.eval()
         try:
@@ -137,7 +140,7 @@ class HFSampler:
                                  temperature=temperature if not greedy else None,
                                  top_p=self.config.top_p if not greedy else None, top_k=0 if not greedy else None,
                                  eos_token_id=self.eos_id, pad_token_id=self.pad_id,
-                                 return_dict_in_generate=True, output_logits=True)
+                                 return_dict_in_generate=True, output_logits=True, **images)
         finally:
             model.train(was_training)
         self.calls += 1
@@ -154,6 +157,16 @@ class HFSampler:
             end = ids.index(self.eos_id) + 1
             return GenResult(ids[:end], logprobs[:end], "stop")
         return GenResult(ids, logprobs, "length")
+
+
+def _image_inputs(model: Any, requests: list[GenRequest], ids_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+    if not any(r.images for r in requests):
+        return {}
+    token_id = getattr(getattr(model, "config", None), "image_token_id", None)
+    if token_id is None:
+        raise ValueError("Expected a vision-language policy for requests with images (model.name='tiny-vl' or a "
+                         f"Qwen2-VL / Qwen2.5-VL model), got {type(model).__name__}.")
+    return vision_inputs([r.images for r in requests], ids_BT, token_id)
 
 
 def _generation_model(model: Any) -> Any:

@@ -34,11 +34,15 @@ class StopReason(str, enum.Enum):
 
 @dataclass
 class GenRequest:
-    """One generation: continue ``prompt_ids`` for at most ``max_new_tokens`` tokens."""
+    """One generation: continue ``prompt_ids`` for at most ``max_new_tokens`` tokens.
+
+    ``images``: the :class:`~trainer.vision.ImageFeatures` behind the prompt's image placeholders, in order.
+    """
 
     prompt_ids: list[int]
     max_new_tokens: int
     greedy: bool = False
+    images: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -66,6 +70,8 @@ class Trajectory:
     ``tokens`` is the whole conversation as the policy saw it; ``mask[i] == 1`` exactly on the ids
     the sampler produced (whose sampler log-probs are ``logprobs[i]``; 0.0 elsewhere). ``turn_ends[t]``
     is the index of the last policy token of turn ``t``, where ``turn_rewards[t]`` belongs.
+    ``images`` are the :class:`~trainer.vision.ImageFeatures` behind the image placeholder ids of
+    ``tokens`` (mask 0), in order; empty for a text-only policy.
     """
 
     task: Task
@@ -84,6 +90,7 @@ class Trajectory:
     error: str | None = None
     elapsed_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)
 
     @property
     def group_id(self) -> int:
@@ -98,8 +105,13 @@ class Trajectory:
     def num_policy_tokens(self) -> int:
         return sum(self.mask)
 
-    def append(self, ids: list[int], *, policy: bool, logprobs: list[float] | None = None) -> None:
-        """Append ids: policy ids carry their sampler log-probs and mask 1; others mask 0."""
+    def append(self, ids: list[int], *, policy: bool, logprobs: list[float] | None = None,
+               images: list[Any] | None = None) -> None:
+        """Append ids: policy ids carry their sampler log-probs and mask 1; others mask 0 (with the
+        images behind their placeholders, if any)."""
+        if images and policy:
+            raise ValueError("Expected images only with observation ids (mask 0), never with sampled ones.")
+        self.images.extend(images or ())
         self.tokens.extend(ids)
         self.mask.extend([1 if policy else 0] * len(ids))
         if policy:
@@ -116,7 +128,8 @@ class Trajectory:
                "turn_rewards": self.turn_rewards, "stop_reason": self.stop_reason.value if self.stop_reason else None,
                "policy_version": self.policy_version, "num_turns": self.num_turns, "prompt_len": self.prompt_len,
                "parse_errors": self.parse_errors, "error": self.error, "tokens": self.tokens, "mask": self.mask,
-               "logprobs": [round(x, 5) for x in self.logprobs]}
+               "logprobs": [round(x, 5) for x in self.logprobs],
+               "images": [list(f.grid_thw) for f in self.images]}
         if tokenizer is not None:
             rec["text"] = tokenizer.decode(self.tokens)
             rec["completion"] = tokenizer.decode([t for t, m in zip(self.tokens, self.mask) if m])
