@@ -22,6 +22,8 @@ _LAZY = {
     "OpenEnv": "envhub.remote",
     "EnvTool": "envhub.env_tool",
     "ToolManager": "envhub.env_tool",
+    "FunctionTool": "envhub.function_tool",
+    "LocalEnv": "envhub.local_env",
     "create_app": "envhub.server",
     "serve": "envhub.server",
     "check_env": "envhub.testing",
@@ -30,6 +32,8 @@ _LAZY = {
 if TYPE_CHECKING:  # pragma: no cover
     from envhub.client import EnvClient, SyncEnvClient
     from envhub.env_tool import EnvTool, ToolManager
+    from envhub.function_tool import FunctionTool
+    from envhub.local_env import LocalEnv
     from envhub.remote import OpenEnv
     from envhub.server import create_app, serve
     from envhub.testing import check_env

@@ -90,13 +90,25 @@ class EnvTool:
     def from_env(cls, env: Any) -> list["EnvTool"]:
         """One tool per entry of ``env.tools()`` (all sharing the env), or one generic ``env_action`` tool.
 
+        ``env`` is a remote env (:class:`~envhub.remote.OpenEnv`) or a local ``envhub.Env``
+        instance, wrapped in a :class:`~envhub.local_env.LocalEnv` (``tools[0].env``; reset it
+        there for a seeded task, else the first call starts an episode with ``reset()``).
         For an async env, call ``await EnvTool.afrom_env(env)`` instead.
         """
+        from envhub.env import Env
+        from envhub.local_env import LocalEnv
+
+        env = LocalEnv(env) if isinstance(env, Env) else env
         return cls._build(env, env.tools() if hasattr(env, "tools") else [])
 
     @classmethod
     async def afrom_env(cls, env: Any) -> list["EnvTool"]:
-        """:meth:`from_env` for an async env (its ``tools()`` is a coroutine)."""
+        """:meth:`from_env` for an async env (its ``tools()`` is a coroutine); an ``envhub.Env``
+        instance is wrapped in an :class:`~envhub.local_env.AsyncLocalEnv`."""
+        from envhub.env import Env
+        from envhub.local_env import AsyncLocalEnv
+
+        env = AsyncLocalEnv(env) if isinstance(env, Env) else env
         specs = env.tools() if hasattr(env, "tools") else []
         return cls._build(env, await specs if inspect.isawaitable(specs) else specs)
 
@@ -162,15 +174,27 @@ class EnvTool:
 class ToolManager:
     """Executes OpenAI tool calls against a set of tools and returns ``role: "tool"`` messages.
 
+    Tools are :class:`EnvTool` s and client-side tools: plain Python functions (sync or async,
+    schemas by the ``@tool`` rules) or :class:`~envhub.function_tool.FunctionTool` s, side by side.
     ``infra_errors="raise"`` (default) lets infrastructure failures propagate; ``"message"``
     turns them into tool messages as well (for agent loops that must never stop).
+
+    >>> def double(x: int) -> int:
+    ...     "Twice x."
+    ...     return 2 * x
+    >>> ToolManager([double])({"name": "double", "arguments": {"x": 4}})["content"]
+    '8'
     """
 
-    def __init__(self, tools: Iterable[EnvTool], *, infra_errors: str = "raise"):
+    def __init__(self, tools: Iterable[Any], *, infra_errors: str = "raise"):
+        from envhub.function_tool import FunctionTool
+
         if infra_errors not in ("raise", "message"):
             raise ValueError(f"Expected infra_errors 'raise' or 'message', got {infra_errors!r}.")
-        self.tools: dict[str, EnvTool] = {}
+        self.tools: dict[str, Any] = {}
         for t in tools:
+            if not isinstance(t, (EnvTool, FunctionTool)):
+                t = FunctionTool(t)
             if t.name in self.tools:
                 raise ValueError(f"Two tools are named {t.name!r}; tool names must be unique.")
             self.tools[t.name] = t
@@ -202,7 +226,7 @@ class ToolManager:
 
     async def execute_many(self, tool_calls: Iterable[Any]) -> list[dict[str, Any]]:
         """Execute calls concurrently, results in call order: calls on one env session run one
-        after another, calls on different sessions in parallel."""
+        after another, calls on different sessions and client-side function calls in parallel."""
         return list(await asyncio.gather(*(self.acall(c) for c in tool_calls)))
 
     def _prepare(self, tool_call: Any) -> tuple[str | None, str, Any, dict[str, Any], str | None]:

@@ -62,8 +62,13 @@ def main(argv: list[str] | None = None) -> int:
                   "env.env_class='pkg.mod:Cls' to run one in process).", file=sys.stderr)
             return 2
         from trainer.recipes.rl import train
+        from trainer.rollout.failures import RolloutFailureError
 
-        summary = train(cfg)
+        try:
+            summary = train(cfg)
+        except RolloutFailureError as exc:
+            print(f"envhub-train: {exc}", file=sys.stderr)
+            return 1
     print(json.dumps(summary, indent=2))
     return 0
 

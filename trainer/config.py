@@ -19,6 +19,7 @@ from typing import Any
 from trainer.algos.losses import AGGREGATIONS
 from trainer.distributed import STRATEGIES
 from trainer.model import ModelConfig
+from trainer.rollout.actions import load_action_mapper
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
 
@@ -36,6 +37,9 @@ class EnvConfig:
     """Where episodes run and which tasks they get.
 
     ``urls`` (or one ``url``) of env servers, or ``env_class`` (``"pkg.mod:Cls"``) run in process.
+    ``action_mapper`` reshapes actions for a third-party env (``auto``: from the server's ``/schema``;
+    see :mod:`trainer.rollout.actions`); ``tools`` (OpenAI function schemas) replace the tools the
+    env lists, for servers that publish none.
     ``train_task``/``eval_task`` are ``reset`` arguments; each training task also gets a fresh
     ``seed``, each eval task ``index = i`` (``eval_key="index"``) or ``seed = i`` (``"seed"``).
     """
@@ -50,6 +54,8 @@ class EnvConfig:
     token: str | None = None
     connect_retry_s: float = 30.0
     message_timeout_s: float = 120.0
+    action_mapper: str = "auto"
+    tools: list[dict[str, Any]] | None = None
 
     def all_urls(self) -> list[str]:
         return [*([self.url] if self.url else []), *self.urls]
@@ -57,6 +63,7 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if self.eval_key not in ("index", "seed"):
             raise ValueError(f"Expected env.eval_key to be 'index' or 'seed', got {self.eval_key!r}.")
+        load_action_mapper(self.action_mapper)  # a typo fails here, with the accepted forms
 
 
 @dataclass
@@ -149,11 +156,14 @@ class RunConfig:
     resume: bool = False
     strategy: str = "auto"     # under torchrun: auto (DDP with > 1 rank) | ddp | fsdp | none (single process only)
     device: str = "auto"
+    max_failed_steps: int = 3  # stop when every episode failed this many steps in a row (0: never)
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1 or self.group_size < 1:
             raise ValueError(f"Expected run.steps >= 0, run.batch_size >= 1, run.group_size >= 1, got "
                              f"{self.steps}, {self.batch_size}, {self.group_size}.")
+        if self.max_failed_steps < 0:
+            raise ValueError(f"Expected run.max_failed_steps >= 0 (0: never stop), got {self.max_failed_steps}.")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"Expected run.strategy in {STRATEGIES}, got {self.strategy!r}.")
 

@@ -53,6 +53,7 @@ from trainer.model import hidden_size_of, load_policy, trainable_parameters
 from trainer.recipes.batch import PackedBatch, forward_logprobs, image_token_id, micro_batches, pack, token_advantages
 from trainer.rollout import (EnvPool, HFSampler, RolloutEngine, Task, Trajectory, build_groups, load_env_class,
                              make_tasks)
+from trainer.rollout.failures import FailureWatch, RolloutFailureError
 from trainer.vision import load_vision_processor
 
 
@@ -66,7 +67,8 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
         base, kwargs = env_cls, dict(cfg.env.env_kwargs)
         env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
     pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
-                   message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
+                   message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token,
+                   action_mapper=cfg.env.action_mapper, tools=cfg.env.tools)
     vision = load_vision_processor(cfg.model, tok)
     if vision is not None and cfg.sampling.backend == "vllm":
         raise ValueError("Expected sampling.backend='hf' for a vision-language policy: the vLLM sampler does not "
@@ -78,7 +80,7 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
                               seed=rank_seed(cfg.run.seed, rank()))  # ranks sample different completions
     else:
         sampler = HFSampler(model, tok, cfg.sampling)
-    return RolloutEngine(pool, sampler, tok, cfg.rollout, vision=vision)
+    return RolloutEngine(pool, sampler, tok, cfg.rollout, model_name=cfg.model.name, vision=vision)
 
 
 def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
@@ -307,6 +309,9 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     # nothing left to do (run.steps=0, or a resumed run already at run.steps): validate and summarise
     last_step = max(cfg.run.steps, first_step)
     progress = Progress(last_step - first_step, desc=cfg.algo.name)
+    # a run that trains on nothing says so (console, metrics, failures.jsonl), then stops
+    watch = FailureWatch(cfg.run.max_failed_steps, log, out / "failures.jsonl" if info.is_main else None)
+    everywhere = (lambda all_failed: not max_over_ranks(int(not all_failed), device)) if info.distributed else None
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
         # 1. rollouts with the current policy
@@ -315,6 +320,12 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         # 2. complete (and informative) groups only
         grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
         metrics = rollout_metrics(trajs, grouped)
+        try:
+            metrics.update(watch.check(step + 1, trajs, everywhere))
+        except RolloutFailureError:
+            logger.close()
+            engine.close()
+            raise
         kept = grouped.trajectories if grouped.groups else []
         # Under torchrun every rank must run the same forward/backward passes (DDP and FSDP communicate
         # in them): a rank that kept fewer rows this step pads its batch with rows that train nothing.
@@ -331,9 +342,6 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
                                     old_values_BS=old_values, device=device))
             scheduler.step()
             engine.sampler.update_weights(model, step + 1)
-        if not kept and grouped.infra_failures:
-            log(f"step {step}: every group lost to env failures ({grouped.infra_failures} episodes); "
-                f"first error: {next(t.error for t in trajs if t.infra_failed)}")
         metrics["time/step_s"] = time.monotonic() - t0
         metrics["time/rollout_s"] = t_rollout
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]

@@ -3,12 +3,16 @@
 Per episode, the state machine PENDING -> GENERATING -> INTERACTING -> ... -> TERMINATED:
 
 - PENDING: open a session (retrying a refused connection), ``reset`` with the task's arguments,
-  render ``[system, user]`` (+ the env's tools) with the chat template: prompt ids, mask 0.
+  render the agent's first messages (+ the env's and the client-side tools) with the chat
+  template: prompt ids, mask 0.
 - GENERATING: ask the sampler for at most ``min(max_tokens_per_turn, budget left)`` tokens; its
   ids and log-probs are appended as they are, mask 1. Concurrent episodes share batched calls.
-- INTERACTING: text envs get ``{"text": turn}``; tool envs get each Hermes ``<tool_call>`` as
-  ``{"tool_name", "arguments"}`` and the results go back as ``<tool_response>`` blocks. The
-  observation ids come from a fixed-base render (mask 0), never from re-tokenising the chat.
+- INTERACTING: the agent (:mod:`trainer.rollout.agents`) decides what the turn means: a text
+  action ``{"text": turn}``, or tool calls (parsed by the agent's tool-call parser) run against
+  the env one after another and client-side tools concurrently; the agent says how the results
+  are shown. Their ids come from a fixed-base render (mask 0), never from re-tokenising the chat.
+  Observations are read with the ``OpenEnv`` client's extraction (typed fields, dicts, text) and
+  actions reach a third-party env through the pool's action mapper.
 - TERMINATED with a :class:`StopReason`: done, turn limit, token limit, parse error (policy
   failures, trained on), or env error / timeout (infrastructure, excluded from the loss).
 
@@ -23,12 +27,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+import importlib
+from typing import Any, Callable
 
 from envhub.errors import ActionValidationError, EnvHubError, EpisodeStateError, StepTimeoutError
-from envhub.types import StepResult
-from envhub.parsers import ParseStatus, parse_tool_calls
+from envhub.function_tool import FunctionTool
+from envhub.tool_parsers import get_tool_parser
+from envhub.types import StepResult, ToolCall
+from trainer.rollout.agents import Agent, Decision, ToolResult, load_agent_class
 from trainer.rollout.envs import EnvPool, EnvSession
 from trainer.rollout.render import ChatRenderer
 from trainer.rollout.sampler import Sampler
@@ -43,7 +50,10 @@ class RolloutConfig:
     ``max_tokens_per_turn`` goes to the sampler as its token cap; ``max_total_tokens`` is the
     trajectory's budget of sampled tokens over all turns; ``max_context_tokens`` bounds the whole
     sequence (prompt and observations included). ``tool_mode``: ``"auto"`` (tools when the env
-    publishes any), ``"text"`` or ``"tools"``.
+    publishes any), ``"text"`` or ``"tools"``. ``agent``: ``auto`` | ``answer`` | ``tools`` |
+    ``"package.module:Class"`` (see :mod:`trainer.rollout.agents`), built with ``agent_kwargs``;
+    ``tool_parser``: a registered parser name, ``auto`` (from the model's name) or ``module:function``;
+    ``client_tools``: ``"module:function"`` names of Python functions run as tools next to the env's.
     """
 
     max_turns: int = 1
@@ -57,10 +67,16 @@ class RolloutConfig:
     max_tool_calls_per_turn: int = 4
     system_prompt: str | None = None   # used when the env sends none (or always, with use_env_system_prompt=false)
     use_env_system_prompt: bool = True
+    agent: str = "auto"
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    tool_parser: str = "auto"
+    client_tools: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.tool_mode not in ("auto", "text", "tools"):
             raise ValueError(f"Expected rollout.tool_mode in auto|text|tools, got {self.tool_mode!r}.")
+        load_agent_class(self.agent)  # fail at load time, with the fix, not in the first episode
+        get_tool_parser(self.tool_parser)
         for name in ("max_turns", "max_tokens_per_turn", "max_total_tokens", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Expected rollout.{name} >= 1, got {getattr(self, name)}.")
@@ -76,12 +92,22 @@ class RolloutEngine:
     """Runs episodes against an :class:`EnvPool` with a :class:`Sampler`; ``await engine.run(tasks)``."""
 
     def __init__(self, pool: EnvPool, sampler: Sampler, tokenizer: Any, config: RolloutConfig | None = None, *,
-                 vision: VisionProcessor | None = None):
+                 agent: type[Agent] | Callable[[], Agent] | None = None,
+                 client_tools: list[Callable[..., Any] | FunctionTool] | None = None,
+                 model_name: str | None = None, renderer: Any = None, vision: VisionProcessor | None = None):
         self.pool = pool
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
-        self.renderer = ChatRenderer(tokenizer, vision)
+        self.renderer = renderer or ChatRenderer(tokenizer, vision)
+        self.model_name = model_name
+        self.agent_factory = agent or load_agent_class(self.config.agent)
+        tools = [*(load_function(n) for n in self.config.client_tools), *(client_tools or [])]
+        self.client_tools = {}
+        for t in (t if isinstance(t, FunctionTool) else FunctionTool(t) for t in tools):
+            if t.name in self.client_tools:
+                raise ValueError(f"Two client-side tools are named {t.name!r}; tool names must be unique.")
+            self.client_tools[t.name] = t
         self.states: dict[int, EpisodeState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         set_demand = getattr(sampler, "set_demand", None)
@@ -133,8 +159,10 @@ class RolloutEngine:
             traj.stop_reason, traj.error = stop.reason, stop.error
         except (TimeoutError, StepTimeoutError) as exc:
             traj.stop_reason, traj.error = StopReason.TIMEOUT, f"{type(exc).__name__}: {exc}"
+            traj.note_failure("timeout", traj.error)
         except (EnvHubError, ConnectionError, OSError) as exc:
             traj.stop_reason, traj.error = StopReason.ENV_ERROR, f"{type(exc).__name__}: {exc}"
+            traj.note_failure("env_error", traj.error)
         except asyncio.CancelledError:
             traj.stop_reason = StopReason.CANCELLED
             raise
@@ -151,13 +179,27 @@ class RolloutEngine:
                         await asyncio.wait_for(session.close(), 5.0)
         return traj
 
+    def new_agent(self) -> Agent:
+        """A fresh agent for one episode (``rollout.agent``, or the ``agent`` given to the engine)."""
+        cfg = self.config
+        if isinstance(self.agent_factory, type) and issubclass(self.agent_factory, Agent):
+            return self.agent_factory(system_prompt=cfg.system_prompt, use_env_system_prompt=cfg.use_env_system_prompt,
+                                      tool_mode=cfg.tool_mode, tool_parser=cfg.tool_parser, model_name=self.model_name,
+                                      images=bool(getattr(self.renderer, "supports_images", False)), **cfg.agent_kwargs)
+        return self.agent_factory()
+
     async def _play(self, session: EnvSession, traj: Trajectory, greedy: bool, key: int) -> StopReason:
         cfg = self.config
+        agent = self.new_agent()
         first = await session.reset(**traj.task.reset_kwargs)
         specs = await session.tools() if cfg.tool_mode != "text" else []
-        use_tools = cfg.tool_mode == "tools" or (cfg.tool_mode == "auto" and bool(specs))
-        tools = [s.to_openai() for s in specs] if use_tools else None
-        ids, images = self.renderer.prompt(self._first_messages(first), tools)
+        clashes = sorted({s.name for s in specs} & set(self.client_tools))
+        if clashes:
+            raise ValueError(f"Client-side tools {clashes} have the names of env tools; rename them.")
+        agent.tools = tools = agent.tool_schemas([*specs, *(t.spec for t in self.client_tools.values())])
+        messages = agent.initial_messages(first.observation)
+        agent.history.extend(messages)
+        ids, images = self.renderer.prompt(messages, tools)
         traj.append(ids, policy=False, images=images)
         traj.prompt_len = len(traj.tokens)
         if first.ended:
@@ -176,7 +218,11 @@ class RolloutEngine:
             traj.turn_ends.append(len(traj.tokens) - 1)
             traj.num_turns += 1
             self.states[key] = EpisodeState.INTERACTING
-            result, new_messages = await self._interact(session, traj, gen, use_tools)
+            reply = self._decode(gen.token_ids, getattr(agent.parse_tool_calls, "markers", ()))
+            agent.history.append({"role": "assistant", "content": reply})
+            decision = agent.decide(reply, truncated=gen.finish_reason == "length")
+            result, new_messages = await self._interact(session, traj, agent, decision)
+            agent.history.extend(new_messages)
             traj.turn_rewards.append(result.reward)
             traj.reward += result.reward
             if result.done:
@@ -190,52 +236,62 @@ class RolloutEngine:
             ids, images = self.renderer.observation(new_messages, tools, after_eos=gen.finish_reason == "stop")
             traj.append(ids, policy=False, images=images)
 
-    def _first_messages(self, first: Any) -> list[dict[str, Any]]:
-        obs = first.observation
-        system = obs.metadata.get("system_prompt") if isinstance(obs.metadata, dict) else None
-        if not self.config.use_env_system_prompt or not system:
-            system = self.config.system_prompt
-        messages = [{"role": "system", "content": system}] if system else []
-        return messages + [{"role": "user", "content": self._content(obs)}]
+    def _decode(self, ids: list[int], markers: tuple[str, ...]) -> str:
+        """The reply's text without special tokens, except the tool-call format's own markers."""
+        tok = self.tokenizer
+        if not markers:
+            return tok.decode(ids, skip_special_tokens=True)
+        keep = {tok.convert_tokens_to_ids(m) for m in markers} - {tok.unk_token_id, None}
+        special = set(tok.all_special_ids) - keep
+        return tok.decode([i for i in ids if i not in special], skip_special_tokens=False)
 
-    def _content(self, obs: Any) -> Any:
-        """A message content for ``obs``: its text, or its images then its text for a vision policy."""
-        if not obs.images or self.renderer.vision is None:
-            return obs.text
-        return [*({"type": "image", "image": img} for img in obs.images), {"type": "text", "text": obs.text}]
-
-    async def _interact(self, session: EnvSession, traj: Trajectory, gen: GenResult,
-                        use_tools: bool) -> tuple[StepResult, list[dict[str, str]]]:
-        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        if not use_tools:
-            result = await self._step(session, {"text": text}, traj)
-            return result, [{"role": "user", "content": self._content(result.observation)}]
-        parsed = parse_tool_calls(text, truncated=gen.finish_reason == "length")
-        if parsed.status is ParseStatus.NO_CALL:
-            result = await self._step(session, {"text": parsed.content}, traj)
-            return result, [{"role": "user", "content": self._content(result.observation)}]
-        return await self._run_tool_calls(session, traj, parsed)
+    async def _interact(self, session: EnvSession, traj: Trajectory, agent: Agent,
+                        decision: Decision) -> tuple[StepResult, list[dict[str, Any]]]:
+        if decision.errors:
+            traj.parse_errors += 1
+            traj.note_failure("parse_error", decision.errors[0])
+            if self.config.stop_on_parse_error:
+                raise _Stop(StopReason.PARSE_ERROR, "; ".join(decision.errors))
+        if decision.text is not None and not decision.tool_calls and not decision.errors:
+            result = await self._step(session, {"text": decision.text}, traj)
+            return result, agent.observation_messages(result.observation)
+        errors = [ToolResult("", f"Error: {e}", error=True) for e in decision.errors]
+        results, steps = await self._run_tool_calls(session, traj, decision.tool_calls)
+        last = steps[-1] if steps else StepResult()
+        last.reward = sum(r.reward for r in steps)
+        return last, agent.tool_messages(errors + results)
 
     async def _run_tool_calls(self, session: EnvSession, traj: Trajectory,
-                              parsed: Any) -> tuple[StepResult, list[dict[str, str]]]:
-        responses: list[dict[str, str]] = []
-        if parsed.status in (ParseStatus.MALFORMED, ParseStatus.TRUNCATED):
-            traj.parse_errors += 1
-            if self.config.stop_on_parse_error:
-                raise _Stop(StopReason.PARSE_ERROR, "; ".join(parsed.errors))
-            responses += [{"role": "tool", "content": f"Error: {e}"} for e in parsed.errors]
-        calls = [] if parsed.status is ParseStatus.TRUNCATED else parsed.calls
-        total, last = 0.0, None
-        for call in calls[:self.config.max_tool_calls_per_turn]:
+                              calls: list[ToolCall]) -> tuple[list[ToolResult], list[StepResult]]:
+        """Env calls one after another in call order (they share the session; none after the episode
+        ends), client-side calls concurrently with them; results in call order."""
+        env_turn = asyncio.Lock()
+        steps: list[StepResult] = []
+        failed: list[BaseException] = []  # an env call that raised ends the turn for the calls queued after it
+
+        async def run(call: ToolCall) -> ToolResult:
             traj.tool_calls += 1
-            last = await self._step(session, {"tool_name": call.name, "arguments": call.arguments}, traj)
-            total += last.reward
-            responses.append({"role": "tool", "content": self._content(last.observation)})
-            if last.ended:
-                break
-        last = last or StepResult()
-        last.reward = total
-        return last, responses
+            local = self.client_tools.get(call.name)
+            if local is not None:
+                try:
+                    return ToolResult(call.name, await local.acall(**call.arguments))
+                except Exception as exc:  # the model's mistake or the tool's bug: the model reads it
+                    return ToolResult(call.name, f"Error: tool {call.name!r} raised {type(exc).__name__}: {exc}",
+                                      error=True)
+            async with env_turn:
+                if failed or (steps and steps[-1].ended):
+                    return ToolResult(call.name, "Error: the episode ended before this call.", error=True)
+                try:
+                    result = await self._step(session, {"tool_name": call.name, "arguments": call.arguments}, traj)
+                except BaseException as exc:
+                    failed.append(exc)
+                    raise
+                steps.append(result)
+                obs = result.observation
+                return ToolResult(call.name, Agent.text_of(obs), list(getattr(obs, "images", None) or []))
+
+        results = await asyncio.gather(*(run(c) for c in calls[:self.config.max_tool_calls_per_turn]))
+        return list(results), steps
 
     async def _step(self, session: EnvSession, action: dict[str, Any], traj: Trajectory) -> StepResult:
         try:
@@ -243,7 +299,19 @@ class RolloutEngine:
         except (ActionValidationError, EpisodeStateError) as exc:
             # The env refused what the policy did: a policy failure, trained on with the reward so far.
             traj.parse_errors += 1
+            traj.note_failure("validation_error", str(exc))
             raise _Stop(StopReason.PARSE_ERROR, str(exc)) from exc
 
 
-__all__ = ["RolloutConfig", "RolloutEngine"]
+def load_function(path: str) -> Callable[..., Any]:
+    """``"package.module:function"`` -> the function (client-side tools named in a config)."""
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"Expected a client-side tool like 'my_pkg.tools:lookup', got {path!r}.")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not callable(fn):
+        raise ValueError(f"Expected {path!r} to name a function, got {fn!r}.")
+    return fn
+
+
+__all__ = ["RolloutConfig", "RolloutEngine", "load_function"]

@@ -4,6 +4,11 @@
 ``connect_retry_s`` has passed, so a server that restarts costs only the episodes that were
 on it: later episodes reconnect on their own. The extensions an envhub server announces are
 read once per URL, not once per episode.
+
+Every session's actions go through the pool's action mapper (see :mod:`trainer.rollout.actions`):
+with ``action_mapper="auto"`` the mapper (and any tool made from a typed action) comes from the
+server's ``/schema``, read once per URL. ``tools`` (OpenAI schemas) replace the tools a session
+lists, for servers that publish none.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any, Protocol
 
 from envhub import Env, EnvRunner, StepResult, ToolSpec
 from envhub.errors import AuthError, EnvConnectionError
+from trainer.rollout.actions import ActionMapper, MappedSession, from_action_schema, identity, load_action_mapper
 
 
 class EnvSession(Protocol):
@@ -65,7 +71,8 @@ class EnvPool:
     def __init__(self, urls: list[str] | None = None, env_cls: type[Env] | None = None, *,
                  connect_timeout_s: float = 10.0, connect_retry_s: float = 30.0,
                  message_timeout_s: float | None = 120.0, step_timeout_s: float | None = None,
-                 token: str | None = None, reuse_sessions: bool = True):
+                 token: str | None = None, reuse_sessions: bool = True,
+                 action_mapper: str | ActionMapper | None = "auto", tools: list[Any] | None = None):
         if bool(urls) == (env_cls is not None):
             raise ValueError("Expected exactly one of env URLs or an in-process env class, got "
                              f"urls={urls!r}, env_cls={env_cls!r}.")
@@ -80,6 +87,11 @@ class EnvPool:
         self.reuse_sessions = reuse_sessions
         self._idle: dict[str, list[Any]] = {}
         self.reconnects = 0  # connections that succeeded only after a retry
+        self.mapper_spec = action_mapper
+        self._mapper = load_action_mapper(action_mapper)  # None: "auto", resolved per URL from /schema
+        self.tool_specs = None if tools is None else [t if isinstance(t, ToolSpec) else ToolSpec.from_openai(t)
+                                                      for t in tools]
+        self._adapters: dict[str, tuple[ActionMapper, list[ToolSpec]]] = {}
 
     def url_for(self, index: int) -> str | None:
         return self.urls[index % len(self.urls)] if self.urls else None
@@ -87,14 +99,41 @@ class EnvPool:
     async def open(self, url: str | None = None) -> EnvSession:
         """A connected session (in process, or to ``url`` / the first URL)."""
         if self.env_cls is not None:
-            return InProcessSession(self.env_cls())
+            if self._mapper is not None:
+                return self._adapt(InProcessSession(self.env_cls()), self._mapper, [])
+            if "" not in self._adapters:  # "auto": from the env's own action model, as /schema publishes it
+                self._adapters[""] = from_action_schema(self.env_cls.action_model.model_json_schema())
+            return self._adapt(InProcessSession(self.env_cls()), *self._adapters[""])
         url = url or self.urls[0]
         idle = self._idle.get(url)
         while idle:
             client = idle.pop()
             if client.connected:
                 return client
-        return await self._connect(url)
+        client = await self._connect(url)
+        if self._mapper is not None:
+            return self._adapt(client, self._mapper, [])
+        if url not in self._adapters:
+            self._adapters[url] = await self._schema_adapter(url)
+        return self._adapt(client, *self._adapters[url])
+
+    def _adapt(self, session: Any, mapper: ActionMapper, schema_tools: list[ToolSpec]) -> Any:
+        tools = self.tool_specs if self.tool_specs is not None else (schema_tools or None)
+        if mapper is identity and tools is None:
+            return session
+        return MappedSession(session, mapper, tools)
+
+    async def _schema_adapter(self, url: str) -> tuple[ActionMapper, list[ToolSpec]]:
+        """The "auto" mapper for ``url``: from the action model in its ``/schema`` (identity without one)."""
+        from envhub import _wire
+        from envhub._client_io import fetch_json
+
+        try:
+            status, schema = await fetch_json(_wire.http_url(url, "/schema"), self.token, self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError):
+            return identity, []
+        action = schema.get("action") if status == 200 and isinstance(schema, dict) else None
+        return from_action_schema(action)
 
     async def release(self, session: EnvSession, url: str | None = None) -> None:
         """Give back a session whose episode ended cleanly: over WebSocket the next episode resets on it

@@ -32,6 +32,11 @@ class ChatRenderer:
         self.eos_id = int(tokenizer.eos_token_id)
         self.eos_text = tokenizer.convert_ids_to_tokens(self.eos_id)
 
+    @property
+    def supports_images(self) -> bool:
+        """True when image parts of messages reach the policy (agents then put observation images in them)."""
+        return self.vision is not None
+
     def _render(self, messages: list[dict[str, Any]], tools: list[dict] | None, gen_prompt: bool) -> str:
         if self.vision is None:
             messages = text_only(messages)

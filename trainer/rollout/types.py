@@ -91,6 +91,9 @@ class Trajectory:
     elapsed_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     images: list[Any] = field(default_factory=list)
+    failure: str | None = None          # the first failure: parse_error | validation_error | env_error | timeout
+    failure_message: str | None = None  # ... and what it said
+    failed_turns: int = 0               # turns whose reply was malformed or refused by the env
 
     @property
     def group_id(self) -> int:
@@ -100,6 +103,21 @@ class Trajectory:
     def infra_failed(self) -> bool:
         """True when the env side failed: the trajectory says nothing about the policy."""
         return self.stop_reason is not None and self.stop_reason.is_infra_failure
+
+    @property
+    def failed(self) -> bool:
+        """True when the episode taught nothing about the task: it stopped on a parse, validation or env
+        error, or every turn it played was a malformed or refused action."""
+        if self.stop_reason in (StopReason.PARSE_ERROR, StopReason.ENV_ERROR, StopReason.TIMEOUT):
+            return True
+        return self.num_turns > 0 and self.failed_turns >= self.num_turns
+
+    def note_failure(self, kind: str, message: str) -> None:
+        """Record a failed turn (or a failed episode); the first failure's kind and message are kept."""
+        if kind in ("parse_error", "validation_error"):
+            self.failed_turns += 1
+        if self.failure is None:
+            self.failure, self.failure_message = kind, message
 
     @property
     def num_policy_tokens(self) -> int:
@@ -127,7 +145,8 @@ class Trajectory:
         rec = {"group_id": self.group_id, "task": self.task.reset_kwargs, "reward": self.reward,
                "turn_rewards": self.turn_rewards, "stop_reason": self.stop_reason.value if self.stop_reason else None,
                "policy_version": self.policy_version, "num_turns": self.num_turns, "prompt_len": self.prompt_len,
-               "parse_errors": self.parse_errors, "error": self.error, "tokens": self.tokens, "mask": self.mask,
+               "parse_errors": self.parse_errors, "error": self.error, "failure": self.failure,
+               "failure_message": self.failure_message, "tokens": self.tokens, "mask": self.mask,
                "logprobs": [round(x, 5) for x in self.logprobs],
                "images": [list(f.grid_thw) for f in self.images]}
         if tokenizer is not None:
