@@ -5,7 +5,7 @@ generates one batch of completions once (fixed prompt and completion lengths: EO
 until ``--completion-len`` tokens), and then each side times only its training step on exactly those
 token ids and advantages — forward, log-probs, clipped GRPO loss, backward, AdamW step. Generation is
 excluded on both sides. TRL's step is ``trainer.compute_loss`` + ``accelerator.backward`` + its
-optimizer; ours is ``token_logprobs`` + ``policy_loss`` + ``torch.optim.AdamW``.
+optimizer; ours is the training core's ``ppo`` loss (``trainer.core.losses``) + ``torch.optim.AdamW``.
 
     .venv/bin/python benchmarks/train_step.py                 # the tests' tiny model (hidden 32, 2 layers)
     .venv/bin/python benchmarks/train_step.py --hidden-size 256 --layers 4
@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from trainer.algos import policy_loss, token_logprobs
+from trainer.core.losses import aggregation_units, aggregation_weights, token_logprobs, weighted_loss
 
 CHARS = string.ascii_letters + string.digits  # 62 characters + <pad> + <eos> = vocab 64
 
@@ -121,8 +121,10 @@ def envhub_loss(model, inputs) -> torch.Tensor:
     # logits only for the positions that predict completion tokens (C + 1 kept, the last one dropped)
     logits_BCV = model(input_ids=input_ids_BT, attention_mask=attention_BT, logits_to_keep=C + 1).logits[:, :-1]
     logprobs_BC = token_logprobs(logits_BCV, completion_ids)
-    loss, _ = policy_loss(logprobs_BC, logprobs_BC.detach(), inputs["advantages"], inputs["completion_mask"],
-                          clip_eps=0.2, aggregation="seq_mean_token_mean")
+    mask_BC = inputs["completion_mask"]
+    weights_BC = aggregation_weights(mask_BC, "seq_mean_token_mean") / aggregation_units(mask_BC, "seq_mean_token_mean")
+    advantages_BC = inputs["advantages"][:, None].expand_as(logprobs_BC)
+    loss, _, _ = weighted_loss("ppo", logprobs_BC, {"advantages": advantages_BC, "weights": weights_BC}, {})
     return loss
 
 

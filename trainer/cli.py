@@ -1,90 +1,186 @@
-"""``envhub-train``: RL from env services, or SFT, configured by a TOML file and ``a.b=c`` overrides.
+"""``envhub-train``: RL from env services, SFT or two-agent training, each configured by a TOML file and
+``a.b=c`` overrides.
 
     envhub-train --config examples/configs/math_grpo.toml env.url=ws://localhost:8001 run.steps=50
     envhub-train sft --config my_sft.toml sft.data=demos.jsonl
+    envhub-train two-agent --config examples/configs/gomoku_two_agent.toml env.url=ws://localhost:8003
     envhub-train --config FILE --print-config        # the resolved config, nothing run
+    envhub-train COMMAND --help                      # a command's own options
 
-Under ``torchrun`` every rank runs its share of the rollouts and the gradients are averaged.
+The command comes first; without one, ``rl`` runs. Under ``torchrun`` every rank runs its share of the
+rollouts and the gradients are averaged.
+
+A command is a :class:`Command` (name, help, ``configure(parser)``, ``run(args) -> exit status``) added
+with :func:`register`; :class:`ConfigCommand` is the shape every training mode shares (``--config``,
+overrides, ``--print-config``, ``--scheduler``; load errors exit 2 with the message).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+PROG = "envhub-train"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="envhub-train", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("mode", nargs="?", default="rl", help="rl (default), sft or two-agent")
-    parser.add_argument("--config", "-c", default=None, help="TOML config file (defaults when omitted)")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("--scheduler", metavar="URL", default=None,
-                        help="run as a job of an envhub-sched service (its API key from ENVHUB_SCHEDULER_KEY): "
-                             "queued, placed on free GPUs, log streamed here, cancelled on Ctrl-C")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs to ask the scheduler for (default 1)")
-    parser.add_argument("--torchrun", action="store_true",
-                        help="with --scheduler: launch under torchrun, one rank per GPU")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. algo.name=rloo")
-    return parser
+@dataclass
+class Command:
+    """One ``envhub-train`` subcommand: ``configure`` adds its options, ``run`` gets the parsed args."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+    def parser(self) -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(prog=f"{PROG} {self.name}", description=self.help)
+        self.configure(parser)
+        return parser
+
+    def main(self, argv: list[str]) -> int:
+        return self.run(self.parser().parse_intermixed_args(argv))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_intermixed_args(argv)
-    # "envhub-train algo.name=x" parses the override as the mode: give it back to the overrides.
-    if args.mode not in ("rl", "sft", "two-agent"):
-        args.overrides.insert(0, args.mode)
-        args.mode = "rl"
-    if args.scheduler:
-        return _submit(args)
-    if args.mode == "two-agent":
-        from trainer.multiagent.__main__ import main as two_agent_main
-        return two_agent_main((["--config", args.config] if args.config else [])
-                              + (["--print-config"] if args.print_config else []) + args.overrides)
-    from trainer.config import load_config
+class ConfigCommand(Command):
+    """A training mode: ``load(path, overrides) -> cfg``, ``check(cfg) -> error or None`` (before running),
+    ``execute(cfg) -> summary`` (printed as JSON). ``kind`` is the scheduler job kind for ``--scheduler``."""
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except (ValueError, TypeError, OSError) as exc:
-        print(f"envhub-train: {exc}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(cfg.to_json())
-        return 0
-    if args.mode == "sft":
-        from trainer.recipes.sft import train_sft
+    def __init__(self, name: str, help: str, *, load: Callable[[str | None, list[str]], Any],
+                 execute: Callable[[Any], dict], check: Callable[[Any], str | None] = lambda cfg: None,
+                 kind: str = "rl"):
+        super().__init__(name, help, self._configure, self._run)
+        self.load, self.execute, self.check, self.kind = load, execute, check, kind
 
-        summary = train_sft(cfg)
-    else:
-        if not (cfg.env.all_urls() or cfg.env.env_class):
-            print("envhub-train: no environment: set env.url=ws://host:port (or env.urls=[...], or "
-                  "env.env_class='pkg.mod:Cls' to run one in process).", file=sys.stderr)
+    def _configure(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--config", "-c", default=None, help="TOML config file (defaults when omitted)")
+        parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        parser.add_argument("--scheduler", metavar="URL", default=None,
+                            help="run as a job of an envhub-sched service (its API key from ENVHUB_SCHEDULER_KEY): "
+                                 "queued, placed on free GPUs, log streamed here, cancelled on Ctrl-C")
+        parser.add_argument("--gpus", type=int, default=1, help="GPUs to ask the scheduler for (default 1)")
+        parser.add_argument("--torchrun", action="store_true",
+                            help="with --scheduler: launch under torchrun, one rank per GPU")
+        parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.steps=10")
+
+    def _run(self, args: argparse.Namespace) -> int:
+        if args.scheduler:
+            return self._submit(args)
+        try:
+            cfg = self.load(args.config, args.overrides)
+        except (ValueError, TypeError, OSError) as exc:
+            print(f"{PROG} {self.name}: {exc}", file=sys.stderr)
             return 2
-        from trainer.recipes.rl import train
+        if args.print_config:
+            print(cfg.to_json())
+            return 0
+        problem = self.check(cfg)
+        if problem:
+            print(f"{PROG} {self.name}: {problem}", file=sys.stderr)
+            return 2
         from trainer.rollout.failures import RolloutFailureError
 
         try:
-            summary = train(cfg)
-        except RolloutFailureError as exc:
-            print(f"envhub-train: {exc}", file=sys.stderr)
+            summary = self.execute(cfg)
+        except RolloutFailureError as exc:  # every episode kept failing: the run trained on nothing
+            print(f"{PROG} {self.name}: {exc}", file=sys.stderr)
             return 1
-    print(json.dumps(summary, indent=2))
-    return 0
+        print(json.dumps(summary, indent=2))
+        return 0
+
+    def _submit(self, args: argparse.Namespace) -> int:
+        """Re-run this command as a scheduler job (everything but ``--scheduler``), streaming its log."""
+        from trainer.scheduler.client import submit_self
+
+        argv = [sys.executable, "-m", "trainer.cli", self.name]
+        if args.config:
+            argv += ["--config", os.path.abspath(args.config)]
+        argv += (["--print-config"] if args.print_config else []) + args.overrides
+        return submit_self(args.scheduler, argv, args.gpus, self.kind, torchrun=args.torchrun)
 
 
-def _submit(args: argparse.Namespace) -> int:
-    """Re-run this command as a scheduler job (everything but ``--scheduler``), streaming its log."""
-    import os
+COMMANDS: dict[str, Command] = {}
+DEFAULT_COMMAND = "rl"
 
-    from trainer.scheduler.client import submit_self
 
-    argv = [sys.executable, "-m", "trainer.cli", args.mode]
-    if args.config:
-        argv += ["--config", os.path.abspath(args.config)]
-    argv += (["--print-config"] if args.print_config else []) + args.overrides
-    kind = "sft" if args.mode == "sft" else "rl"
-    return submit_self(args.scheduler, argv, args.gpus, kind, torchrun=args.torchrun)
+def register(command: Command) -> Command:
+    """Add ``command`` to ``envhub-train`` (by its name)."""
+    COMMANDS[command.name] = command
+    return command
+
+
+# -- the training modes --------------------------------------------------------------------------
+def _load_train(path: str | None, overrides: list[str]) -> Any:
+    from trainer.config import load_config
+
+    return load_config(path, overrides)
+
+
+def _rl_env(cfg: Any) -> str | None:
+    if cfg.env.all_urls() or cfg.env.env_class:
+        return None
+    return ("no environment: set env.url=ws://host:port (or env.urls=[...], or env.env_class='pkg.mod:Cls' to "
+            "run one in process).")
+
+
+def _run_rl(cfg: Any) -> dict:
+    from trainer.recipes.rl import train
+
+    return train(cfg)
+
+
+def _run_sft(cfg: Any) -> dict:
+    from trainer.recipes.sft import train_sft
+
+    return train_sft(cfg)
+
+
+def _load_two_agent(path: str | None, overrides: list[str]) -> Any:
+    from trainer.multiagent.config import load_two_agent_config
+
+    return load_two_agent_config(path, overrides)
+
+
+def _match_env(cfg: Any) -> str | None:
+    if cfg.env.all_urls() or cfg.env.env_class:
+        return None
+    return ("no match env: set env.url=ws://host:port (a GomokuMatchEnv server: python -m env_servers.gomoku_env "
+            "--two-agent) or env.env_class='pkg.mod:Cls'.")
+
+
+def _run_two_agent(cfg: Any) -> dict:
+    from trainer.multiagent.two_agent import train_two_agents
+
+    return train_two_agents(cfg)
+
+
+register(ConfigCommand("rl", "On-policy RL (GRPO, PPO, RLOO, REINFORCE++) from env services; the default.",
+                       load=_load_train, check=_rl_env, execute=_run_rl))
+register(ConfigCommand("sft", "Supervised fine-tuning on demonstrations (sft.data, JSONL).",
+                       load=_load_train, execute=_run_sft, kind="sft"))
+register(ConfigCommand("two-agent", "Two policies trained against each other through a match env.",
+                       load=_load_two_agent, check=_match_env, execute=_run_two_agent))
+
+
+# -- entry point ---------------------------------------------------------------------------------
+def usage() -> str:
+    lines = [f"usage: {PROG} [COMMAND] [options] [key=value ...]", "", __doc__.split("\n\n")[0], "", "commands:"]
+    lines += [f"  {name:<12} {cmd.help}" for name, cmd in COMMANDS.items()]
+    lines += ["", f"Without a command, {DEFAULT_COMMAND} runs. `{PROG} COMMAND --help` lists a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage())
+        return 0
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]].main(argv[1:])
+    return COMMANDS[DEFAULT_COMMAND].main(argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.algos.losses import AGGREGATIONS
+from trainer.core.losses import AGGREGATIONS
 from trainer.distributed import STRATEGIES
 from trainer.model import ModelConfig
 from trainer.rollout.actions import load_action_mapper
@@ -76,7 +76,7 @@ class AlgoConfig:
     kl_coef: float = 0.0
     normalize_std: bool = True
     filter_zero_variance: bool = True
-    aggregation: str = "token_mean"  # one of trainer.algos.losses.AGGREGATIONS
+    aggregation: str = "token_mean"  # one of trainer.core.losses.AGGREGATIONS
     epochs: int = 1            # optimisation passes over each batch of rollouts
     minibatches: int = 1       # optimizer steps per pass
     gamma: float = 1.0

@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from trainer.algos import sft_loss  # noqa: E402
+from trainer.core import token_logprobs  # noqa: E402
 from trainer.checkpoint import export_hf, load_checkpoint, resolve_checkpoint, save_checkpoint  # noqa: E402
 
 N_STEPS, K_STEPS, BATCH, SEQ = 4, 2, 2, 12
@@ -49,7 +49,7 @@ def train_step(model, optimizer, scheduler, cursor: int) -> int:
     batch_BT = torch.where(corrupt_BT, noise_BT, batch_BT)
     scale = 0.5 + random.random() + float(np.random.rand())  # python + numpy RNG
     logits_BTV = model(input_ids=batch_BT).logits
-    loss, _ = sft_loss(logits_BTV[:, :-1], batch_BT[:, 1:], torch.ones(BATCH, SEQ - 1))
+    loss = -token_logprobs(logits_BTV[:, :-1], batch_BT[:, 1:]).mean()
     optimizer.zero_grad()
     (loss * scale).backward()
     optimizer.step()

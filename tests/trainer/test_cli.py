@@ -39,7 +39,7 @@ def test_bad_key_and_missing_env_are_clear_errors(capsys) -> None:
 
 
 def test_aggregation_is_checked_when_the_config_loads(capsys) -> None:
-    from trainer.algos.losses import AGGREGATIONS
+    from trainer.core import AGGREGATIONS
 
     for name in AGGREGATIONS:  # every value the loss accepts loads
         assert load_config(None, [f"algo.aggregation='{name}'"]).algo.aggregation == name
@@ -108,5 +108,23 @@ def test_a_run_whose_episodes_all_fail_exits_1_naming_the_reason(tmp_path, capsy
                "model.intermediate_size=64", "rollout.max_tokens_per_turn=4", "run.batch_size=2", "run.group_size=2",
                "run.eval_problems=1", "run.steps=5", "run.max_failed_steps=2", f"run.output_dir='{tmp_path}'"])
     err = capsys.readouterr().err
-    assert rc == 1 and "envhub-train: Every episode failed in the last 2 steps" in err
+    assert rc == 1 and "envhub-train rl: Every episode failed in the last 2 steps" in err
     assert "4/4 episodes failed (4 with env_error)" in err and "backend down" in err
+
+
+def test_a_subcommand_is_a_few_lines_and_every_mode_shares_the_config_shape(capsys, monkeypatch) -> None:
+    from trainer import cli
+
+    ports: list[int] = []
+    echo = cli.Command("echo", "records its port", lambda p: p.add_argument("--port", type=int, required=True),
+                       lambda args: ports.append(args.port) or 0)
+    monkeypatch.setitem(cli.COMMANDS, "echo", echo)
+    assert main(["echo", "--port", "5"]) == 0 and ports == [5]
+    assert main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("rl", "sft", "two-agent", "echo"))
+    # every training mode: overrides, --print-config, and load errors as exit status 2 naming the mode
+    assert main(["sft", "sft.steps=3", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["sft"]["steps"] == 3
+    assert main(["two-agent", "agents.carol.optim.lr=0.1"]) == 2
+    assert "envhub-train two-agent: " in capsys.readouterr().err

@@ -202,12 +202,14 @@ def _tiny_model(device, seed: int = 0):
 
 
 def _grpo_loss(model, tokens_BT, advantages_B):
-    from trainer.algos import policy_loss, token_logprobs
+    from trainer.core.losses import token_logprobs, weighted_loss
 
     logits_BTV = model(input_ids=tokens_BT).logits
     logprobs_BT = token_logprobs(logits_BTV[:, PROMPT - 1:-1], tokens_BT[:, PROMPT:])
-    mask_BT = torch.ones_like(logprobs_BT)  # equal completion lengths: equal token counts per rank
-    loss, _ = policy_loss(logprobs_BT, logprobs_BT.detach(), advantages_B, mask_BT)
+    # equal completion lengths: equal token counts per rank; weights 1/tokens make the core's sum a token mean
+    inputs = {"advantages": advantages_B[:, None].expand_as(logprobs_BT),
+              "weights": torch.full_like(logprobs_BT, 1.0 / logprobs_BT.numel())}
+    loss, _, _ = weighted_loss("ppo", logprobs_BT, inputs, {})
     return loss
 
 

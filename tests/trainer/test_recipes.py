@@ -119,8 +119,10 @@ def test_sft_with_zero_steps_returns_at_once() -> None:
 def test_logged_loss_metrics_are_token_means_that_loss_free_padding_rows_leave_alone(tmp_path) -> None:
     import copy
 
+    from trainer.core import TrainingClient
     from trainer.recipes.batch import PackedBatch
-    from trainer.recipes.rl import _pad_rows, optimise
+    from trainer.recipes.rl import _pad_rows
+    from trainer.recipes.update import adam_params, policy_update
 
     # rows of 10, 7 and 4 tokens, the first 3 of each a prompt (mask 0); sampler log-probs off the policy's
     gen = torch.Generator().manual_seed(0)
@@ -136,9 +138,8 @@ def test_logged_loss_metrics_are_token_means_that_loss_free_padding_rows_leave_a
     def run(b: PackedBatch, micro_batch_size: int) -> dict[str, float]:
         # two epochs: the second sees ratios away from 1, so clip_frac/approx_kl/ratio_mean carry information
         cfg = config(tmp_path, "algo.epochs=2", "optim.lr=1e-1", f"optim.micro_batch_size={micro_batch_size}")
-        policy = copy.deepcopy(model)
-        return optimise(cfg, policy, torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr), b,
-                        device=torch.device("cpu"))
+        policy = TrainingClient(copy.deepcopy(model), tok, micro_batch_size=cfg.optim.micro_batch_size)
+        return policy_update(cfg, policy, b, adam_params(cfg.optim, 0, cfg.run.steps))
 
     whole = run(batch, 16)
     # a torchrun rank that kept 3 rows while another kept 5 pads with 2 loss-free rows; micro-batches of 1
@@ -172,7 +173,7 @@ def test_sft_epochs_limit_ends_after_that_many_passes_whichever_comes_first(monk
     which = {tuple(encode_demo(tok, d)[0]): i for i, d in enumerate(demos)}
     batches: list[list[int]] = []
 
-    def fake_step(model, optimizer, batch, **kwargs):
+    def fake_step(client, batch, adam):
         batches.append([which[tuple(ids)] for ids, _ in batch])
         return {"sft_loss": 1.0, "token_acc": 0.0}
 
@@ -201,7 +202,7 @@ def test_sft_epochs_limit_ends_after_that_many_passes_whichever_comes_first(monk
 
 
 def test_negative_weight_reaches_every_algorithm_and_is_validated() -> None:
-    from trainer.recipes.rl import compute_advantages
+    from trainer.recipes.update import compute_advantages
     from trainer.rollout.types import Task, Trajectory
 
     def traj(reward: float, gid: int) -> Trajectory:
@@ -240,8 +241,9 @@ def test_lr_schedules_warm_up_then_decay_to_the_floor() -> None:
 def test_micro_batches_give_the_gradient_of_the_whole_batch_for_every_aggregation(tmp_path, aggregation) -> None:
     import copy
 
+    from trainer.core import AdamParams, TrainingClient
     from trainer.recipes.batch import PackedBatch
-    from trainer.recipes.rl import optimise
+    from trainer.recipes.update import policy_update
 
     # rows of 10, 7 and 4 tokens (the first 3 a prompt): micro-batches of one row each must add up
     # to the loss of the whole batch, whether it averages over tokens or over sequences
@@ -252,13 +254,21 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch_for_every_aggregatio
     mask = torch.tensor([[0.0] * 3 + [1.0] * (n - 3) + [0.0] * (T - n) for n in lengths])
     adv = torch.randn(3, 1, generator=gen) * mask
     batch = PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], torch.zeros(3, T - 1), torch.zeros(3, T - 1))
-    model, _ = load_policy(config(tmp_path).model)
+    model, tok = load_policy(config(tmp_path).model)
 
     def grads(micro_batch_size: int) -> torch.Tensor:
         cfg = config(tmp_path, f"algo.aggregation='{aggregation}'", f"optim.micro_batch_size={micro_batch_size}")
-        policy = copy.deepcopy(model)
-        optimise(cfg, policy, torch.optim.SGD(policy.parameters(), lr=0.0), batch, device=torch.device("cpu"))
-        return torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
+        policy = TrainingClient(copy.deepcopy(model), tok, micro_batch_size=micro_batch_size)
+        seen: list[torch.Tensor] = []
+        step = policy.optim_step
+
+        def recording_step(adam: AdamParams) -> dict[str, float]:  # the gradient optim_step is about to apply
+            seen.append(torch.cat([p.grad.flatten() for p in policy.params if p.grad is not None]))
+            return step(adam)
+
+        policy.optim_step = recording_step
+        policy_update(cfg, policy, batch, AdamParams(learning_rate=0.0))
+        return seen[0]
 
     whole, split = grads(16), grads(1)
     assert whole.abs().sum() > 0

@@ -14,7 +14,10 @@ from envhub import Env, Observation, StepResult, tool
 from rollout_fakes import ScriptedSampler
 from trainer.config import load_config
 from trainer.model import ModelConfig, load_policy
-from trainer.recipes.batch import forward_logprobs, image_token_id, pack
+from trainer.core import TrainingClient
+from trainer.core.forward import run_model
+from trainer.recipes.batch import pack
+from trainer.recipes.update import forward_values
 from trainer.recipes.rl import train
 from trainer.recipes.sft import encode_image_demo
 from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, StopReason, make_tasks
@@ -136,20 +139,18 @@ def test_sampler_log_probs_equal_the_training_forward_and_depend_on_the_image(vl
         t.append(gen.token_ids, policy=True, logprobs=gen.logprobs)
         trajs.append(t)
     batch = pack(trajs, [[0.0] * len(t.tokens) for t in trajs], tok.pad_token_id)
+    client = TrainingClient(model, tok)
+    lp_BS = forward_values(client, batch, "logprobs")  # the training core's forward pass
+    mask = batch.mask_BS.bool()
+    assert torch.allclose(lp_BS[mask], batch.sampler_logprobs_BS[mask], atol=1e-4)
+    # the same ids with the other picture's pixels score differently: the image is really read
+    batch.images_B = [blue_imgs, red_imgs]
+    swapped_BS = forward_values(client, batch, "logprobs")
+    assert not torch.allclose(swapped_BS[mask], lp_BS[mask], atol=1e-4)
+    # the policy can never write an image placeholder
     with torch.no_grad():
-        lp_BS, _ = forward_logprobs(model, batch.tokens_BT, batch.attn_BT, **batch.model_inputs(image_token_id(model)))
-        mask = batch.mask_BS.bool()
-        assert torch.allclose(lp_BS[mask], batch.sampler_logprobs_BS[mask], atol=1e-4)
-        # the same ids with the other picture's pixels score differently: the image is really read
-        swapped = batch.select([0])
-        swapped.images_B = [blue_imgs]
-        lp_swapped, _ = forward_logprobs(model, swapped.tokens_BT, swapped.attn_BT,
-                                         **swapped.model_inputs(image_token_id(model)))
-        assert not torch.allclose(lp_swapped[0], lp_BS[0, :lp_swapped.shape[1]], atol=1e-4)
-        # the policy can never write an image placeholder
-        first = batch.select([0])
-        logits = model(input_ids=first.tokens_BT, **first.model_inputs(image_token_id(model))).logits
-        assert (logits[..., vp.vision_token_ids] <= -1e4 + 1).all()
+        logits, _ = run_model(model, batch.tokens_BT, batch.attn_BT, images_B=batch.images_B)
+    assert (logits[..., vp.vision_token_ids] <= -1e4 + 1).all()
 
 
 def test_sft_demonstrations_with_images_mask_their_placeholders(vl) -> None:

@@ -1,8 +1,10 @@
 """One agent of a two-agent run: its own policy, optimizer, sampler, metrics and checkpoints.
 
 Nothing is shared between agents: each loads its own model (full parameters or its own LoRA
-adapter on its own copy of the base), builds its own AdamW over its own trainable parameters,
-samples from its own model, and trains only on trajectories its own seats produced.
+adapter on its own copy of the base) behind its own training-core client (its own AdamW state over
+its own trainable parameters), samples from its own model, and trains only on trajectories its own
+seats produced. An update is the same :func:`~trainer.recipes.update.policy_update` over the core's
+``forward_backward`` / ``optim_step`` that single-agent training runs.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import torch
 
 from trainer import algos
 from trainer.config import TrainConfig
+from trainer.core import TrainingClient
 from trainer.metrics import MetricsLogger
-from trainer.model import hidden_size_of, load_policy, trainable_parameters
+from trainer.model import hidden_size_of, load_policy
 from trainer.multiagent.config import AgentConfig, TwoAgentConfig
-from trainer.recipes.batch import PackedBatch, pack
-from trainer.recipes.rl import compute_advantages, optimise, ppo_advantages, rollout_metrics
+from trainer.recipes.batch import pack
+from trainer.recipes.update import adam_params, compute_advantages, policy_update, ppo_advantages, rollout_metrics
 from trainer.rollout import HFSampler, Trajectory, build_groups
 
 
@@ -40,22 +43,26 @@ class Agent:
                                      algo=cfg.algo, optim=cfg.optim, run=shared.run)
         if model is None:
             model, tokenizer = load_policy(cfg.model, self.device)
-        self.model, self.tokenizer = model.to(self.device).train(), tokenizer
-        self.value_head = (algos.ValueHead(hidden_size_of(self.model)).to(self.device)
-                           if cfg.algo.name == "ppo" else None)
-        self.ref_model = _frozen_copy(self.model) if cfg.algo.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                           weight_decay=cfg.optim.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: cfg.optim.lr_factor(s, shared.run.steps))
+        model = model.to(self.device).train()
+        value_head = algos.ValueHead(hidden_size_of(model)).to(self.device) if cfg.algo.name == "ppo" else None
+        self.policy = TrainingClient(model, tokenizer, value_head=value_head,
+                                     micro_batch_size=cfg.optim.micro_batch_size)
+        self.reference = (TrainingClient(_frozen_copy(model), tokenizer, params=[],
+                                         micro_batch_size=cfg.optim.micro_batch_size)
+                          if cfg.algo.kl_coef > 0 else None)
+        self.model, self.tokenizer, self.value_head = model, tokenizer, value_head
         self.sampler = HFSampler(self.model, self.tokenizer, shared.sampling)
         self.logger = MetricsLogger(self.out_dir)
         self.version = 0
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """This agent's AdamW (the core client's)."""
+        return self.policy.optimizer
+
     def parameters(self) -> list[torch.nn.Parameter]:
         """Every tensor this agent's optimizer updates."""
-        extra = list(self.value_head.parameters()) if self.value_head is not None else []
-        return trainable_parameters(self.model) + extra
+        return list(self.policy.params)
 
     def update(self, trajectories: list[Trajectory], step: int) -> dict[str, float]:
         """Train on this agent's own trajectories of one step; returns its metrics.
@@ -71,18 +78,14 @@ class Agent:
         grouped = build_groups(trajectories, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
         metrics = rollout_metrics(trajectories, grouped)
         metrics.update(outcome_metrics(trajectories, "train"))
+        adam = adam_params(cfg.optim, step, cfg.run.steps)
         if grouped.groups:
             batch = pack(grouped.trajectories, compute_advantages(cfg, grouped.groups), self.tokenizer.pad_token_id)
-            old_values = None
-            if self.value_head is not None:
-                old_values = ppo_advantages(cfg, self.model, self.value_head, _to(batch, self.device))
-                batch = _to(batch, torch.device("cpu"))
-            metrics.update(optimise(cfg, self.model, self.optimizer, batch, ref_model=self.ref_model,
-                                    value_head=self.value_head, old_values_BS=old_values, device=self.device))
-            self.scheduler.step()
-            self.version = step + 1
-            self.sampler.update_weights(self.model, self.version)
-        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+            old_values = ppo_advantages(cfg, self.policy, batch) if self.value_head is not None else None
+            metrics.update(policy_update(cfg, self.policy, batch, adam, reference=self.reference,
+                                         old_values_BS=old_values))
+            self.version = self.policy.save_weights_for_sampler(self.sampler, version=step + 1)
+        metrics["train/lr"] = adam.learning_rate
         metrics["train/policy_version"] = float(self.version)
         return metrics
 
@@ -90,10 +93,9 @@ class Agent:
         """A checkpoint of this agent alone under ``out_dir/checkpoints``."""
         from trainer.checkpoint import save_checkpoint
 
-        return save_checkpoint(self.out_dir / "checkpoints", model=self.model, optimizer=self.optimizer,
-                               scheduler=self.scheduler, step=step, data_cursor={"step": step},
-                               extra={"agent": self.name, "policy_version": self.version}, keep_last=keep_last,
-                               modules=self._extra_modules())
+        return save_checkpoint(self.out_dir / "checkpoints", model=self.model, optimizer=self.optimizer, step=step,
+                               data_cursor={"step": step}, extra={"agent": self.name, "policy_version": self.version},
+                               keep_last=keep_last, modules=self._extra_modules())
 
     def load(self) -> int | None:
         """Restore the latest checkpoint of this agent if there is one; returns its step."""
@@ -102,7 +104,7 @@ class Agent:
         if not (self.out_dir / "checkpoints" / "latest").exists():
             return None
         state = load_checkpoint(self.out_dir / "checkpoints", model=self.model, optimizer=self.optimizer,
-                                scheduler=self.scheduler, modules=self._extra_modules())
+                                modules=self._extra_modules())
         self.version = int(state["extra"].get("policy_version", state["step"]))
         self.sampler.update_weights(self.model, self.version)
         return int(state["data_cursor"]["step"])
@@ -137,10 +139,6 @@ def _frozen_copy(model: Any) -> Any:
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
-
-
-def _to(batch: PackedBatch, device: torch.device) -> PackedBatch:
-    return batch.to(device)
 
 
 __all__ = ["Agent", "outcome_metrics", "WIN_REASONS", "LOSS_REASONS"]

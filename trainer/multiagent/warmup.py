@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from trainer.core import AdamParams, TrainingClient
 from trainer.multiagent.match_rollout import SEATS, MatchRollout, MatchSpec
 from trainer.multiagent.opponents import RandomMoveSampler
 from trainer.recipes.sft import sft_step
@@ -56,13 +57,14 @@ def imitation_warmup(model: Any, tokenizer: Any, demos: list[tuple[list[int], li
     for p in frozen:
         p.requires_grad_(True)
     try:
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-        model.train()
+        model.to(device).train()
+        # a client of its own: the optimizer state is thrown away with it
+        client = TrainingClient(model, tokenizer, params=[p for p in model.parameters() if p.requires_grad])
+        adam = AdamParams(learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=1.0)
         metrics: dict[str, float] = {}
         for _ in range(steps):
             batch = [demos[rng.randrange(len(demos))] for _ in range(batch_size)]
-            metrics = sft_step(model, optimizer, batch, pad_id=tokenizer.pad_token_id, grad_clip=1.0,
-                               device=torch.device(device))
+            metrics = sft_step(client, batch, adam)
     finally:
         for p in frozen:
             p.requires_grad_(False)

@@ -1,4 +1,4 @@
-"""Packing trajectories into training tensors, and the model forward both RL and SFT use."""
+"""Packing trajectories into training tensors (the recipes turn rows into the core's datums)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainer.algos import token_logprobs
 from trainer.rollout.types import Trajectory
-from trainer.vision import ImageFeatures, vision_inputs
 
 
 @dataclass
@@ -27,7 +25,7 @@ class PackedBatch:
     advantages_BS: Tensor
     rewards_BS: Tensor
     sampler_logprobs_BS: Tensor
-    images_B: list[list[ImageFeatures]] = field(default_factory=list)
+    images_B: list[list[Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.images_B:
@@ -36,31 +34,11 @@ class PackedBatch:
     def __len__(self) -> int:
         return self.tokens_BT.shape[0]
 
-    def to(self, device: torch.device | str) -> "PackedBatch":
-        """The tensors on ``device`` (images stay on the CPU until :meth:`model_inputs`)."""
-        return PackedBatch(*(getattr(self, f.name).to(device) for f in _TENSOR_FIELDS), self.images_B)
-
     def cat(self, other: "PackedBatch") -> "PackedBatch":
         """Rows of ``self`` then rows of ``other`` (same width)."""
-        return PackedBatch(*(torch.cat([getattr(self, f.name), getattr(other, f.name)]) for f in _TENSOR_FIELDS),
+        tensors = [f.name for f in fields(self) if f.name != "images_B"]
+        return PackedBatch(*(torch.cat([getattr(self, n), getattr(other, n)]) for n in tensors),
                            self.images_B + other.images_B)
-
-    def model_inputs(self, image_token_id: int | None) -> dict[str, Any]:
-        """Extra model inputs of these rows: pixel values, grids and token types when any row has an image."""
-        if image_token_id is None or not any(self.images_B):
-            return {}
-        return vision_inputs(self.images_B, self.tokens_BT, image_token_id)
-
-    def select(self, idx: list[int] | Tensor) -> "PackedBatch":
-        """Rows ``idx``, trimmed to their longest sequence (micro-batches stay small)."""
-        idx = torch.as_tensor(idx, dtype=torch.long)
-        width = int(self.attn_BT[idx].sum(dim=1).max().item())
-        return PackedBatch(self.tokens_BT[idx, :width], self.attn_BT[idx, :width], self.mask_BS[idx, :width - 1],
-                           self.advantages_BS[idx, :width - 1], self.rewards_BS[idx, :width - 1],
-                           self.sampler_logprobs_BS[idx, :width - 1], [self.images_B[i] for i in idx.tolist()])
-
-
-_TENSOR_FIELDS = [f for f in fields(PackedBatch) if f.name != "images_B"]
 
 
 def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
@@ -94,32 +72,4 @@ def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: 
                        [list(t.images) for t in trajectories])
 
 
-def forward_logprobs(model: torch.nn.Module, tokens_BT: Tensor, attn_BT: Tensor, *, temperature: float = 1.0,
-                     hidden: bool = False, **model_inputs: Any) -> tuple[Tensor, Tensor | None]:
-    """Log-probs [B, T-1] of each next token (logits / temperature), and the last hidden states if asked.
-
-    ``model_inputs`` go to the model as they are (a vision policy's ``PackedBatch.model_inputs``).
-    """
-    out = model(input_ids=tokens_BT, attention_mask=attn_BT, output_hidden_states=hidden, use_cache=False,
-                **model_inputs)
-    logits_BSV = out.logits[:, :-1]
-    if temperature != 1.0:
-        logits_BSV = logits_BSV / temperature
-    lp_BS = token_logprobs(logits_BSV, tokens_BT[:, 1:])
-    return lp_BS, (out.hidden_states[-1][:, :-1] if hidden else None)
-
-
-def micro_batches(n: int, size: int, *, generator: torch.Generator | None = None, shuffle: bool = False) -> list[list[int]]:
-    """Index lists of at most ``size`` rows covering ``range(n)``."""
-    order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
-    return [order[i:i + size] for i in range(0, n, size)]
-
-
-def image_token_id(model: Any) -> int | None:
-    """The image placeholder id of a vision-language policy (under any wrapper), None for a text-only one."""
-    from trainer.model import unwrap
-
-    return getattr(unwrap(model).config, "image_token_id", None)
-
-
-__all__ = ["PackedBatch", "pack", "token_advantages", "forward_logprobs", "micro_batches", "image_token_id"]
+__all__ = ["PackedBatch", "pack", "token_advantages"]

@@ -1,5 +1,8 @@
 """Supervised fine-tuning on demonstrations: token-mean cross-entropy on the assistant tokens only.
 
+Each step is two calls to the training core: ``forward_backward`` with its ``cross_entropy`` loss (weights
+``mask / tokens``, so the core's weighted sum is the token mean) and ``optim_step`` (AdamW).
+
 A demonstration is ``{"messages": [...]}`` (every assistant message is trained on) or
 ``{"prompt": [...messages], "completion": "text"}``. Each is rendered with the model's chat
 template; assistant turns (their text and the closing ``<|im_end|>``) get mask 1, everything
@@ -18,12 +21,11 @@ from typing import Any, Callable
 
 import torch
 
-from trainer import algos
 from trainer.config import TrainConfig
+from trainer.core import AdamParams, Datum, TrainingClient
 from trainer.metrics import MetricsLogger, Progress
-from trainer.model import load_policy, trainable_parameters
-from trainer.recipes.batch import image_token_id
-from trainer.vision import VisionProcessor, images_in, load_vision_processor, text_only, vision_inputs
+from trainer.model import load_policy
+from trainer.vision import VisionProcessor, images_in, load_vision_processor, text_only
 
 
 def encode_demo(tokenizer: Any, demo: dict[str, Any]) -> tuple[list[int], list[int]]:
@@ -79,26 +81,20 @@ def load_demos(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def sft_step(model: Any, optimizer: torch.optim.Optimizer, batch: list[tuple], *,
-             pad_id: int, grad_clip: float, device: torch.device) -> dict[str, float]:
-    """One AdamW step on a batch of encoded demonstrations (right-padded): ``(ids, mask)`` or, with images,
-    ``(ids, mask, images)`` as :func:`encode_image_demo` gives them."""
-    width = max(len(item[0]) for item in batch)
-    tokens = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
-    mask = torch.zeros((len(batch), width))
-    for i, (ids, m, *_) in enumerate(batch):
-        tokens[i, :len(ids)], attn[i, :len(ids)], mask[i, :len(ids)] = torch.tensor(ids), 1, torch.tensor(m, dtype=torch.float)
-    tokens, attn, mask = tokens.to(device), attn.to(device), mask.to(device)
-    images_B = [item[2] if len(item) > 2 else [] for item in batch]
-    extra = vision_inputs(images_B, tokens, image_token_id(model)) if any(images_B) else {}
-    logits = model(input_ids=tokens, attention_mask=attn, use_cache=False, **extra).logits
-    loss, metrics = algos.sft_loss(logits[:, :-1], tokens[:, 1:], mask[:, 1:])
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trainable_parameters(model), grad_clip))
-    optimizer.step()
-    return metrics
+def sft_step(client: TrainingClient, batch: list[tuple], adam: AdamParams) -> dict[str, float]:
+    """One step on a batch of encoded demonstrations, ``(ids, mask)`` or with images ``(ids, mask, images)`` as
+    :func:`encode_image_demo` gives them: ``forward_backward`` (token-mean cross-entropy on the mask-1
+    tokens) then ``optim_step``. Returns sft_loss, token_acc, num_tokens and grad_norm."""
+    tokens = sum(sum(item[1][1:]) for item in batch)
+    data = []
+    for ids, mask, *images in batch:
+        datum = Datum.from_sequence(ids, weights=[m / max(tokens, 1) for m in mask])
+        datum.images = list(images[0]) if images else []  # placeholders sit in the prompt, inside model_input
+        data.append(datum)
+    out = client.forward_backward(data, "cross_entropy")
+    grad_norm = client.optim_step(adam)["grad_norm"]
+    return {"sft_loss": out.metrics["loss:sum"], "token_acc": out.metrics.get("token_acc:mean", 0.0),
+            "num_tokens": out.metrics["tokens:sum"], "grad_norm": grad_norm}
 
 
 def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: int, batch_size: int, lr: float,
@@ -126,8 +122,11 @@ def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: i
     if epochs_limit:
         total = min(steps, -(-epochs_limit * len(encoded) // batch_size))
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
     model.train()
+    client = TrainingClient(model.to(device), tokenizer)
+    # torch's AdamW defaults (betas 0.9, 0.999; eps 1e-8), as this recipe always used
+    adam = AdamParams(learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=weight_decay,
+                      grad_clip_norm=grad_clip)
     order: list[int] = []
     passes = seen = done = 0
     metrics: dict[str, float] = {}
@@ -139,8 +138,7 @@ def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: i
             order += fresh
             passes += 1
         batch, order = [encoded[i] for i in order[:batch_size]], order[batch_size:]
-        metrics = sft_step(model, optimizer, batch, pad_id=tokenizer.pad_token_id, grad_clip=grad_clip,
-                           device=torch.device(device))
+        metrics = sft_step(client, batch, adam)
         seen, done = seen + len(batch), step + 1
         if logger is not None:
             logger.log(step + 1, {f"sft/{k}": v for k, v in metrics.items()})

@@ -1,0 +1,270 @@
+"""Several tenants on one base model in memory: LoRA adapters (peft named adapters) or one full-parameter tenant.
+
+>>> host = ModelHost(ModelConfig(name="tiny"))                                   # doctest: +SKIP
+>>> alice = host.create_lora_client("alice", rank=8, seed=0)                      # doctest: +SKIP
+>>> bob = host.create_lora_client("bob", rank=8)                                 # doctest: +SKIP
+>>> host.forward_backward_batch([(alice, data_a, "cross_entropy", {}), (bob, data_b, "ppo", {})])  # doctest: +SKIP
+
+Each tenant is a :class:`~trainer.core.client.TrainingClient` with its own adapter, gradients and AdamW
+state; the base weights are frozen and shared. Forward passes select each row's adapter with peft's
+mixed-batch ``adapter_names``, so one pass serves several tenants (:meth:`ModelHost.forward_backward_batch`).
+Passes run with dropout off (the model stays in eval mode): peft refuses mixed batches in training
+mode, and the tiny and common chat models use no dropout anyway. A full-parameter tenant trains the
+base weights themselves, so it is the only tenant while it lives; removing it restores the base.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from trainer.core.client import TrainingClient, _per_datum
+from trainer.core.forward import BASE_ADAPTER, Padded, model_device, pad, run_model, target_logprobs
+from trainer.core.losses import check_loss, weighted_loss
+from trainer.core.sampling import SamplingClient
+from trainer.core.types import Datum, ForwardBackwardOutput
+
+
+class TenantError(ValueError):
+    """A tenant request the host cannot honour (unknown, duplicate, over the limit, full next to LoRA)."""
+
+
+class ModelHost:
+    """One base model (a :class:`~trainer.model.ModelConfig`) and the tenants training on it.
+
+    ``max_tenants`` caps training tenants (samplers made by :meth:`snapshot` do not count).
+    """
+
+    def __init__(self, model_cfg: Any, *, device: torch.device | str = "cpu", max_tenants: int = 8,
+                 micro_batch_size: int | None = None):
+        from trainer.model import load_policy
+
+        if getattr(model_cfg, "lora_rank", 0):
+            raise ValueError("Expected the host's ModelConfig with lora_rank=0: each tenant brings its own rank.")
+        self.model_cfg, self.device, self.max_tenants = model_cfg, torch.device(device), max_tenants
+        self.micro_batch_size = micro_batch_size
+        self.base, self.tokenizer = load_policy(model_cfg, self.device)
+        self.base.eval()
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+        self.model: Any = self.base  # the peft wrapper once a LoRA tenant exists
+        self.clients: dict[str, TrainingClient] = {}
+        self.samplers: dict[str, str] = {}  # sampler name -> its adapter
+        self.full: str | None = None
+        self._adapters = 0  # adapters get internal names (tenant0, tenant1, ...): peft is picky about names
+
+    # -- tenants ----------------------------------------------------------------------------------
+    def create_lora_client(self, name: str, *, rank: int = 32, alpha: int = 32, seed: int | None = None,
+                           target_modules: Any = "all-linear") -> TrainingClient:
+        """A new LoRA tenant; ``seed`` makes its initial adapter reproducible."""
+        self._check_new(name)
+        if self.full is not None:
+            raise TenantError(f"Tenant {self.full!r} trains the full model; LoRA tenants can join once it is removed.")
+        if rank < 1:
+            raise TenantError(f"Expected a LoRA rank >= 1, got {rank}.")
+        adapter = self._add_adapter(rank, alpha, seed, target_modules)
+        params = self._adapter_params(adapter)
+        for p in params:
+            p.requires_grad_(True)
+        client = TrainingClient(self.model, self.tokenizer, adapter=adapter, params=params,
+                                micro_batch_size=self.micro_batch_size)
+        self.clients[name] = client
+        return client
+
+    def create_full_client(self, name: str) -> TrainingClient:
+        """The single tenant that trains every base weight (refused while any other tenant exists)."""
+        self._check_new(name)
+        if self.clients or self.samplers:
+            raise TenantError(f"Expected no other tenants for full-parameter training, got "
+                              f"{sorted([*self.clients, *self.samplers])}.")
+        if self.model is not self.base:  # LoRA layers linger after their adapters left: start from a clean base
+            self._reload_base()
+        self.full = name
+        for p in self.base.parameters():
+            p.requires_grad_(True)
+        client = TrainingClient(self.base, self.tokenizer, micro_batch_size=self.micro_batch_size)
+        self.clients[name] = client
+        return client
+
+    def remove(self, name: str) -> None:
+        """Drop a tenant or sampler and free its adapter (a full tenant's weights are reloaded from the config)."""
+        if name in self.samplers:
+            self._delete_adapter(self.samplers.pop(name))
+            return
+        if name not in self.clients:
+            raise TenantError(f"Unknown tenant {name!r}; known: {sorted(self.clients)}.")
+        client = self.clients.pop(name)
+        client.zero_grad()
+        if name == self.full:
+            self.full = None
+            self._reload_base()
+        else:
+            self._delete_adapter(client.adapter)
+
+    def client(self, name: str) -> TrainingClient:
+        if name not in self.clients:
+            raise TenantError(f"Unknown tenant {name!r}; known: {sorted(self.clients)}.")
+        return self.clients[name]
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def base_sampler(self) -> SamplingClient:
+        """Samples from the untrained base model."""
+        if self.full is not None:
+            raise TenantError(f"Tenant {self.full!r} is training the base weights; base sampling is unavailable.")
+        adapter = BASE_ADAPTER if self.model is not self.base else None
+        return SamplingClient(self.model, self.tokenizer, adapter=adapter)
+
+    def snapshot(self, client: TrainingClient, name: str) -> SamplingClient:
+        """A sampler frozen at ``client``'s current weights (a copy of its adapter named ``name``).
+
+        A full-parameter tenant's sampler is live instead: copying the whole model would double memory.
+        """
+        if client.adapter is None:
+            return client.sampling_client()
+        return self.load_sampler(name, client.weights_state(), rank=self._rank(client.adapter))
+
+    def sampler_from_state(self, name: str, path: Any) -> SamplingClient:
+        """A sampler over the weights a LoRA tenant's ``save_state`` wrote to ``path``."""
+        import json
+        from pathlib import Path
+
+        path = Path(path)
+        if not (path / "weights.pt").exists():
+            raise FileNotFoundError(f"Expected {path / 'weights.pt'}; pass a directory written by save_state.")
+        rank = int(json.loads((path / "meta.json").read_text()).get("lora_rank", 0))
+        if rank < 1:
+            raise TenantError(f"Expected LoRA weights in {path}, got full-parameter ones (load them with load_state).")
+        weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
+        return self.load_sampler(name, weights, rank=rank)
+
+    def load_sampler(self, name: str, weights: dict[str, torch.Tensor], *, rank: int,
+                     alpha: int = 32) -> SamplingClient:
+        """A sampler over saved adapter ``weights`` (from :meth:`TrainingClient.weights_state`)."""
+        from peft import set_peft_model_state_dict
+
+        self._check_new(name, tenant=False)
+        if self.full is not None:
+            raise TenantError(f"Tenant {self.full!r} trains the full model; adapters cannot be loaded beside it.")
+        adapter = self._add_adapter(rank, alpha, None, self._targets())
+        set_peft_model_state_dict(self.model, weights, adapter_name=adapter)
+        for p in self._adapter_params(adapter):
+            p.requires_grad_(False)
+        self.samplers[name] = adapter
+        return SamplingClient(self.model, self.tokenizer, adapter=adapter)
+
+    # -- batched training -------------------------------------------------------------------------
+    def forward_backward_batch(self, requests: Sequence[tuple[TrainingClient, Sequence[Datum], str, dict]], *,
+                               backward: bool = True) -> list[ForwardBackwardOutput]:
+        """One forward (and backward) pass for several tenants' requests, each scored with its own loss.
+
+        Every tenant's gradient comes only from its own rows, so the result equals one
+        ``forward_backward`` per request. Validation happens before any pass: a bad request fails alone
+        (its error in its slot) and the others still run.
+        """
+        results: list[Any] = [None] * len(requests)
+        good: list[tuple[int, TrainingClient, Padded, str, dict]] = []
+        for i, (client, data, loss_fn, config) in enumerate(requests):
+            try:
+                config = dict(config or {})
+                if client.adapter is None or client not in self.clients.values():
+                    raise TenantError("Expected LoRA tenants of this host in a batched pass.")
+                data = list(data)
+                for d in data:
+                    check_loss(loss_fn, d.loss_fn_inputs, config)
+                good.append((i, client, pad(data, model_device(self.model)), loss_fn, config))
+            except (ValueError, TypeError) as exc:
+                results[i] = exc
+        if good:
+            with torch.set_grad_enabled(backward):
+                for i, out in self._batched(good, backward):
+                    results[i] = out
+        return results
+
+    def _batched(self, good: list, backward: bool) -> list[tuple[int, ForwardBackwardOutput]]:
+        width = max(p.tokens_BT.shape[1] for _, _, p, _, _ in good)
+        tokens = torch.cat([F.pad(p.tokens_BT, (0, width - p.tokens_BT.shape[1])) for _, _, p, _, _ in good])
+        attn = torch.cat([F.pad(p.attn_BT, (0, width - p.attn_BT.shape[1])) for _, _, p, _, _ in good])
+        adapters = [c.adapter for _, c, p, _, _ in good for _ in p.lengths]
+        images_B = [imgs for _, _, p, _, _ in good for imgs in p.images_B]
+        logits, _ = run_model(self.model, tokens, attn, adapters=adapters, images_B=images_B)
+        total, outs, row = 0.0, [], 0
+        for i, client, padded, loss_fn, config in good:
+            B, T = padded.tokens_BT.shape
+            logits_BTV = logits[row:row + B, :T]
+            lp_BT = target_logprobs(logits_BTV, padded.inputs["target_tokens"], config.get("temperature", 1.0))
+            loss, elementwise_BT, metrics = weighted_loss(loss_fn, lp_BT, padded.inputs, config, logits_BTV=logits_BTV)
+            total = total + loss
+            active = float((padded.inputs["weights"] != 0).sum())
+            out_metrics = {"loss:sum": float(loss.detach()), "tokens:sum": active,
+                           **{k: float(v) for k, v in metrics.items()}}
+            outs.append((i, ForwardBackwardOutput(_per_datum(padded, lp_BT, elementwise_BT, None), out_metrics)))
+            row += B
+        if backward:
+            total.backward()
+        return outs
+
+    # -- internals --------------------------------------------------------------------------------
+    def _check_new(self, name: str, *, tenant: bool = True) -> None:
+        if not name:
+            raise TenantError("Expected a non-empty tenant name.")
+        if name in self.clients or name in self.samplers:
+            raise TenantError(f"Tenant {name!r} exists already.")
+        if tenant and len(self.clients) >= self.max_tenants:
+            raise TenantError(f"Expected at most {self.max_tenants} tenants (max_tenants), got a request for one more; "
+                              "remove an idle one first.")
+
+    def _add_adapter(self, rank: int, alpha: int, seed: int | None, target_modules: Any) -> str:
+        from peft import LoraConfig, get_peft_model
+
+        name = f"tenant{self._adapters}"
+        self._adapters += 1
+        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules,
+                            task_type="CAUSAL_LM")
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            if self.model is self.base:
+                self.model = get_peft_model(self.base, config, adapter_name=name)
+            else:
+                self.model.add_adapter(name, config)
+        self.model.eval()
+        self._unfreeze_tenants()
+        return name
+
+    def _delete_adapter(self, name: str) -> None:
+        with warnings.catch_warnings():  # peft warns that it picks another active adapter: rows name theirs
+            warnings.simplefilter("ignore", UserWarning)
+            self.model.delete_adapter(name)
+        self._unfreeze_tenants()
+
+    def _unfreeze_tenants(self) -> None:
+        # peft freezes every adapter but the active one whenever the active one changes: undo that
+        for tenant in self.clients.values():
+            for p in tenant.params:
+                p.requires_grad_(True)
+
+    def _adapter_params(self, name: str) -> list[torch.nn.Parameter]:
+        return [p for n, p in self.model.named_parameters() if f".{name}." in n]
+
+    def _rank(self, adapter: str) -> int:
+        return int(self.model.peft_config[adapter].r)
+
+    def _targets(self) -> Any:
+        if self.model is self.base:
+            return "all-linear"
+        return next(iter(self.model.peft_config.values())).target_modules
+
+    def _reload_base(self) -> None:
+        from trainer.model import load_policy
+
+        self.base, _ = load_policy(self.model_cfg, self.device)
+        self.base.eval()
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+        self.model = self.base
+
+
+__all__ = ["ModelHost", "TenantError"]
