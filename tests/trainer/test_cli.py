@@ -23,7 +23,8 @@ def test_example_configs_load() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "examples" / "configs"
-    for name in ("math_grpo", "gomoku_grpo", "geometry_ppo", "code_rloo", "openenv_shout_grpo"):  # one per env
+    for name in ("math_grpo", "gomoku_grpo", "geometry_ppo", "code_rloo", "openenv_shout_grpo", "geometry_vision_grpo",
+                 "shapes_vision_grpo"):  # one per env, and the vision ones
         path = root / f"{name}.toml"
         cfg = load_config(path)
         assert cfg.env.all_urls(), path
