@@ -8,7 +8,7 @@ and size on a white picture, sent as a PNG in ``Observation.images``. The text n
 colour, so a text-only policy can do no better than guessing (1/4 on the balanced validation
 split). ``reset(split="validation", index=i)`` gives the fixed held-out picture ``i`` (colour
 ``COLOURS[i % 4]``); ``split="train"`` draws from the seed. Reward 1.0 when the reply's first
-word is the colour or its initial (``r``, ``g``, ``b``, ``y``). ``examples/vision_train.py`` trains the tiny vision policy on it.
+word is the colour or its letter (``r``, ``g``, ``b``, ``k`` for black, as in CMYK). ``examples/vision_train.py`` trains the tiny vision policy on it.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import re
 
 from envhub import Env, Observation, StepResult
 
-COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (235, 200, 30)}
+# far apart in RGB (and from the white background's), so a tiny vision tower tells them apart early
+COLOURS = {"red": (230, 30, 30), "green": (30, 190, 50), "blue": (40, 70, 230), "black": (25, 25, 25)}
+LETTERS = {"red": "r", "green": "g", "blue": "b", "black": "k"}
 SHAPES = ("circle", "square", "triangle")
-QUESTION = "Colour? r, g, b or y"  # short: with a byte-level tokenizer every character is a token
+QUESTION = "Colour? r, g, b or k"  # short: with a byte-level tokenizer every character is a token
 VALIDATION_SEED = 1_000_000  # validation pictures come from seeds no training seed of a run reaches first
 
 
@@ -46,7 +48,7 @@ def draw(colour: str, shape: str, rng: random.Random, size_px: int = 168) -> byt
 
 
 class ShapesEnv(Env):
-    """What colour is the shape? One answer per episode, graded on its first word (the colour or its initial)."""
+    """What colour is the shape? One answer per episode, graded on its first word (the colour or its letter)."""
 
     max_steps = 1
 
@@ -68,7 +70,7 @@ class ShapesEnv(Env):
 
     def on_text(self, text: str) -> StepResult:
         words = re.findall(r"[a-z]+", text.lower())
-        correct = bool(words) and words[0] in (self.colour, self.colour[0])
+        correct = bool(words) and words[0] in (self.colour, LETTERS[self.colour])
         return StepResult(Observation(text="correct" if correct else f"it was {self.colour}"),
                           reward=float(correct), done=True, info={"colour": self.colour})
 

@@ -1,7 +1,7 @@
 """A vision-language policy learns from images what text alone cannot tell: the colour of the shape.
 
     python examples/vision_train.py                 # about 10 min on 2 CPU cores: both runs, the table
-    python examples/vision_train.py --policies tiny-vl --steps 30
+    python examples/vision_train.py --policies tiny-vl --steps 40
 
 It starts the shapes env (``examples/shapes_env.py``) as a server on a free loopback port (its PNGs
 travel as msgpack binary frames), then for each policy, from the same config
@@ -10,7 +10,7 @@ travel as msgpack binary frames), then for each policy, from the same config
 1. builds it locally: ``tiny-vl`` (a random Qwen2-VL: vision tower + tiny language model, the
    picture becomes 36 image tokens) or ``tiny`` (the text-only Qwen2: it sees the question alone);
 2. warms it up with SFT on the answer *format*: the question (with its picture, for ``tiny-vl``)
-   answered by a colour initial (r, g, b, y) drawn at random, independent of the picture, so the
+   answered by a colour letter (r, g, b, k) drawn at random, independent of the picture, so the
    warm-up teaches "answer with one of four letters" and nothing about which;
 3. trains it with GRPO against the server and validates greedy answers on the 40 held-out pictures
    (10 per colour) before and after.
@@ -32,20 +32,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from examples.shapes_env import COLOURS, QUESTION, SHAPES, draw  # noqa: E402
+from examples.shapes_env import COLOURS, LETTERS, QUESTION, SHAPES, draw  # noqa: E402
 
 CONFIG = ROOT / "examples" / "configs" / "shapes_vision_grpo.toml"
 
 
 def format_demos(n: int, seed: int, system_prompt: str) -> list[dict[str, Any]]:
-    """``n`` warm-up demonstrations: a training-style picture and question, answered by a random colour's initial."""
+    """``n`` warm-up demonstrations: a training-style picture and question, answered by a random colour's letter."""
     rng = random.Random(seed)
     demos = []
     for _ in range(n):
         picture = draw(rng.choice(list(COLOURS)), rng.choice(SHAPES), rng)
         prompt = [{"role": "system", "content": system_prompt},
                   {"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": QUESTION}]}]
-        demos.append({"prompt": prompt, "completion": rng.choice(list(COLOURS))[0]})
+        demos.append({"prompt": prompt, "completion": LETTERS[rng.choice(list(COLOURS))]})
     return demos
 
 
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Train the tiny vision policy and a text-only one on the colour of a "
                                             "shape; compare their held-out validation rise.")
     p.add_argument("--policies", default="tiny-vl,tiny", help="comma-separated model.name values to run")
-    p.add_argument("--steps", type=int, default=40, help="GRPO steps per policy")
+    p.add_argument("--steps", type=int, default=60, help="GRPO steps per policy")
     p.add_argument("--batch", type=int, default=24, help="pictures per GRPO step (6 samples each)")
     p.add_argument("--sft-steps", type=int, default=25, help="format warm-up steps (random colour answers)")
     p.add_argument("--sft-demos", type=int, default=256)

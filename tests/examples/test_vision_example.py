@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from examples.shapes_env import COLOURS, ShapesEnv
+from examples.shapes_env import COLOURS, LETTERS, ShapesEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ def test_shapes_env_asks_what_only_the_picture_shows() -> None:
         obs = env.reset(split="validation", index=i)
         assert obs.images[0][:8] == b"\x89PNG\r\n\x1a\n" and not any(c in obs.text.split(":")[0] for c in COLOURS)
         colours.append(env.colour)
-        assert env.on_text(f"{env.colour[0]}").reward == 1.0
+        assert env.on_text(LETTERS[env.colour]).reward == 1.0
     assert colours == list(COLOURS) * 2  # balanced held-out split
     env.rng = random.Random(3)  # what EnvRunner does before reset(seed=3)
     env.reset(seed=3)
