@@ -4,6 +4,9 @@
 cache (nothing is downloaded unless ``local_files_only=False``); ``ModelConfig(name="tiny")``
 builds a randomly initialised Qwen2 of the same architecture with the shipped byte-level
 tokenizer, for CPU, tests and the quick start. Both go through ``AutoModelForCausalLM``.
+Vision-language policies: a Qwen2-VL / Qwen2.5-VL name loads through ``AutoModelForImageTextToText``;
+``ModelConfig(name="tiny-vl")`` builds a random ``Qwen2VLForConditionalGeneration`` with the
+shipped tokenizer plus the vision tokens (:mod:`trainer.vision`).
 
 >>> model, tok = load_policy(ModelConfig(name="tiny", hidden_size=32, num_layers=1, num_heads=2))
 >>> type(model).__name__
@@ -22,13 +25,15 @@ from torch import nn
 TINY = "tiny"
 #: head sizes vLLM's attention kernels accept, its CPU kernel included (vLLM 0.32; the CPU one refuses 16)
 VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+TINY_VL = "tiny-vl"
 
 
 @dataclass
 class ModelConfig:
     """Which policy to load and how to train it.
 
-    ``name``: ``"tiny"`` (local random Qwen2 + shipped tokenizer) or a Hugging Face name / path.
+    ``name``: ``"tiny"`` (local random Qwen2 + shipped tokenizer), ``"tiny-vl"`` (local random Qwen2-VL),
+    or a Hugging Face name / path (Qwen2-VL / Qwen2.5-VL ones are vision-language policies).
     ``lora_rank`` 0 trains all parameters; > 0 wraps the model with a peft LoRA adapter.
     ``dtype``: ``"auto"`` (bf16 on a GPU that supports it, else fp32), ``"bf16"``, ``"fp32"``.
     """
@@ -49,6 +54,13 @@ class ModelConfig:
     intermediate_size: int = 256
     max_position_embeddings: int = 2048
     init_seed: int = 0
+    # tiny-vl vision tower (ignored otherwise)
+    vision_depth: int = 2
+    vision_embed_dim: int = 32
+    vision_heads: int = 2
+    # pixels per image after resizing, for vision-language policies (None: the model's own; tiny-vl 56^2..100^2)
+    image_min_pixels: int | None = None
+    image_max_pixels: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -56,7 +68,7 @@ class ModelConfig:
             raise ValueError(f"Expected model.dtype in auto|bf16|fp16|fp32, got {self.dtype!r}.")
         if self.lora_rank < 0:
             raise ValueError(f"Expected model.lora_rank >= 0 (0 = full parameters), got {self.lora_rank}.")
-        if self.name == TINY and self.hidden_size % self.num_heads:
+        if self.name in (TINY, TINY_VL) and self.hidden_size % self.num_heads:
             raise ValueError(f"Expected hidden_size divisible by num_heads, got {self.hidden_size} "
                              f"and {self.num_heads}.")
 
@@ -107,11 +119,12 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, *, pad_token_id: int, eo
 
 
 def load_tokenizer(cfg: ModelConfig):
-    """The tokenizer for ``cfg``: the shipped byte-level one for ``tiny``, else ``AutoTokenizer``."""
-    if cfg.name == TINY:
+    """The tokenizer for ``cfg``: the shipped byte-level one for ``tiny`` (with vision tokens for ``tiny-vl``),
+    else ``AutoTokenizer``."""
+    if cfg.name in (TINY, TINY_VL):
         from trainer.tokenizer import build_tiny_tokenizer
 
-        return build_tiny_tokenizer()
+        return build_tiny_tokenizer(vision=cfg.name == TINY_VL)
     from transformers import AutoTokenizer
 
     try:
@@ -129,21 +142,28 @@ def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu"):
     """``(model, tokenizer)`` for ``cfg`` on ``device``, with LoRA applied when ``cfg.lora_rank > 0``."""
     tok = load_tokenizer(cfg)
     dtype = resolve_dtype(cfg.dtype, device)
+    from trainer.vision import build_tiny_vl_model, is_vision_model, suppress_tokens, vision_token_ids
+
+    vision = is_vision_model(cfg)
     if cfg.name == TINY:
         model = build_tiny_model(cfg, len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         model.to(dtype=dtype)
+    elif cfg.name == TINY_VL:
+        model = build_tiny_vl_model(cfg, tok).to(dtype=dtype)
     else:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         try:
-            model = AutoModelForCausalLM.from_pretrained(cfg.name, dtype=dtype,
-                                                         local_files_only=cfg.local_files_only, **cfg.extra)
+            model = auto.from_pretrained(cfg.name, dtype=dtype, local_files_only=cfg.local_files_only, **cfg.extra)
         except OSError as exc:
             raise OSError(f"Could not load {cfg.name!r} offline ({exc}). Download it once with "
                           f"`huggingface-cli download {cfg.name}` or pass model.local_files_only=false.") from exc
     # Qwen2.5 instruct ends an assistant turn with <|im_end|>: make generation stop there.
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
+    if vision:  # the policy never writes an image placeholder (it would break the next forward pass)
+        suppress_tokens(model, vision_token_ids(tok))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if cfg.lora_rank > 0:
@@ -162,7 +182,7 @@ def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
 
 def hidden_size_of(model: nn.Module) -> int:
     """The hidden size of a (possibly peft-wrapped) causal LM."""
-    return int(unwrap(model).config.hidden_size)
+    return int(unwrap(model).config.get_text_config().hidden_size)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -179,4 +199,4 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 __all__ = ["ModelConfig", "load_policy", "load_tokenizer", "build_tiny_model", "apply_lora",
-           "resolve_dtype", "for_vllm", "VLLM_HEAD_SIZES", "unwrap", "hidden_size_of", "trainable_parameters", "TINY"]
+           "resolve_dtype", "for_vllm", "VLLM_HEAD_SIZES", "unwrap", "hidden_size_of", "trainable_parameters", "TINY", "TINY_VL"]

@@ -6,6 +6,13 @@ Qwen2.5 model: a ``transformers.PreTrainedTokenizerFast`` with ChatML turns (``<
 ``<tool_response>``, ``</tool_response>``, added but non-special as in Qwen2.5) and the Qwen2.5
 chat template. Every byte is one token, so digits, operators and unicode all round-trip.
 
+``build_tiny_tokenizer(vision=True)`` adds the Qwen2-VL vision tokens (``<|vision_start|>``,
+``<|vision_end|>``, ``<|vision_pad|>``, ``<|image_pad|>``, ``<|video_pad|>``, special as in Qwen2-VL)
+and a chat template whose message contents may also be lists of parts
+(``{"type": "image", "image": ...}``, ``{"type": "text", "text": ...}``): each image renders as
+``<|vision_start|><|image_pad|><|vision_end|>``, the single placeholder the image processor's grid
+later expands (:mod:`trainer.vision`).
+
 >>> tok = build_tiny_tokenizer()
 >>> tok.decode(tok.encode("12+3"))
 '12+3'
@@ -19,6 +26,8 @@ from functools import lru_cache
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+IMAGE_PAD_TOKEN = "<|image_pad|>"
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
@@ -64,6 +73,34 @@ QWEN25_CHAT_TEMPLATE = (
 )
 
 
+# Message contents as a string or a list of parts, the way Qwen2-VL's template renders them.
+_CONTENT_MACRO = (
+    "{%- macro content_text(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- else -%}{%- for part in content -%}"
+    "{%- if part.type == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part.type == 'video' or 'video' in part -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif 'text' in part -%}{{- part.text -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+)
+
+
+def _vision_template(template: str) -> str:
+    # The Qwen2.5 template (tools included) with every content rendered through the macro above.
+    out = _CONTENT_MACRO + template
+    for old in ("messages[0]['content']", "message.content"):
+        out = out.replace("+ " + old + " +", "+ content_text(" + old + ") +")
+        out = out.replace("+ " + old + " }}", "+ content_text(" + old + ") }}")
+        out = out.replace("{{- " + old + " }}", "{{- content_text(" + old + ") }}")
+    return out
+
+
+QWEN25_VL_CHAT_TEMPLATE = _vision_template(QWEN25_CHAT_TEMPLATE)
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     # The GPT-2 byte-level map that the ByteLevel pre-tokenizer uses: printable bytes stay, the rest shift to 256+n.
     keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
@@ -76,8 +113,8 @@ def _bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
-@lru_cache(maxsize=1)
-def _tokenizer_json() -> str:
+@lru_cache(maxsize=2)
+def _tokenizer_json(vision: bool = False) -> str:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
@@ -86,24 +123,27 @@ def _tokenizer_json() -> str:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    if vision:
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
     return tok.to_str()
 
 
-def build_tiny_tokenizer():
-    """The shipped byte-level tokenizer as a ``PreTrainedTokenizerFast`` (vocabulary of 263 ids).
+def build_tiny_tokenizer(vision: bool = False):
+    """The shipped byte-level tokenizer as a ``PreTrainedTokenizerFast`` (vocabulary of 263 ids, 268 with vision).
 
     Byte ``b`` has id ``b``; then ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos)
-    and the four tool-call tokens.
+    and the four tool-call tokens; with ``vision`` the five Qwen2-VL vision tokens follow (ids 263-267)
+    and the chat template renders image parts as placeholders.
     """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json(vision)),
                                   eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, padding_side="left",
                                   model_max_length=4096)
-    tok.chat_template = QWEN25_CHAT_TEMPLATE
+    tok.chat_template = QWEN25_VL_CHAT_TEMPLATE if vision else QWEN25_CHAT_TEMPLATE
     return tok
 
 
-__all__ = ["build_tiny_tokenizer", "QWEN25_CHAT_TEMPLATE", "SPECIAL_TOKENS", "TOOL_TOKENS", "EOS_TOKEN",
-           "PAD_TOKEN"]
+__all__ = ["build_tiny_tokenizer", "QWEN25_CHAT_TEMPLATE", "QWEN25_VL_CHAT_TEMPLATE", "SPECIAL_TOKENS",
+           "TOOL_TOKENS", "VISION_TOKENS", "IMAGE_PAD_TOKEN", "EOS_TOKEN", "PAD_TOKEN"]

@@ -23,7 +23,8 @@ def test_example_configs_load() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "examples" / "configs"
-    for name in ("math_grpo", "gomoku_grpo", "geometry_ppo", "code_rloo", "openenv_shout_grpo"):  # one per env
+    for name in ("math_grpo", "gomoku_grpo", "geometry_ppo", "code_rloo", "openenv_shout_grpo", "geometry_vision_grpo",
+                 "shapes_vision_grpo"):  # one per env, and the vision ones
         path = root / f"{name}.toml"
         cfg = load_config(path)
         assert cfg.env.all_urls(), path
@@ -102,6 +103,16 @@ def test_envhub_train_submits_itself_through_the_scheduler(tmp_path):
         sched.wait(timeout=30)
 
 
+def test_a_run_whose_episodes_all_fail_exits_1_naming_the_reason(tmp_path, capsys) -> None:
+    rc = main(["env.env_class='test_recipes:BrokenEnv'", "env.train_task={}", "env.eval_task={}", "env.eval_key='seed'",
+               "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+               "model.intermediate_size=64", "rollout.max_tokens_per_turn=4", "run.batch_size=2", "run.group_size=2",
+               "run.eval_problems=1", "run.steps=5", "run.max_failed_steps=2", f"run.output_dir='{tmp_path}'"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "envhub-train rl: Every episode failed in the last 2 steps" in err
+    assert "4/4 episodes failed (4 with env_error)" in err and "backend down" in err
+
+
 def test_a_subcommand_is_a_few_lines_and_every_mode_shares_the_config_shape(capsys, monkeypatch) -> None:
     from trainer import cli
 
@@ -118,13 +129,3 @@ def test_a_subcommand_is_a_few_lines_and_every_mode_shares_the_config_shape(caps
     assert json.loads(capsys.readouterr().out)["sft"]["steps"] == 3
     assert main(["two-agent", "agents.carol.optim.lr=0.1"]) == 2
     assert "envhub-train two-agent: " in capsys.readouterr().err
-
-
-def test_a_run_whose_episodes_all_fail_exits_1_naming_the_reason(tmp_path, capsys) -> None:
-    rc = main(["env.env_class='test_recipes:BrokenEnv'", "env.train_task={}", "env.eval_task={}", "env.eval_key='seed'",
-               "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-               "model.intermediate_size=64", "rollout.max_tokens_per_turn=4", "run.batch_size=2", "run.group_size=2",
-               "run.eval_problems=1", "run.steps=5", "run.max_failed_steps=2", f"run.output_dir='{tmp_path}'"])
-    err = capsys.readouterr().err
-    assert rc == 1 and "envhub-train rl: Every episode failed in the last 2 steps" in err
-    assert "4/4 episodes failed (4 with env_error)" in err and "backend down" in err

@@ -227,7 +227,7 @@ class TrainingClient:
         """One pass: ``(loss, elementwise [B, T], target log-probs [B, T], values [B, T] or None, metrics)``."""
         adapters = [self.adapter] * len(padded.lengths) if self.adapter is not None else None
         logits, hidden = run_model(self.model, padded.tokens_BT, padded.attn_BT, adapters=adapters,
-                                   hidden=self.value_head is not None)
+                                   hidden=self.value_head is not None, images_B=padded.images_B)
         lp_BT = target_logprobs(logits, padded.inputs["target_tokens"], config.get("temperature", 1.0))
         values_BT = self.value_head(hidden) if self.value_head is not None else None
         loss, elementwise_BT, metrics = weighted_loss(loss_fn, lp_BT, padded.inputs, config, values_BT=values_BT,

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from trainer.core.losses import token_logprobs
 from trainer.core.types import Datum
+from trainer.vision import vision_inputs
 
 #: peft's name for "no adapter" in a mixed batch
 BASE_ADAPTER = "__base__"
@@ -23,12 +24,14 @@ BASE_ADAPTER = "__base__"
 
 @dataclass
 class Padded:
-    """Datums right-padded to one width: ``tokens_BT``/``attn_BT`` and every loss input as [B, T] (0 on padding)."""
+    """Datums right-padded to one width: ``tokens_BT``/``attn_BT`` and every loss input as [B, T] (0 on padding),
+    and each row's images (a vision-language policy's)."""
 
     tokens_BT: Tensor
     attn_BT: Tensor
     inputs: dict[str, Tensor]
     lengths: list[int]
+    images_B: list[list[Any]] | None = None
 
 
 def pad(data: Sequence[Datum], device: torch.device | str) -> Padded:
@@ -53,13 +56,19 @@ def pad(data: Sequence[Datum], device: torch.device | str) -> Padded:
         inputs["weights"] = attn.float()
     else:
         inputs["weights"] = inputs["weights"] * attn
-    return Padded(tokens.to(device), attn.to(device), {k: v.to(device) for k, v in inputs.items()}, lengths)
+    return Padded(tokens.to(device), attn.to(device), {k: v.to(device) for k, v in inputs.items()}, lengths,
+                  [list(d.images) for d in data])
 
 
 def run_model(model: Any, tokens_BT: Tensor, attn_BT: Tensor, *, adapters: list[str] | None = None,
-              hidden: bool = False) -> tuple[Tensor, Tensor | None]:
-    """``(logits [B, T, V], last hidden states [B, T, H] or None)`` of one pass through ``model``."""
+              hidden: bool = False, images_B: list[list[Any]] | None = None) -> tuple[Tensor, Tensor | None]:
+    """``(logits [B, T, V], last hidden states [B, T, H] or None)`` of one pass through ``model``; ``images_B``
+    (row b's image features, behind its placeholder ids) go in as pixel values, grids and token types."""
     kwargs: dict[str, Any] = {"adapter_names": adapters} if adapters is not None else {}
+    if images_B and any(images_B):
+        from trainer.model import unwrap
+
+        kwargs.update(vision_inputs(images_B, tokens_BT, unwrap(model).config.image_token_id))
     # no padding: no mask, so attention keeps its fastest (purely causal) path
     mask = None if bool(attn_BT.all()) else attn_BT
     out = model(input_ids=tokens_BT, attention_mask=mask, output_hidden_states=hidden, use_cache=False, **kwargs)

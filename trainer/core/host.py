@@ -190,7 +190,8 @@ class ModelHost:
         tokens = torch.cat([F.pad(p.tokens_BT, (0, width - p.tokens_BT.shape[1])) for _, _, p, _, _ in good])
         attn = torch.cat([F.pad(p.attn_BT, (0, width - p.attn_BT.shape[1])) for _, _, p, _, _ in good])
         adapters = [c.adapter for _, c, p, _, _ in good for _ in p.lengths]
-        logits, _ = run_model(self.model, tokens, attn, adapters=adapters)
+        images_B = [imgs for _, _, p, _, _ in good for imgs in p.images_B]
+        logits, _ = run_model(self.model, tokens, attn, adapters=adapters, images_B=images_B)
         total, outs, row = 0.0, [], 0
         for i, _client, padded, loss_fn, config in good:
             B, T = padded.tokens_BT.shape

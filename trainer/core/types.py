@@ -34,6 +34,8 @@ class Datum:
     ``logprobs`` (the sampler's, for the ratio) and ``advantages`` for the policy losses. Extensions:
     ``ref_logprobs`` (KL penalty with ``kl_coef``), ``returns`` and ``old_values`` (value loss, on a client
     with a value head). Lists, numpy arrays and tensors are accepted; every input must have N entries.
+    ``images``: a vision-language policy's :class:`~trainer.vision.ImageFeatures` behind the image
+    placeholder ids of ``model_input``, in order (an extension; Tinker sends image chunks instead).
 
     >>> d = Datum([1, 2, 3], {"target_tokens": [2, 3, 4], "weights": [0, 1, 1]})
     >>> len(d), d.loss_fn_inputs["weights"].tolist()
@@ -42,6 +44,7 @@ class Datum:
 
     model_input: Sequence[int] | Tensor
     loss_fn_inputs: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         ids = self.model_input

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -15,6 +16,7 @@ class PackedBatch:
     """Right-padded sequences in the shifted frame: position j scores ``tokens_BT[:, j + 1]``.
 
     tokens_BT/attn_BT: [B, T] inputs; mask_BS/advantages_BS/rewards_BS/sampler_logprobs_BS: [B, T-1].
+    images_B: row b's :class:`~trainer.vision.ImageFeatures` (empty lists for a text-only policy).
     """
 
     tokens_BT: Tensor
@@ -23,9 +25,20 @@ class PackedBatch:
     advantages_BS: Tensor
     rewards_BS: Tensor
     sampler_logprobs_BS: Tensor
+    images_B: list[list[Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.images_B:
+            self.images_B = [[] for _ in range(self.tokens_BT.shape[0])]
 
     def __len__(self) -> int:
         return self.tokens_BT.shape[0]
+
+    def cat(self, other: PackedBatch) -> PackedBatch:
+        """Rows of ``self`` then rows of ``other`` (same width)."""
+        tensors = [f.name for f in fields(self) if f.name != "images_B"]
+        return PackedBatch(*(torch.cat([getattr(self, n), getattr(other, n)]) for n in tensors),
+                           self.images_B + other.images_B)
 
 
 def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
@@ -55,7 +68,8 @@ def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: 
         lps[i, :n] = torch.tensor(t.logprobs, dtype=torch.float)
         for end, r in zip(t.turn_ends, t.turn_rewards):
             rew[i, end] = r
-    return PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], rew[:, 1:], lps[:, 1:])
+    return PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], rew[:, 1:], lps[:, 1:],
+                       [list(t.images) for t in trajectories])
 
 
 __all__ = ["PackedBatch", "pack", "token_advantages"]

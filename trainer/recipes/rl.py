@@ -71,11 +71,13 @@ from trainer.rollout import (
     make_tasks,
 )
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
+from trainer.vision import load_vision_processor
 
 
 # -- set-up ------------------------------------------------------------------------------------
 def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
-    """Sampler + env pool + engine for ``cfg`` (vLLM when ``sampling.backend == "vllm"``)."""
+    """Sampler + env pool + engine for ``cfg`` (vLLM when ``sampling.backend == "vllm"``); a vision-language
+    policy gets its image processor, so observation images reach it."""
     urls = cfg.env.all_urls()
     env_cls = load_env_class(cfg.env.env_class) if cfg.env.env_class and not urls else None
     if env_cls is not None and cfg.env.env_kwargs:
@@ -84,11 +86,15 @@ def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
     pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token,
                    action_mapper=cfg.env.action_mapper, tools=cfg.env.tools)
+    vision = load_vision_processor(cfg.model, tok)
+    if vision is not None and cfg.sampling.backend == "vllm":
+        raise ValueError("Expected sampling.backend='hf' for a vision-language policy: the vLLM sampler does not "
+                         "take images yet.")
     # ranks sample different completions (vLLM's seed; HF samples from the reseeded global RNG);
     # asynchronous rollouts sample while the trainer updates: the HF sampler then holds its own copy
     sampler = make_sampler(model, tok, cfg.sampling, lora=cfg.model.lora_rank > 0,
                            seed=rank_seed(cfg.run.seed, rank()), own_copy=cfg.rollout.max_staleness > 0)
-    return RolloutEngine(pool, sampler, tok, cfg.rollout, model_name=cfg.model.name)
+    return RolloutEngine(pool, sampler, tok, cfg.rollout, model_name=cfg.model.name, vision=vision)
 
 
 def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
@@ -256,7 +262,7 @@ def _pad_rows(batch: PackedBatch | None, rows: int, pad_id: int) -> PackedBatch:
     pad = PackedBatch(tokens, attn, *(torch.zeros((rows - have, width - 1)) for _ in range(4)))
     if batch is None:
         return pad
-    return PackedBatch(*(torch.cat([getattr(batch, f), getattr(pad, f)]) for f in batch.__dataclass_fields__))
+    return batch.cat(pad)
 
 
 def _reference(policy: TrainingClient) -> TrainingClient:

@@ -6,7 +6,9 @@ Each step is two calls to the training core: ``forward_backward`` with its ``cro
 A demonstration is ``{"messages": [...]}`` (every assistant message is trained on) or
 ``{"prompt": [...messages], "completion": "text"}``. Each is rendered with the model's chat
 template; assistant turns (their text and the closing ``<|im_end|>``) get mask 1, everything
-else mask 0. ``envhub-train sft --config FILE`` reads them from ``sft.data`` (JSONL).
+else mask 0. For a vision-language policy (``run_sft(..., vision=...)``) user contents may be lists
+of image and text parts; the image placeholders are expanded to each image's token count (mask 0)
+and the pixel patches go into the forward pass. ``envhub-train sft --config FILE`` reads them from ``sft.data`` (JSONL).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from trainer.config import TrainConfig
 from trainer.core import AdamParams, Datum, TrainingClient
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import load_policy
+from trainer.vision import VisionProcessor, images_in, load_vision_processor, text_only
 
 
 def encode_demo(tokenizer: Any, demo: dict[str, Any]) -> tuple[list[int], list[int]]:
@@ -59,17 +62,36 @@ def encode_demo(tokenizer: Any, demo: dict[str, Any]) -> tuple[list[int], list[i
     return ids, mask
 
 
+def encode_image_demo(tokenizer: Any, demo: dict[str, Any],
+                      vision: VisionProcessor) -> tuple[list[int], list[int], list[Any]]:
+    """(ids, mask, images) for a demonstration with image parts: placeholders expanded, mask 0 on them."""
+    ids, mask = encode_demo(tokenizer, demo)
+    messages = demo.get("messages") or demo.get("prompt")
+    images = vision.features(images_in(messages if isinstance(messages, list) else []))
+    return vision.expand(ids, images), vision.expand(ids, images, mask), images
+
+
+def _text_only(demo: dict[str, Any]) -> dict[str, Any]:
+    # A text-only policy sees the text parts of a demonstration with images, as in its rollouts.
+    return {k: text_only(v) if k in ("messages", "prompt") and isinstance(v, list) else v for k, v in demo.items()}
+
+
 def load_demos(path: str | Path) -> list[dict[str, Any]]:
     """Demonstrations from a JSONL file."""
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def sft_step(client: TrainingClient, batch: list[tuple[list[int], list[int]]], adam: AdamParams) -> dict[str, float]:
-    """One step on a batch of encoded demonstrations: ``forward_backward`` (token-mean cross-entropy on the
-    mask-1 tokens) then ``optim_step``. Returns sft_loss, token_acc, num_tokens and grad_norm."""
-    tokens = sum(sum(mask[1:]) for _, mask in batch)
-    data = [Datum.from_sequence(ids, weights=[m / max(tokens, 1) for m in mask]) for ids, mask in batch]
+def sft_step(client: TrainingClient, batch: list[tuple], adam: AdamParams) -> dict[str, float]:
+    """One step on a batch of encoded demonstrations, ``(ids, mask)`` or with images ``(ids, mask, images)`` as
+    :func:`encode_image_demo` gives them: ``forward_backward`` (token-mean cross-entropy on the mask-1
+    tokens) then ``optim_step``. Returns sft_loss, token_acc, num_tokens and grad_norm."""
+    tokens = sum(sum(item[1][1:]) for item in batch)
+    data = []
+    for ids, mask, *images in batch:
+        datum = Datum.from_sequence(ids, weights=[m / max(tokens, 1) for m in mask])
+        datum.images = list(images[0]) if images else []  # placeholders sit in the prompt, inside model_input
+        data.append(datum)
     out = client.forward_backward(data, "cross_entropy")
     grad_norm = client.optim_step(adam)["grad_norm"]
     return {"sft_loss": out.metrics["loss:sum"], "token_acc": out.metrics.get("token_acc:mean", 0.0),
@@ -79,21 +101,24 @@ def sft_step(client: TrainingClient, batch: list[tuple[list[int], list[int]]], a
 def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: int, batch_size: int, lr: float,
             seed: int = 0, grad_clip: float = 1.0, weight_decay: float = 0.0, logger: MetricsLogger | None = None,
             desc: str = "sft", device: torch.device | str = "cpu", stop_when: Callable[[int], bool] | None = None,
-            check_every: int = 25, epochs_limit: int | None = None) -> dict[str, float]:
+            check_every: int = 25, epochs_limit: int | None = None,
+            vision: VisionProcessor | None = None) -> dict[str, float]:
     """Up to ``steps`` AdamW steps of ``batch_size`` demonstrations drawn in shuffled epochs.
 
     Batches are consecutive slices of a stream of shuffled passes over ``demos`` (a batch may span
     two passes). ``epochs_limit`` (0 or None: no limit) also ends the run after that many passes, the
     last batch holding only what is left of the last pass; whichever of ``steps`` and ``epochs_limit``
     comes first ends it. ``stop_when(step)``, called every ``check_every`` steps, ends the run early
-    when it returns True. Returns the last step's metrics plus ``steps`` (how many ran) and ``epochs``
+    when it returns True. ``vision`` (a vision-language policy's processor) lets demonstrations carry
+    images (:func:`encode_image_demo`). Returns the last step's metrics plus ``steps`` (how many ran) and ``epochs``
     (passes over the data, fractional).
     """
     if epochs_limit is not None and epochs_limit < 0:
         raise ValueError(f"Expected epochs_limit >= 0 (0 or None: no limit), got {epochs_limit}.")
     if not demos:
         raise ValueError("Expected at least one demonstration, got none.")
-    encoded = [encode_demo(tokenizer, d) for d in demos]
+    encoded = [encode_image_demo(tokenizer, d, vision) if vision is not None else encode_demo(tokenizer, _text_only(d))
+               for d in demos]
     total = steps
     if epochs_limit:
         total = min(steps, -(-epochs_limit * len(encoded) // batch_size))
@@ -145,7 +170,7 @@ def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[s
     metrics = run_sft(model, tok, load_demos(cfg.sft.data), steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
                       lr=cfg.optim.lr, seed=cfg.run.seed, grad_clip=cfg.optim.grad_clip,
                       weight_decay=cfg.optim.weight_decay, logger=logger, device=device,
-                      epochs_limit=cfg.sft.epochs_limit)
+                      epochs_limit=cfg.sft.epochs_limit, vision=load_vision_processor(cfg.model, tok))
     from trainer.checkpoint import export_hf
 
     export_hf(model, tok, out / "model")
@@ -156,4 +181,4 @@ def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[s
     return summary
 
 
-__all__ = ["encode_demo", "load_demos", "sft_step", "run_sft", "train_sft"]
+__all__ = ["encode_demo", "encode_image_demo", "load_demos", "sft_step", "run_sft", "train_sft"]

@@ -73,7 +73,7 @@ def datums(batch: PackedBatch, rows: list[int], weights_BS: torch.Tensor,
         inputs = {"target_tokens": batch.tokens_BT[i, 1:n], "weights": weights_BS[i, :n - 1],
                   "advantages": batch.advantages_BS[i, :n - 1],
                   **{k: v[i, :n - 1] for k, v in extra_BS.items() if v is not None}}
-        out.append(Datum(batch.tokens_BT[i, :n - 1], inputs))
+        out.append(Datum(batch.tokens_BT[i, :n - 1], inputs, images=batch.images_B[i]))
     return out
 
 

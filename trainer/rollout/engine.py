@@ -15,6 +15,11 @@ Per episode, the state machine PENDING -> GENERATING -> INTERACTING -> ... -> TE
   actions reach a third-party env through the pool's action mapper.
 - TERMINATED with a :class:`StopReason`: done, turn limit, token limit, parse error (policy
   failures, trained on), or env error / timeout (infrastructure, excluded from the loss).
+
+Observation images (``Observation.images``, PNG bytes) reach a vision-language policy: with a
+:class:`~trainer.vision.VisionProcessor` the user or tool message becomes ``[image parts..., text]``,
+the placeholders are expanded to each image's token count (mask 0) and the images travel with the
+trajectory to the sampler and the loss. A text-only policy sees the text alone.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from trainer.rollout.envs import EnvPool, EnvSession
 from trainer.rollout.render import ChatRenderer
 from trainer.rollout.sampler import Sampler
 from trainer.rollout.types import EpisodeState, GenRequest, StopReason, Task, Trajectory
+from trainer.vision import VisionProcessor
 
 
 @dataclass
@@ -109,12 +115,12 @@ class RolloutEngine:
     def __init__(self, pool: EnvPool, sampler: Sampler, tokenizer: Any, config: RolloutConfig | None = None, *,
                  agent: type[Agent] | Callable[[], Agent] | None = None,
                  client_tools: list[Callable[..., Any] | FunctionTool] | None = None,
-                 model_name: str | None = None, renderer: Any = None):
+                 model_name: str | None = None, renderer: Any = None, vision: VisionProcessor | None = None):
         self.pool = pool
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
-        self.renderer = renderer or ChatRenderer(tokenizer)
+        self.renderer = renderer or ChatRenderer(tokenizer, vision)
         self.model_name = model_name
         self.agent_factory = agent or load_agent_class(self.config.agent)
         tools = [*(load_function(n) if isinstance(n, str) else n for n in self.config.client_tools),
@@ -253,7 +259,8 @@ class RolloutEngine:
             raise ValueError(f"{type(agent).__name__}.initial_messages() returned no messages: the model "
                              "would be prompted with nothing.")
         agent.history.extend(messages)
-        traj.append(self.renderer.prompt_ids(messages, tools), policy=False)
+        ids, images = self.renderer.prompt(messages, tools)
+        traj.append(ids, policy=False, images=images)
         traj.prompt_len = len(traj.tokens)
         if first.ended:
             return StopReason.DONE
@@ -265,7 +272,8 @@ class RolloutEngine:
             if budget < 1:
                 return StopReason.TOKEN_LIMIT
             self.states[key] = EpisodeState.GENERATING
-            gen = await self.sampler.generate(GenRequest(list(traj.tokens), budget, greedy=greedy))
+            gen = await self.sampler.generate(GenRequest(list(traj.tokens), budget, greedy=greedy,
+                                                         images=list(traj.images)))
             traj.append(gen.token_ids, policy=True, logprobs=gen.logprobs)
             traj.turn_ends.append(len(traj.tokens) - 1)
             traj.turn_versions.append(gen.version)
@@ -289,8 +297,8 @@ class RolloutEngine:
                 return StopReason.TOKEN_LIMIT
             if traj.num_turns >= cfg.max_turns:
                 return StopReason.TURN_LIMIT
-            traj.append(self.renderer.observation_ids(new_messages, tools, after_eos=gen.finish_reason == "stop"),
-                        policy=False)
+            ids, images = self.renderer.observation(new_messages, tools, after_eos=gen.finish_reason == "stop")
+            traj.append(ids, policy=False, images=images)
 
     def _decode(self, ids: list[int], markers: tuple[str, ...]) -> str:
         """The reply's text without special tokens, except the tool-call format's own markers."""

@@ -6,6 +6,8 @@ batched call, in a worker thread so env traffic keeps flowing meanwhile. ``HFSam
 Face ``generate`` (CPU or GPU, left-padded); the vLLM sampler lives in
 :mod:`trainer.rollout.vllm_sampler` (vLLM's GPU or CPU build, imported lazily).
 :func:`make_sampler` builds the one ``sampling.backend`` names.
+Requests with images (a vision-language policy) carry their pixel patches and grids into the same
+call.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer.rollout.types import GenRequest, GenResult
+from trainer.vision import vision_inputs
 
 
 class Sampler(Protocol):
@@ -182,6 +185,7 @@ class HFSampler(BatchingSampler):
         greedy = requests[0].greedy
         temperature = 1.0 if greedy else self.config.temperature
         max_new = max(r.max_new_tokens for r in requests)
+        images = _image_inputs(model, requests, ids_BT.to(device))
         was_training = model.training
         model.eval()
         try:
@@ -190,7 +194,7 @@ class HFSampler(BatchingSampler):
                                  temperature=temperature if not greedy else None,
                                  top_p=self.config.top_p if not greedy else None, top_k=0 if not greedy else None,
                                  eos_token_id=self.eos_id, pad_token_id=self.pad_id,
-                                 return_dict_in_generate=True, output_logits=True)
+                                 return_dict_in_generate=True, output_logits=True, **images)
         finally:
             model.train(was_training)
         new_BN = out.sequences[:, width:].cpu()
@@ -224,6 +228,16 @@ def _private_copy(model: Any) -> Any:
     for p in copy_.parameters():
         p.requires_grad_(False)
     return copy_
+
+
+def _image_inputs(model: Any, requests: list[GenRequest], ids_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+    if not any(r.images for r in requests):
+        return {}
+    token_id = getattr(getattr(model, "config", None), "image_token_id", None)
+    if token_id is None:
+        raise ValueError("Expected a vision-language policy for requests with images (model.name='tiny-vl' or a "
+                         f"Qwen2-VL / Qwen2.5-VL model), got {type(model).__name__}.")
+    return vision_inputs([r.images for r in requests], ids_BT, token_id)
 
 
 def _generation_model(model: Any) -> Any:

@@ -34,11 +34,15 @@ class StopReason(str, enum.Enum):
 
 @dataclass
 class GenRequest:
-    """One generation: continue ``prompt_ids`` for at most ``max_new_tokens`` tokens."""
+    """One generation: continue ``prompt_ids`` for at most ``max_new_tokens`` tokens.
+
+    ``images``: the :class:`~trainer.vision.ImageFeatures` behind the prompt's image placeholders, in order.
+    """
 
     prompt_ids: list[int]
     max_new_tokens: int
     greedy: bool = False
+    images: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -70,6 +74,8 @@ class Trajectory:
     is the index of the last policy token of turn ``t``, where ``turn_rewards[t]`` belongs, and
     ``turn_versions[t]`` the policy version that sampled that turn (``policy_version``: the version when
     the episode started; asynchronous rollouts may see later versions in later turns).
+    ``images`` are the :class:`~trainer.vision.ImageFeatures` behind the image placeholder ids of
+    ``tokens`` (mask 0), in order; empty for a text-only policy.
     """
 
     task: Task
@@ -89,6 +95,7 @@ class Trajectory:
     error: str | None = None
     elapsed_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)
     failure: str | None = None          # the first failure: parse_error | validation_error | env_error | timeout
     failure_message: str | None = None  # ... and what it said
     failed_turns: int = 0               # turns whose reply was malformed or refused by the env
@@ -126,8 +133,13 @@ class Trajectory:
         """The oldest policy version behind any of this trajectory's turns (what staleness is measured from)."""
         return min(self.turn_versions, default=self.policy_version)
 
-    def append(self, ids: list[int], *, policy: bool, logprobs: list[float] | None = None) -> None:
-        """Append ids: policy ids carry their sampler log-probs and mask 1; others mask 0."""
+    def append(self, ids: list[int], *, policy: bool, logprobs: list[float] | None = None,
+               images: list[Any] | None = None) -> None:
+        """Append ids: policy ids carry their sampler log-probs and mask 1; others mask 0 (with the
+        images behind their placeholders, if any)."""
+        if images and policy:
+            raise ValueError("Expected images only with observation ids (mask 0), never with sampled ones.")
+        self.images.extend(images or ())
         self.tokens.extend(ids)
         self.mask.extend([1 if policy else 0] * len(ids))
         if policy:
@@ -146,7 +158,8 @@ class Trajectory:
                "num_turns": self.num_turns, "prompt_len": self.prompt_len,
                "parse_errors": self.parse_errors, "error": self.error, "failure": self.failure,
                "failure_message": self.failure_message, "tokens": self.tokens, "mask": self.mask,
-               "logprobs": [round(x, 5) for x in self.logprobs]}
+               "logprobs": [round(x, 5) for x in self.logprobs],
+               "images": [list(f.grid_thw) for f in self.images]}
         if tokenizer is not None:
             rec["text"] = tokenizer.decode(self.tokens)
             rec["completion"] = tokenizer.decode([t for t, m in zip(self.tokens, self.mask) if m])
