@@ -53,6 +53,7 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 CASES = [
     Case("envhub.testing:EchoEnv", {"message": "hi"}).param(),
     Case("examples.guess_env:GuessEnv", call("guess", number=50)).param(),
+    Case("examples.shapes_env:ShapesEnv", {"text": "red"}).param(),
     Case("env_servers.math_env.env:MathEnv", {"text": r"\boxed{1}"}).param(),
     # model code runs through the plain local runner here: the check is the env contract, not isolation
     Case("env_servers.math_env.tool_env:MathToolEnv", call("submit_answer", answer="1"),
