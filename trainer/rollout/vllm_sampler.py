@@ -18,6 +18,7 @@ the trainer computes it. On the CPU the KV cache takes ``VLLM_CPU_KVCACHE_SPACE`
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import tempfile
@@ -36,6 +37,18 @@ INSTALL_HINT = "ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,vllm"
 #: vLLM engines in one process must not run at the same time (its forward context is process-global):
 #: every VLLMSampler holds this one lock, as its weights lock, around each generate call and weight update
 _ENGINE_LOCK = threading.Lock()
+#: and every vLLM call (engine build, generate, weight reload) runs on this one thread: the CPU build binds
+#: OpenMP threads in the thread that builds an engine, and its attention kernel checks that the thread
+#: running it has the same count, so calls from other threads (the samplers' worker threads) can abort
+_VLLM_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="envhub-vllm")
+
+
+_LIVE: set[int] = set()  # engines built and not closed
+_PARKED: list[Any] = []  # engines closed while others were live
+
+
+def _on_vllm_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return _VLLM_THREAD.submit(fn, *args, **kwargs).result()
 
 
 class VLLMUnavailable(RuntimeError):
@@ -83,7 +96,8 @@ class VLLMSampler(BatchingSampler):
             rank = peft_config["default"].r if peft_config else 64
             kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_slot(rank), max_loras=1)
         try:
-            self.llm = llm_cls(**kwargs)
+            self.llm = _on_vllm_thread(llm_cls, **kwargs)
+            _LIVE.add(id(self.llm))
         except Exception as exc:  # engine start-up failures surface deep inside vLLM: say what to do
             shutil.rmtree(self._dir, ignore_errors=True)
             raise VLLMUnavailable(
@@ -108,9 +122,9 @@ class VLLMSampler(BatchingSampler):
                 self._load_adapter(model, version)
             else:
                 weights = list(base_state_dict(unwrap(model)).items())
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
-                                                                  "is_checkpoint_format": True})
-            self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
+                _on_vllm_thread(self.llm.collective_rpc, "reload_weights",
+                                kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+            _on_vllm_thread(self.llm.reset_prefix_cache)  # cached prompt states were computed by the old weights
             self.version = version
 
     def _load_adapter(self, model: Any, version: int) -> None:
@@ -121,15 +135,24 @@ class VLLMSampler(BatchingSampler):
         peft_model.save_pretrained(path)
         # one slot, reloaded in place: the engine never holds more than the current adapter
         self._lora_request = LoRARequest("policy", 1, path, load_inplace=True)
-        self.llm.llm_engine.add_lora(self._lora_request)
+        _on_vllm_thread(self.llm.llm_engine.add_lora, self._lora_request)
 
     def close(self) -> None:
-        """Free the engine and its temporary files."""
+        """Free the engine (once no other engine of this process is live) and its temporary files.
+
+        Shutting a vLLM engine down tears down process-global state (its parallel groups) that every other
+        live engine uses: an engine closed while others run (one agent of two) is parked until the last one
+        closes, then all are freed together."""
         shutil.rmtree(self._dir, ignore_errors=True)
         shutil.rmtree(self._adapter_dir, ignore_errors=True)
         llm = self.__dict__.pop("llm", None)
-        if llm is not None:
-            del llm
+        if llm is None:
+            return
+        with _ENGINE_LOCK:
+            _LIVE.discard(id(llm))
+            _PARKED.append(llm)
+            if not _LIVE:
+                _PARKED.clear()
 
     # -- generation ------------------------------------------------------------------------------
     def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
@@ -142,7 +165,8 @@ class VLLMSampler(BatchingSampler):
                                  stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False)
                   for r in requests]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        outputs = self.llm.generate(prompts, params, lora_request=self._lora_request, use_tqdm=False)
+        outputs = _on_vllm_thread(self.llm.generate, prompts, params, lora_request=self._lora_request,
+                                  use_tqdm=False)
         return [self._result(out.outputs[0]) for out in outputs]
 
     # -- the training core's sampling interface (trainer.core.SamplingClient) ------------------------
@@ -167,8 +191,8 @@ class VLLMSampler(BatchingSampler):
                          stop=p.stop_strings or None, include_stop_str_in_output=True, ignore_eos=p.stop is not None,
                          prompt_logprobs=0 if include_prompt_logprobs else None, skip_special_tokens=False)
         with self.weights_lock:
-            [out] = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
-                                      lora_request=self._lora_request, use_tqdm=False)
+            [out] = _on_vllm_thread(self.llm.generate, [TokensPrompt(prompt_token_ids=prompt)], params,
+                                    lora_request=self._lora_request, use_tqdm=False)
         seqs = []
         for c in out.outputs:
             ids = list(c.token_ids)
