@@ -149,7 +149,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--steps", type=int, default=10, help="timed steps per run")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each")
     p.add_argument("--lora", action="store_true", help="a rank-8 LoRA tenant instead of full-parameter training")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.repeats = 1, 1
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     with tempfile.TemporaryDirectory() as tmp:
         local, remote = InProcess(args.lora), ThroughService(args.lora, Path(tmp))
