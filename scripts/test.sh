@@ -15,7 +15,7 @@ fi
 bash scripts/lint.sh
 # A third one with vLLM (its CPU build here, the GPU build where CUDA is): vLLM pins its own transformers,
 # so it lives apart from TRL. The tests marked `vllm` skip in .venv and run here, after the main suite.
-ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,dev,vllm
+ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,dev,vllm,tinker
 # Given test paths, the vLLM stage runs only when one of them names the vLLM tests.
 options=() paths=()
 for arg in "$@"; do
@@ -23,13 +23,15 @@ for arg in "$@"; do
 done
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
-vllm_paths=(tests/trainer/test_vllm_cpu.py)
+vllm_paths=(tests/trainer/test_vllm_cpu.py tests/service/test_service_vllm.py)
 if [ "${#paths[@]}" -gt 0 ]; then
   vllm_paths=()
   for p in "${paths[@]}"; do
     case "$p" in
-      tests/trainer/test_vllm_cpu.py*) vllm_paths+=("$p");;
-      tests|tests/|tests/trainer|tests/trainer/) vllm_paths+=(tests/trainer/test_vllm_cpu.py);;
+      tests/trainer/test_vllm_cpu.py*|tests/service/test_service_vllm.py*) vllm_paths+=("$p");;
+      tests|tests/) vllm_paths+=(tests/trainer/test_vllm_cpu.py tests/service/test_service_vllm.py);;
+      tests/trainer|tests/trainer/) vllm_paths+=(tests/trainer/test_vllm_cpu.py);;
+      tests/service|tests/service/) vllm_paths+=(tests/service/test_service_vllm.py);;
     esac
   done
 fi

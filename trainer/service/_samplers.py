@@ -4,7 +4,8 @@ A sampler is the base model, an ephemeral snapshot of a training run (from
 ``save_weights_and_get_sampling_client``), or a saved ``sampler_weights`` / ``weights`` checkpoint.
 A snapshot keeps a CPU copy of the run's adapter and the run's weight generation: while the run
 has not stepped since, samples come from the live adapter at no cost (the RL loop's case);
-afterwards the copy is loaded as an adapter of its own. Loaded sampler adapters are an LRU cache
+afterwards the copy is loaded as an adapter of its own (with ``--sampler vllm`` always: the copy is
+registered in the vLLM engine's LoRA slots once, and later samples reuse it). Loaded sampler adapters are an LRU cache
 of ``max_loaded`` entries, and each run keeps its last ``keep_snapshots`` snapshots.
 """
 
@@ -62,15 +63,18 @@ class SamplerCache:
                              "survive a restart); save named weights with save_weights_for_sampler(name) and "
                              "create_sampling_client(model_path=...) to keep them.")
         live = generation_of(snap.model_id)
-        if snap.generation >= 0 and live == snap.generation and snap.model_id in self.host.clients:
-            return self.host.client(snap.model_id).sampling_client()
+        # while the run has not stepped since the snapshot its live adapter is the snapshot (HF samples it
+        # in place; a vLLM engine needs the adapter's copy registered, done once below)
+        if (snap.generation >= 0 and live == snap.generation and snap.model_id in self.host.clients
+                and (snap.weights is None or self.host.vllm is None)):
+            return self.host.live_sampler(self.host.client(snap.model_id), live)
         if snap.weights is None:
             if snap.generation < 0:
                 raise ValueError(f"Sampler {sampler_id!r} was released: a training run keeps only its last "
                                  f"{self.keep_snapshots} ephemeral samplers; ask for a new one with "
                                  "save_weights_and_get_sampling_client().")
             if snap.model_id in self.host.clients:  # full-parameter run: its sampler follows the live weights
-                return self.host.client(snap.model_id).sampling_client()
+                return self.host.live_sampler(self.host.client(snap.model_id), live)
             raise ValueError(f"Sampler {sampler_id!r} belongs to training run {snap.model_id!r}, which is unloaded.")
         return self._load(sampler_id, lambda: (snap.weights, snap.rank, snap.targets))
 

@@ -24,6 +24,7 @@ class ServiceSettings:
     max_request_bytes: int = 64 * 2**20
     long_poll_s: float = 20.0
     device: str = "auto"
+    max_lora_rank: int = 64
     threads: int | None = None  # torch CPU threads for model work (None: torch's default)
 
     def __post_init__(self) -> None:
@@ -31,8 +32,9 @@ class ServiceSettings:
         if self.token is not None and not self.token.startswith(("tml-", "eyJ")):
             raise ValueError(f"Expected --token to start with 'tml-' (the tinker SDK only sends such keys), "
                              f"got {self.token[:4]!r}...")
-        if self.max_tenants < 1 or self.max_batch_tokens < 1 or self.idle_timeout_s <= 0:
-            raise ValueError("Expected --max-tenants >= 1, --max-batch-tokens >= 1 and --idle-timeout-s > 0.")
+        if self.max_tenants < 1 or self.max_batch_tokens < 1 or self.idle_timeout_s <= 0 or self.max_lora_rank < 1:
+            raise ValueError("Expected --max-tenants >= 1, --max-batch-tokens >= 1, --max-lora-rank >= 1 and "
+                             "--idle-timeout-s > 0.")
         if self.full_parameter and self.max_tenants != 1:
             self.max_tenants = 1  # a full-parameter run owns the base weights
         if self.sampler not in ("hf", "vllm"):

@@ -39,6 +39,8 @@ def create_app(ops: Ops) -> FastAPI:
         finally:
             reaper.cancel()
             ops.engine.close()  # lets the request in progress finish and record its result
+            if ops.host.vllm is not None:
+                ops.host.vllm.close()  # frees the engine and its adapter files
 
     app = FastAPI(title="envhub training service (Tinker API)", lifespan=lifespan)
     app.state.ops = ops

@@ -70,7 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-name", default=None,
                         help="the name clients pass as base_model (default: --model), e.g. the public name of a "
                              "local checkpoint so tokenizer and renderer lookups work")
-    parser.add_argument("--sampler", choices=("hf", "vllm"), default=d.sampler, help="sampling backend (default hf)")
+    parser.add_argument("--sampler", choices=("hf", "vllm"), default=d.sampler,
+                        help="sampling backend: hf (default, Hugging Face generate) or vllm (one vLLM engine; needs "
+                             "the venv of `ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,vllm`)")
+    parser.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank,
+                        help=f"with --sampler vllm: the largest LoRA rank a training client may ask for, the size of "
+                             f"the engine's LoRA slots (default {d.max_lora_rank})")
     parser.add_argument("--token", default=None,
                         help="API key clients must send (must start with 'tml-'); default: no auth")
     parser.add_argument("--state-dir", default=str(d.state_dir),
@@ -97,7 +102,7 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
     return ServiceSettings(model=args.model, served_name=args.served_name, sampler=args.sampler, token=args.token,
                            state_dir=Path(args.state_dir), max_tenants=args.max_tenants,
                            full_parameter=args.full_parameter, idle_timeout_s=args.idle_timeout_s,
-                           max_batch_tokens=args.max_batch_tokens, device=args.device,
+                           max_batch_tokens=args.max_batch_tokens, device=args.device, max_lora_rank=args.max_lora_rank,
                            threads=args.threads)
 
 
@@ -121,18 +126,19 @@ def model_config(name: str, overrides: list[str]):
 def build_app(settings: ServiceSettings, model_overrides: list[str] | None = None):
     """The ASGI app with its base model loaded (what ``serve`` runs; tests use it in process)."""
     from trainer.core import ModelHost
+    from trainer.model import for_vllm
     from trainer.service._ops import Ops
     from trainer.service.app import create_app
 
-    if settings.sampler == "vllm":
-        raise ValueError("--sampler vllm: the training core's tenants sample with Hugging Face generate in this "
-                         "build; run with --sampler hf.")
     device = settings.device
     if device == "auto":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    host = ModelHost(model_config(settings.model, model_overrides or []), device=device,
+    model_cfg = model_config(settings.model, model_overrides or [])
+    if settings.sampler == "vllm":
+        model_cfg = for_vllm(model_cfg)  # the tiny model in heads vLLM's kernels take; real models unchanged
+    host = ModelHost(model_cfg, device=device, sampler=settings.sampler, max_lora_rank=settings.max_lora_rank,
                      max_tenants=10**6)  # the service enforces --max-tenants itself, samplers aside
     return create_app(Ops(settings, host))
 
@@ -144,7 +150,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         app = build_app(settings, args.model_config)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:  # RuntimeError: VLLMUnavailable, with its fix
         print(f"envhub-train serve: {exc}", file=sys.stderr)
         return 2
     from trainer.scheduler.server import bind_socket
