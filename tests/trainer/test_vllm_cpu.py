@@ -150,6 +150,30 @@ def test_lora_sync_after_each_optimizer_step_keeps_logprobs_equal(lora) -> None:
     assert max(gaps) < 1e-3
 
 
+# (before the recipe tests: an engine a run closes tears down vLLM's process-wide parallel state, which
+# the module's `full` engine still needs)
+def test_vllm_stands_where_the_cores_sampling_client_does(full) -> None:
+    """The training core's ``sample``: n samples, stop ids and strings, seeds, prompt log-probs."""
+    from trainer.core import SamplingParams
+
+    model, tok, sampler = full
+    prompt = tok.encode(PROMPTS[0], add_special_tokens=False)
+    out = sampler.sample(prompt, 3, SamplingParams(max_tokens=10, temperature=1.0, seed=7),
+                         include_prompt_logprobs=True)
+    again = sampler.sample(prompt, 3, SamplingParams(max_tokens=10, temperature=1.0, seed=7))
+    assert len(out.sequences) == 3 and [s.tokens for s in out.sequences] == [s.tokens for s in again.sequences]
+    for seq in out.sequences:
+        ours = trainer_logprobs(model, prompt, seq.tokens, 1.0)
+        assert max(abs(a - b) for a, b in zip(ours, seq.logprobs)) < 1e-3
+    ours = [None] + forward_logprobs(model, torch.tensor([prompt], device=DEVICE))[0].tolist()
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    assert max(abs(a - b) for a, b in zip(ours[1:], out.prompt_logprobs[1:])) < 1e-3
+    greedy = sampler.sample(prompt, 1, SamplingParams(max_tokens=10, temperature=0.0)).sequences[0].tokens
+    stop_id = greedy[3]
+    cut = sampler.sample(prompt, 1, SamplingParams(max_tokens=10, temperature=0.0, stop=[stop_id])).sequences[0]
+    assert cut.stop_reason == "stop" and cut.tokens == greedy[:greedy.index(stop_id) + 1]
+
+
 def test_an_unsupported_head_size_is_refused_with_the_fix_before_vllm_starts() -> None:
     if DEVICE == "cuda":
         pytest.skip("the head-size limit is the CPU kernel's")
@@ -230,25 +254,3 @@ def test_two_agents_train_with_vllm_samplers(serve_env, tmp_path) -> None:
         assert agent.version == 1 and agent.sampler.version == 1
         trains = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "train/loss" in r]
         assert len(trains) == 1 and max(r["train/logprob_mismatch"] for r in trains) < 1e-3
-
-
-def test_vllm_stands_where_the_cores_sampling_client_does(full) -> None:
-    """The training core's ``sample``: n samples, stop ids and strings, seeds, prompt log-probs."""
-    from trainer.core import SamplingParams
-
-    model, tok, sampler = full
-    prompt = tok.encode(PROMPTS[0], add_special_tokens=False)
-    out = sampler.sample(prompt, 3, SamplingParams(max_tokens=10, temperature=1.0, seed=7),
-                         include_prompt_logprobs=True)
-    again = sampler.sample(prompt, 3, SamplingParams(max_tokens=10, temperature=1.0, seed=7))
-    assert len(out.sequences) == 3 and [s.tokens for s in out.sequences] == [s.tokens for s in again.sequences]
-    for seq in out.sequences:
-        ours = trainer_logprobs(model, prompt, seq.tokens, 1.0)
-        assert max(abs(a - b) for a, b in zip(ours, seq.logprobs)) < 1e-3
-    ours = [None] + forward_logprobs(model, torch.tensor([prompt], device=DEVICE))[0].tolist()
-    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
-    assert max(abs(a - b) for a, b in zip(ours[1:], out.prompt_logprobs[1:])) < 1e-3
-    greedy = sampler.sample(prompt, 1, SamplingParams(max_tokens=10, temperature=0.0)).sequences[0].tokens
-    stop_id = greedy[3]
-    cut = sampler.sample(prompt, 1, SamplingParams(max_tokens=10, temperature=0.0, stop=[stop_id])).sequences[0]
-    assert cut.stop_reason == "stop" and cut.tokens == greedy[:greedy.index(stop_id) + 1]

@@ -34,8 +34,13 @@ class VLLMView:
 
     def sample(self, prompt_tokens: Sequence[int], num_samples: int = 1, sampling_params: SamplingParams | None = None,
                *, include_prompt_logprobs: bool = False) -> SampleResponse:
-        return self.engine.sample(prompt_tokens, num_samples, sampling_params,
-                                  include_prompt_logprobs=include_prompt_logprobs, lora_request=self.lora_request)
+        from vllm.exceptions import VLLMValidationError
+
+        try:
+            return self.engine.sample(prompt_tokens, num_samples, sampling_params,
+                                      include_prompt_logprobs=include_prompt_logprobs, lora_request=self.lora_request)
+        except VLLMValidationError as exc:  # bad input (a prompt past the engine's context, say): the caller's error
+            raise ValueError(str(exc)) from exc
 
 
 class VLLMSamplers:

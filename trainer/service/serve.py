@@ -42,7 +42,7 @@ def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 1
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+        threading.Thread(target=lambda: lines.put(_listening_line(proc.stdout)), daemon=True).start()
         try:
             line = lines.get(timeout=timeout_s)  # "envhub-train serve: listening on http://127.0.0.1:PORT"
         except queue.Empty:
@@ -58,6 +58,14 @@ def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 1
             proc.kill()
             proc.wait()
         proc.stdout.close()
+
+
+def _listening_line(stdout: Any) -> str:
+    """The ``listening on`` line (other output before it, say a library's log lines, is skipped); "" at EOF."""
+    for line in stdout:
+        if "listening on" in line:
+            return line
+    return ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,6 +155,9 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # vLLM logs to stdout unless told not to configure its logging: its lines then reach stderr through the
+    # root logger, and stdout's first line stays the "listening on" one
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     try:
         settings = settings_from_args(args)
         app = build_app(settings, args.model_config)
