@@ -12,8 +12,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from envhub.types import StepResult
 
 T = TypeVar("T")
 
@@ -247,3 +250,45 @@ def _dechunk(body: bytes) -> bytes:
             return bytes(out)
         out += body[j + 2:j + 2 + size]
         i = j + 2 + size + 2
+
+
+class _EpisodeSource(Protocol):
+    """What a blocking env view reads from its async twin."""
+
+    @property
+    def episode_reward(self) -> float: ...
+    @property
+    def last_result(self) -> StepResult | None: ...
+    @property
+    def done(self) -> bool: ...
+
+
+_View = TypeVar("_View", bound="SyncEpisodeView")
+
+
+class SyncEpisodeView:
+    """The blocking side shared by ``OpenEnv`` and ``LocalEnv``: episode state read from the async
+    twin ``aenv``, and ``with`` closing it."""
+
+    aenv: _EpisodeSource
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def episode_reward(self) -> float:
+        return self.aenv.episode_reward
+
+    @property
+    def last_result(self) -> StepResult | None:
+        return self.aenv.last_result
+
+    @property
+    def done(self) -> bool:
+        return self.aenv.done
+
+    def __enter__(self: _View) -> _View:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

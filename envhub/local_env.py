@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from envhub._client_io import BackgroundLoop
+from envhub._client_io import BackgroundLoop, SyncEpisodeView
 from envhub.env import Env, EnvRunner
 from envhub.errors import ActionValidationError
 from envhub.tools import _clean_schema
@@ -101,7 +101,7 @@ def _action_tool(cls: type[Env]) -> ToolSpec | None:
                     parameters=_clean_schema(schema))
 
 
-class LocalEnv:
+class LocalEnv(SyncEpisodeView):
     """An ``Env`` instance behind the blocking ``OpenEnv`` API (its async twin runs on envhub's shared
     background loop); ``EnvTool.from_env`` wraps a local env in one.
 
@@ -123,6 +123,8 @@ class LocalEnv:
     ('2', '5')
     """
 
+    aenv: AsyncLocalEnv
+
     def __init__(self, env: Env, action_mapper: ActionMapper | None = None):
         self.aenv = AsyncLocalEnv(env, action_mapper)
 
@@ -141,24 +143,6 @@ class LocalEnv:
 
     def close(self) -> None:
         BackgroundLoop.shared().run(self.aenv.close())
-
-    @property
-    def episode_reward(self) -> float:
-        return self.aenv.episode_reward
-
-    @property
-    def last_result(self) -> StepResult | None:
-        return self.aenv.last_result
-
-    @property
-    def done(self) -> bool:
-        return self.aenv.done
-
-    def __enter__(self) -> LocalEnv:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 __all__ = ["LocalEnv", "AsyncLocalEnv"]

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
-from envhub._client_io import BackgroundLoop, cached_metadata
+from envhub._client_io import BackgroundLoop, SyncEpisodeView, cached_metadata
 from envhub.client import EnvClient
 from envhub.errors import (
     ActionValidationError,
@@ -267,7 +267,7 @@ async def _maybe_await(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
-class OpenEnv:
+class OpenEnv(SyncEpisodeView):
     """A remote env behind a blocking API; connects lazily (nothing is dialled until the first call).
 
     ``env_cls=None`` uses envhub's :class:`EnvClient` (``env_kwargs`` go to it: ``token``,
@@ -290,6 +290,8 @@ class OpenEnv:
     'Guess a digit.'
     'Correct!'
     """
+
+    aenv: AsyncOpenEnv
 
     def __init__(self, base_url: str, env_cls: Any = None, env_kwargs: dict[str, Any] | None = None,
                  tool_schema: list[ToolSpec | dict[str, Any]] | None = None,
@@ -315,24 +317,6 @@ class OpenEnv:
     def close(self) -> None:
         if self.aenv._client is not None:
             self._run(self.aenv.close())
-
-    @property
-    def episode_reward(self) -> float:
-        return self.aenv.episode_reward
-
-    @property
-    def last_result(self) -> StepResult | None:
-        return self.aenv.last_result
-
-    @property
-    def done(self) -> bool:
-        return self.aenv.done
-
-    def __enter__(self) -> OpenEnv:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 __all__ = ["OpenEnv", "AsyncOpenEnv", "observation_text", "as_envhub_error"]
