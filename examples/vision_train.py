@@ -118,18 +118,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
-def _exit_on_sigterm() -> None:
-    # `kill` / a CI timeout sends SIGTERM: raise so that the env server is stopped on the way out.
-    import signal
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 if __name__ == "__main__":
-    _exit_on_sigterm()
+    from trainer.quickstart import exit_on_sigterm
+
+    exit_on_sigterm()
     try:
         main()
     except KeyboardInterrupt:

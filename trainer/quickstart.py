@@ -279,8 +279,9 @@ def _quiet_log(message: str) -> None:
         print(f"[quickstart] {message}", flush=True)
 
 
-def _exit_on_sigterm() -> None:
-    # `kill` / a CI timeout sends SIGTERM: raise so that the server is stopped by the `finally` above.
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into KeyboardInterrupt, so a script's env server is stopped on the way out."""
+    # `kill` / a CI timeout sends SIGTERM: raise so that env_server's `finally` stops the server.
     import signal
 
     def handler(signum: int, frame: Any) -> None:
@@ -290,7 +291,7 @@ def _exit_on_sigterm() -> None:
 
 
 if __name__ == "__main__":
-    _exit_on_sigterm()
+    exit_on_sigterm()
     try:
         main()
     except KeyboardInterrupt:
