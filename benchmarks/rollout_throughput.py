@@ -1,8 +1,9 @@
 """Rollout throughput: HF ``generate`` vs vLLM tokens/s, and GRPO step time synchronous vs asynchronous.
 
-Part 1 times generation alone, through the trainer's own samplers (``HFSampler.generate_batch`` and
-``VLLMSampler.generate_batch``), on the same random-weight model and the same batch: ``--batch`` prompts
-of ``--prompt-len`` token ids, ``--new-tokens`` new tokens each, sampled at temperature 1. Two model
+Part 1 times generation alone on the same random-weight model and the same batch (``--batch`` prompts
+of ``--prompt-len`` token ids, ``--new-tokens`` new tokens each, sampled at temperature 1): Hugging Face
+``generate`` itself, then the trainer's own samplers, ``HFSampler.generate_batch`` (the lean decode loop
+of ``trainer.decode``) and ``VLLMSampler.generate_batch``. Two model
 shapes: the quick start's tiny Qwen2 (hidden 64, 2 layers, heads of 32 as with vLLM) and a
 Qwen2.5-0.5B-shaped one (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864) cut to ``--layers-05b``
 layers, with the project's byte-level vocabulary. HF runs first, before vLLM is in the process
@@ -56,7 +57,28 @@ def tokens_per_s(sampler, reqs, repeats: int) -> float:
     return statistics.median(rates)
 
 
-def part_generation(args) -> list[tuple[str, float, float | None]]:
+class GenerateBaseline:
+    """``transformers`` ``generate`` on a left-padded batch with the HF sampler's settings (the reference)."""
+
+    def __init__(self, model, tok):
+        self.model, self.pad, self.eos = model.eval(), tok.pad_token_id, tok.eos_token_id
+
+    def generate_batch(self, reqs):
+        from trainer.rollout.types import GenResult
+
+        width = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((len(reqs), width), self.pad)
+        attn = torch.zeros_like(ids)
+        for i, r in enumerate(reqs):
+            ids[i, width - len(r.prompt_ids):], attn[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids), 1
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=reqs[0].max_new_tokens,
+                                      do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=self.eos,
+                                      pad_token_id=self.pad, return_dict_in_generate=True, output_logits=True)
+        return [GenResult(row.tolist(), [], "length") for row in out.sequences[:, width:]]
+
+
+def part_generation(args) -> list[tuple[str, float, float, float | None]]:
     from trainer.model import ModelConfig, load_policy
     from trainer.rollout import HFSampler, SamplingConfig
 
@@ -74,14 +96,20 @@ def part_generation(args) -> list[tuple[str, float, float | None]]:
         model, tok = load_policy(ModelConfig(**shape, max_position_embeddings=1024))
         reqs = requests(args, len(tok))
         built[name] = (model, tok, reqs)
-        rows.append([name, tokens_per_s(HFSampler(model, tok, sampling), reqs, args.repeats), None])
+        hf = HFSampler(model, tok, sampling)
+        baseline = GenerateBaseline(model, tok)
+        rates: dict[str, list[float]] = {"generate": [], "sampler": []}
+        for _ in range(args.repeats):  # alternated, so drifts in machine speed hit both alike
+            rates["generate"].append(tokens_per_s(baseline, reqs, 1))
+            rates["sampler"].append(tokens_per_s(hf, reqs, 1))
+        rows.append([name, statistics.median(rates["generate"]), statistics.median(rates["sampler"]), None])
     if have_vllm:
         from trainer.rollout.vllm_sampler import VLLMSampler
 
         for row in rows:
             model, tok, reqs = built[row[0]]
             sampler = VLLMSampler(model, tok, sampling, max_model_len=1024, max_num_seqs=args.batch)
-            row[2] = tokens_per_s(sampler, reqs, args.repeats)
+            row[3] = tokens_per_s(sampler, reqs, args.repeats)
             sampler.close()
     return [tuple(r) for r in rows]
 
@@ -133,10 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in ("all", "generation"):
         rows = part_generation(args)
         print(f"\ngeneration: {args.batch} prompts x {args.prompt_len} ids, {args.new_tokens} new tokens, temperature 1")
-        print(f"{'model':<30}{'HF tok/s':>12}{'vLLM tok/s':>12}{'vLLM / HF':>11}")
-        for name, hf, vl in rows:
-            ratio = f"{vl / hf:.2f}x" if vl else "-"
-            print(f"{name:<30}{hf:>12.0f}{(f'{vl:.0f}' if vl else '-'):>12}{ratio:>11}")
+        print("tokens/s: HF generate (transformers), HF sampler (envhub, sampling.backend='hf'), vLLM sampler")
+        print(f"{'model':<30}{'generate':>10}{'HF sampler':>12}{'vLLM':>10}{'HF/generate':>13}{'vLLM/HF':>9}"
+              f"{'vLLM/generate':>15}")
+        for name, gen, hf, vl in rows:
+            print(f"{name:<30}{gen:>10.0f}{hf:>12.0f}{(f'{vl:.0f}' if vl else '-'):>10}{hf / gen:>12.2f}x"
+                  f"{(f'{vl / hf:.2f}x' if vl else '-'):>9}{(f'{vl / gen:.2f}x' if vl else '-'):>15}")
     if args.part in ("all", "steps"):
         torch.set_num_threads(args.threads)
         res = part_steps(args)

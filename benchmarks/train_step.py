@@ -8,13 +8,15 @@ token ids and advantages — forward, log-probs, clipped GRPO loss, backward, Ad
 excluded on both sides. TRL's step is ``trainer.compute_loss`` + ``accelerator.backward`` + its
 optimizer; ours is the training core's ``ppo`` loss (``trainer.core.losses``) + ``torch.optim.AdamW``.
 
-Whole steps (``--whole-steps``, 5 by default): each side samples ``--group`` completions of each of
+Whole steps (``--whole-steps``, 15 by default): each side samples ``--group`` completions of each of
 ``--prompts`` prompts at temperature 1 (EOS suppressed on both sides, so every completion is
 ``--completion-len`` tokens), scores them with a random reward, computes GRPO advantages and takes its
-training step. TRL's is its own ``_prepare_inputs`` (generation, rewards, advantages) + ``compute_loss``
-+ backward + optimizer; ours is ``HFSampler.generate_batch`` + the RL recipe's ``compute_advantages``,
+training step. TRL's is its own ``_prepare_inputs`` (generation with ``transformers`` ``generate``,
+rewards, advantages) + ``compute_loss`` + backward + optimizer; ours is ``HFSampler.generate_batch`` (the
+lean decode loop of ``trainer.decode`` on the same model) + the RL recipe's ``compute_advantages``,
 ``pack`` and ``policy_update`` over the training core (the code ``envhub-train`` runs each step,
-``seq_mean_token_mean`` as TRL's ``loss_type="grpo"``).
+``seq_mean_token_mean`` as TRL's ``loss_type="grpo"``). Machine speed drifts on shared hosts: the two
+sides alternate step by step and the medians are compared.
 
     .venv/bin/python benchmarks/train_step.py                 # the tests' tiny model (hidden 32, 2 layers)
     .venv/bin/python benchmarks/train_step.py --hidden-size 256 --layers 4
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--whole-steps", type=int, default=5, help="whole GRPO steps (generation included) to time")
+    parser.add_argument("--whole-steps", type=int, default=15, help="whole GRPO steps (generation included) to time")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script runs, measures nothing")
     args = parser.parse_args(argv)
     if args.smoke:

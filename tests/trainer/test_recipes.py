@@ -73,7 +73,8 @@ def test_grpo_raises_the_reward_of_a_random_policy(tmp_path) -> None:
     summary = train(cfg, log=lambda s: None)
     rewards = [json.loads(line)["train/reward_mean"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
                if "train/reward_mean" in line]
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+    # the 3-step means move by ~0.03 between seeds without learning; 12 steps of GRPO gain 0.13-0.23 (4 seeds)
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
     assert summary["val_reward_after"] >= 0.5
 
 

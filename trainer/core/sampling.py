@@ -1,9 +1,9 @@
-"""Sampling from a policy with Hugging Face ``generate``: n samples, stop strings and stop ids, log-probs.
+"""Sampling from a policy with :func:`trainer.decode.decode`: n samples, stop strings and stop ids, log-probs.
 
 The log-prob of each sampled id is recomputed with the trainer's own forward pass
 (:func:`~trainer.core.forward.target_logprobs` over prompt + completion at the sampling temperature),
-so a ratio against the trainer's log-probs starts at 1 up to float rounding, whatever ``generate``'s
-cache does. ``generate`` only picks the ids.
+so a ratio against the trainer's log-probs starts at 1 up to float rounding, whatever the decode cache
+does. The decode loop only picks the ids.
 
 >>> client = SamplingClient(model, tokenizer)                               # doctest: +SKIP
 >>> out = client.sample([1, 2, 3], 4, SamplingParams(max_tokens=8, stop=["\\n"], seed=0))  # doctest: +SKIP
@@ -12,7 +12,6 @@ cache does. ``generate`` only picks the ids.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from torch import Tensor
 
 from trainer.core.forward import BASE_ADAPTER, model_device, run_model, target_logprobs
 from trainer.core.types import SampledSequence, SampleResponse, SamplingParams
+from trainer.decode import decode
 
 
 class SamplingClient:
@@ -93,59 +93,33 @@ class SamplingClient:
         model = _generation_model(self.model)
         device = model_device(model)
         stop_ids = set(params.stop_token_ids) if params.stop is not None else {self.eos_id}
-        config = copy.deepcopy(model.generation_config)
-        config.eos_token_id = None  # every stop is ours: EOS only when ``stop`` is None
-        config.pad_token_id = self.pad_id
-        config.max_new_tokens, config.max_length = params.max_tokens, None
         greedy = params.temperature == 0
-        config.do_sample = not greedy
-        config.temperature, config.top_p, config.top_k = (
-            (None, None, None) if greedy else (params.temperature, params.top_p, max(params.top_k, 0)))
         ids_BT = torch.tensor([prompt] * n, device=device)
-        criteria = _StopCriteria(len(prompt), stop_ids, params.stop_strings, self.tokenizer)
-        kwargs: dict[str, Any] = dict(generation_config=config, stopping_criteria=[criteria],
-                                      attention_mask=torch.ones_like(ids_BT))
+        kwargs: dict[str, Any] = {}
         if self.adapter is not None:
             kwargs["adapter_names"] = self._adapters(n)
         with _eval_mode(self.model), _seeded(params.seed, device):
-            out_BT = model.generate(input_ids=ids_BT, **kwargs)
-        return [criteria.cut(row[len(prompt):].tolist(), params.max_tokens) for row in out_BT.cpu()]
+            out = decode(model, ids_BT, torch.ones_like(ids_BT), max_new_tokens=params.max_tokens, eos_ids=stop_ids,
+                         temperature=1.0 if greedy else params.temperature, greedy=greedy,
+                         top_k=max(params.top_k, 0), top_p=params.top_p,
+                         stop_check=_stop_strings(params.stop_strings, self.tokenizer), **kwargs)
+        return list(zip(out.token_ids, out.finish_reasons))
 
 
-class _StopCriteria:
-    """Per-row stop check for ``generate`` (token ids or strings); :meth:`cut` trims a finished row.
+def _stop_strings(stop_strings: list[str], tokenizer: Any) -> Any:
+    """A :func:`~trainer.decode.decode` stop check: does the newest text of a row hold one of ``stop_strings``?
 
-    Each call looks at the newest token of each row only, so a long generation costs linear time.
-    """
+    Only the row's last few ids are decoded (a stop string ends within them: every id decodes to at least
+    one byte), so a long generation costs linear time."""
+    if not stop_strings:
+        return None
+    tail = max(len(s.encode()) for s in stop_strings) + 1
 
-    def __init__(self, prompt_len: int, stop_ids: set[int], stop_strings: list[str], tokenizer: Any):
-        self.prompt_len, self.stop_ids, self.stop_strings = prompt_len, stop_ids, stop_strings
-        self.tokenizer = tokenizer
-        # a stop string ends within this many trailing tokens (every token decodes to at least one byte)
-        self.tail = max((len(s.encode()) for s in stop_strings), default=0) + 1
-        self.ends: dict[int, int] = {}  # row -> ids to keep
+    def check(ids: list[int]) -> bool:
+        text = tokenizer.decode(ids[-tail:])
+        return any(s in text for s in stop_strings)
 
-    def __call__(self, input_ids: Tensor, scores: Any, **kwargs: Any) -> Tensor:
-        new = input_ids[:, self.prompt_len:].cpu()
-        for i, row in enumerate(new.tolist()):
-            if i not in self.ends and self._stops(row):
-                self.ends[i] = len(row)
-        return torch.tensor([i in self.ends for i in range(len(new))], dtype=torch.bool, device=input_ids.device)
-
-    def _stops(self, ids: list[int]) -> bool:
-        """Whether the newest id of ``ids`` ends the row."""
-        if ids[-1] in self.stop_ids:
-            return True
-        if self.stop_strings:
-            text = self.tokenizer.decode(ids[-self.tail:])
-            return any(s in text for s in self.stop_strings)
-        return False
-
-    def cut(self, ids: list[int], max_tokens: int) -> tuple[list[int], str]:
-        for k in range(1, min(len(ids), max_tokens) + 1):
-            if self._stops(ids[:k]):
-                return ids[:k], "stop"
-        return ids[:max_tokens], "length"
+    return check
 
 
 class _eval_mode:

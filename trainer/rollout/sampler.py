@@ -2,9 +2,10 @@
 
 ``BatchingSampler`` is the request queue both share: many episodes are in flight at once, each
 awaiting its own turn; the sampler gathers every request that is waiting and answers them with ONE
-batched call, in a worker thread so env traffic keeps flowing meanwhile. ``HFSampler`` runs Hugging
-Face ``generate`` (CPU or GPU, left-padded); the vLLM sampler lives in
-:mod:`trainer.rollout.vllm_sampler` (vLLM's GPU or CPU build, imported lazily).
+batched call, in a worker thread so env traffic keeps flowing meanwhile. ``HFSampler`` runs the model
+itself (CPU or GPU, left-padded; :func:`trainer.decode.decode`, Hugging Face ``generate`` for a
+vision-language model); the vLLM sampler lives in :mod:`trainer.rollout.vllm_sampler` (vLLM's GPU or CPU
+build, imported lazily).
 :func:`make_sampler` builds the one ``sampling.backend`` names.
 Requests with images (a vision-language policy) carry their pixel patches and grids into the same
 call.
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
+from trainer.decode import decode, supports_decode
 from trainer.rollout.types import GenRequest, GenResult
 from trainer.vision import vision_inputs
 
@@ -138,7 +140,7 @@ class BatchingSampler:
 
 
 class HFSampler(BatchingSampler):
-    """Batched Hugging Face ``generate`` (left-padded) on the trainer's own model, or on a private copy.
+    """Batched sampling (left-padded, :func:`trainer.decode.decode`) on the trainer's own model, or on a private copy.
 
     By default the sampler shares the trainer's model object, so no weight copy is needed: this is
     right when generation and optimizer steps alternate (synchronous rollouts). With ``own_copy=True``
@@ -173,7 +175,8 @@ class HFSampler(BatchingSampler):
 
     @torch.no_grad()
     def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
-        """One left-padded ``generate`` for all ``requests`` (same greedy flag); per-request caps applied after."""
+        """One left-padded batch for all ``requests`` (same greedy flag): :func:`trainer.decode.decode` for a text
+        model (each row stops at EOS or its own budget), ``generate`` for a vision-language one."""
         model = _generation_model(self.model)
         device = next(model.parameters()).device
         width = max(len(r.prompt_ids) for r in requests)
@@ -184,21 +187,26 @@ class HFSampler(BatchingSampler):
             attn_BT[i, width - len(r.prompt_ids):] = 1
         greedy = requests[0].greedy
         temperature = 1.0 if greedy else self.config.temperature
-        max_new = max(r.max_new_tokens for r in requests)
-        images = _image_inputs(model, requests, ids_BT.to(device))
         was_training = model.training
         model.eval()
         try:
-            out = model.generate(input_ids=ids_BT.to(device), attention_mask=attn_BT.to(device),
-                                 max_new_tokens=max_new, do_sample=not greedy,
+            if supports_decode(model) and not any(r.images for r in requests):
+                out = decode(model, ids_BT.to(device), attn_BT.to(device),
+                             max_new_tokens=[r.max_new_tokens for r in requests], eos_ids={self.eos_id},
+                             temperature=temperature, greedy=greedy, top_p=self.config.top_p)
+                return [GenResult(ids, lps, reason)
+                        for ids, lps, reason in zip(out.token_ids, out.logprobs, out.finish_reasons)]
+            images = _image_inputs(model, requests, ids_BT.to(device))
+            gen = model.generate(input_ids=ids_BT.to(device), attention_mask=attn_BT.to(device),
+                                 max_new_tokens=max(r.max_new_tokens for r in requests), do_sample=not greedy,
                                  temperature=temperature if not greedy else None,
                                  top_p=self.config.top_p if not greedy else None, top_k=0 if not greedy else None,
                                  eos_token_id=self.eos_id, pad_token_id=self.pad_id,
                                  return_dict_in_generate=True, output_logits=True, **images)
         finally:
             model.train(was_training)
-        new_BN = out.sequences[:, width:].cpu()
-        logits_BNV = torch.stack(out.logits, dim=1).float().cpu() / temperature
+        new_BN = gen.sequences[:, width:].cpu()
+        logits_BNV = torch.stack(gen.logits, dim=1).float().cpu() / temperature
         logprobs_BN = torch.log_softmax(logits_BNV, dim=-1).gather(-1, new_BN.unsqueeze(-1)).squeeze(-1)
         return [self._cut(new_BN[i].tolist(), logprobs_BN[i].tolist(), r.max_new_tokens)
                 for i, r in enumerate(requests)]

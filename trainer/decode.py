@@ -1,0 +1,320 @@
+"""A lean batched decode loop for causal LMs: the samplers' replacement for Hugging Face ``generate``.
+
+RL samples many short completions from small batches, where ``generate``'s per-token bookkeeping
+(generation-config checks, logits processors, stopping criteria, kept score tensors) costs as much as the
+model's forward pass itself on a CPU. :func:`decode` does only what sampling needs: one prefill that
+keeps the last position's logits, then one cached forward per new token, temperature / top-k / top-p
+sampling from the global torch RNG, the log-prob of each sampled id under the temperature-scaled
+distribution (before top-k/top-p filtering: the policy's own log-prob, as the trainer computes it),
+and per-row stops (EOS or any stop id, a per-row token budget, an optional check of the row so far).
+It ends as soon as every row has stopped.
+
+Prompts are left-padded; position ids count real tokens only, so a padded row sees the same positions
+as it would alone. Extra keyword arguments (a peft ``adapter_names`` list, say) go to every forward.
+
+>>> out = decode(model, ids_BT, attn_BT, max_new_tokens=[16, 8], eos_ids={eos}, temperature=1.0)  # doctest: +SKIP
+>>> out.token_ids[0], out.logprobs[0], out.finish_reasons[0]                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class Decoded:
+    """Per row: the new ids (ending with the stop id when ``finish_reason == "stop"``), their log-probs."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    finish_reasons: list[str]  # "stop" | "length"
+
+
+@torch.no_grad()
+def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int | Sequence[int],
+           eos_ids: set[int] | frozenset[int] = frozenset(), temperature: float = 1.0, greedy: bool = False,
+           top_k: int = 0, top_p: float = 1.0, stop_check: Callable[[list[int]], bool] | None = None,
+           **forward_kwargs: Any) -> Decoded:
+    """Continue each left-padded row of ``ids_BT`` (mask ``attn_BT``) until it stops.
+
+    ``max_new_tokens``: one budget for all rows or one per row. ``eos_ids``: ids that end a row
+    (kept as its last id, reason "stop"). ``stop_check(new_ids)`` is asked after every new id of a row
+    still running (stop strings); True ends it with reason "stop". ``greedy`` takes the argmax and
+    reports log-probs at temperature 1.
+    """
+    B = ids_BT.shape[0]
+    device = ids_BT.device
+    budgets = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != B or min(budgets) < 1:
+        raise ValueError(f"Expected {B} token budgets >= 1, got {budgets}.")
+    if not greedy and temperature <= 0:
+        raise ValueError(f"Expected temperature > 0 (or greedy=True), got {temperature}.")
+    temperature = 1.0 if greedy else temperature
+    n_max = max(budgets)
+    budget_B = torch.tensor(budgets, device=device)
+    stop_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+
+    T = ids_BT.shape[1]
+    attn_BS = torch.zeros((B, T + n_max), dtype=torch.long, device=device)  # grows one column per step
+    attn_BS[:, :T] = attn_BT
+    pos_BT = (attn_BS[:, :T].cumsum(-1) - 1).clamp_(min=0)
+    kernel = (None if forward_kwargs else LlamaKernel.build(model, T + n_max)) or HFKernel(model)
+    logits_BV = kernel.prefill(ids_BT, attn_BS[:, :T], pos_BT, **forward_kwargs)
+    next_pos_B = pos_BT[:, -1] + 1
+    new_BN = torch.empty((B, n_max), dtype=torch.long, device=device)
+    logprobs_BN = torch.empty((B, n_max), dtype=torch.float32, device=device)
+    running_B = torch.ones(B, dtype=torch.bool, device=device)
+    ended_at = [n_max] * B          # ids kept per row
+    stopped = [False] * B           # reason "stop" (else "length")
+    budget_ends = set(budgets)
+    steps = 0
+    for t in range(n_max):
+        logp_BV = torch.log_softmax(logits_BV.float() if temperature == 1.0 else logits_BV.float() / temperature, dim=-1)
+        tok_B = logp_BV.argmax(-1) if greedy else _sample(logp_BV, top_k, top_p)
+        tok_B.masked_fill_(~running_B, 0)
+        new_BN[:, t] = tok_B
+        logprobs_BN[:, t] = logp_BV.gather(-1, tok_B[:, None]).squeeze(-1)
+        steps = t + 1
+        hit_B = running_B & (tok_B == stop_ids if len(stop_ids) == 1 else torch.isin(tok_B, stop_ids))
+        if stop_check is not None:
+            rows = new_BN[:, :steps].tolist()
+            for i in running_B.nonzero().flatten().tolist():
+                if not hit_B[i] and stop_check(rows[i]):
+                    hit_B[i] = True
+        ended_B = hit_B | (running_B & (budget_B <= steps)) if steps in budget_ends else hit_B
+        if bool(ended_B.any()):
+            for i in ended_B.nonzero().flatten().tolist():
+                ended_at[i], stopped[i] = steps, bool(hit_B[i])
+            running_B &= ~ended_B
+            if not bool(running_B.any()):
+                break
+        attn_BS[:, T + t] = running_B
+        logits_BV = kernel.step(tok_B, attn_BS[:, :T + t + 1], next_pos_B, **forward_kwargs)
+        next_pos_B += 1
+    ids, lps = new_BN[:, :steps].cpu().tolist(), logprobs_BN[:, :steps].cpu().tolist()
+    return Decoded([ids[i][:ended_at[i]] for i in range(B)], [lps[i][:ended_at[i]] for i in range(B)],
+                   ["stop" if s else "length" for s in stopped])
+
+
+class HFKernel:
+    """Any Hugging Face causal LM through its own ``forward`` and cache (the general path)."""
+
+    def __init__(self, model: Any):
+        self.model, self.cache = model, None
+
+    def prefill(self, ids_BT: Tensor, attn_BT: Tensor, pos_BT: Tensor, **kwargs: Any) -> Tensor:
+        out = self.model(input_ids=ids_BT, attention_mask=attn_BT, position_ids=pos_BT, use_cache=True,
+                         logits_to_keep=1, **kwargs)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+    def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor, **kwargs: Any) -> Tensor:
+        out = self.model(input_ids=tok_B[:, None], attention_mask=attn_BS, position_ids=pos_B[:, None],
+                         past_key_values=self.cache, use_cache=True, **kwargs)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+
+#: decoder families whose layers are pre-norm RMSNorm -> attention (RoPE, grouped KV heads, optional q/k norm)
+#: -> RMSNorm -> gated SiLU MLP: the lean kernel runs them from their own modules
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+#: projections of at most this many weights (summed over the ones fused) run as one matmul on a concatenated
+#: copy: small layers are bound by per-op dispatch, not arithmetic, and a copy of them costs nothing
+FUSE_MAX_WEIGHTS = 1 << 20
+
+
+class LlamaKernel:
+    """The Llama family decoded from the model's own weights with a preallocated KV cache.
+
+    Each layer is the Hugging Face module's arithmetic (its RMSNorm formula, its rotary embedding module,
+    grouped-query attention with the same scaling), minus what one decode step does not need: no mask
+    building, cache objects, output records or hooks, and fewer ops per layer. Plain ``nn.Linear``
+    projections run as ``F.linear`` on their weights (q/k/v and gate/up each as one matmul when small,
+    :data:`FUSE_MAX_WEIGHTS`); any other projection (a peft LoRA layer) is called as the module it is, so
+    adapters decode too. A kernel is built per :func:`decode` call and reads the weights as they are then.
+    """
+
+    def __init__(self, lm: Any, capacity: int):
+        body = lm.model
+        self.embed, self.rotary = body.embed_tokens, body.rotary_emb
+        self.norm, self.head = _rms_norm(body.norm), _linear(lm.lm_head)
+        first = body.layers[0].self_attn
+        self.heads, self.kv_heads = int(lm.config.num_attention_heads), int(lm.config.num_key_value_heads)
+        self.head_dim, self.scaling = int(first.head_dim), float(first.scaling)
+        self.blocks = [_Block(layer, self.heads, self.kv_heads, self.head_dim) for layer in body.layers]
+        self.capacity, self.length = capacity, 0
+        self.bias_BS = torch.empty(0)
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
+
+    @classmethod
+    def build(cls, model: Any, capacity: int) -> LlamaKernel | None:
+        """A kernel for ``model`` (a plain or peft-wrapped Llama-family causal LM), or None when it is not one."""
+        lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = getattr(lm, "config", None)
+        if getattr(config, "model_type", None) not in LLAMA_FAMILY or not hasattr(getattr(lm, "model", None), "layers"):
+            return None
+        if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "pretraining_tp", 1) != 1:
+            return None
+        for layer in lm.model.layers:
+            attn = layer.self_attn  # the layer's window, or the model's (Mistral keeps it on the config only)
+            window = attn.sliding_window if hasattr(attn, "sliding_window") else getattr(config, "sliding_window", None)
+            if window is not None and window < capacity:
+                return None  # sliding-window attention at this length: the general path applies it
+        return cls(lm, capacity)
+
+    def prefill(self, ids_BT: Tensor, attn_BT: Tensor, pos_BT: Tensor) -> Tensor:
+        B, T = ids_BT.shape
+        x = self.embed(ids_BT)
+        shape = (B, self.kv_heads, self.capacity, self.head_dim)
+        self.k = [x.new_zeros(shape) for _ in self.blocks]
+        self.v = [x.new_zeros(shape) for _ in self.blocks]
+        causal_TT = torch.ones((T, T), dtype=torch.bool, device=x.device).tril_()
+        # a padding query sees itself, so no row of the mask is empty (an empty row is NaN in SDPA)
+        mask_B1TT = (causal_TT & attn_BT[:, None, None, :].bool()) | torch.eye(T, dtype=torch.bool, device=x.device)
+        self.length = T
+        self.bias_BS = x.new_zeros((B, self.capacity))  # additive key mask of the decode steps: 0 or -inf
+        self.bias_BS[:, :T].masked_fill_(attn_BT == 0, float("-inf"))
+        return self._forward(x, pos_BT, mask_B1TT, 0)
+
+    def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor) -> Tensor:
+        if self.length >= self.capacity:
+            raise RuntimeError(f"Expected at most {self.capacity} positions in the decode cache.")
+        x = self.embed(tok_B[:, None])
+        start, self.length = self.length, self.length + 1
+        # the new key is masked for rows that already stopped (attn_BS's last column)
+        self.bias_BS[:, start].masked_fill_(attn_BS[:, -1] == 0, float("-inf"))
+        return self._forward(x, pos_B[:, None], self.bias_BS[:, None, None, :start + 1], start)
+
+    def _forward(self, x: Tensor, pos_BT: Tensor, mask: Tensor, start: int) -> Tensor:
+        """Logits at the last position of ``x`` [B, T, hidden], whose keys/values go to cache slots start..start+T."""
+        B, T, _ = x.shape
+        end = start + T
+        cos, sin = self.rotary(x, pos_BT)
+        half = self.head_dim // 2
+        cos, sin = cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]
+        H, Hk, D = self.heads, self.kv_heads, self.head_dim
+        for block, k_cache, v_cache in zip(self.blocks, self.k, self.v):
+            h = block.norm1(x)
+            q, k, v = block.qkv(h)
+            if block.q_norm is not None:
+                q, k = block.q_norm(q.view(B, T, H, D)), block.k_norm(k.view(B, T, Hk, D))
+            qk = _rope(torch.cat([q.view(B, T, H, D), k.view(B, T, Hk, D)], dim=2).transpose(1, 2), cos, sin)
+            k_cache[:, :, start:end] = qk[:, H:]
+            v_cache[:, :, start:end] = v.view(B, T, Hk, D).transpose(1, 2)
+            if T == 1:
+                o = _attend_one(qk[:, :H], k_cache[:, :, :end], v_cache[:, :, :end], mask, self.scaling)
+            else:
+                o = F.scaled_dot_product_attention(qk[:, :H], k_cache[:, :, :end], v_cache[:, :, :end],
+                                                   attn_mask=mask, scale=self.scaling, enable_gqa=Hk != H)
+            x = x + block.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
+            gate, up = block.gate_up(block.norm2(x))
+            x = x + block.down(F.silu(gate) * up)
+        return self.head(self.norm(x[:, -1]))
+
+
+class _Block:
+    """One decoder layer's callables: norms, projections (fused where plain and small), optional q/k norms."""
+
+    def __init__(self, layer: Any, heads: int, kv_heads: int, head_dim: int):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm1, self.norm2 = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.q_norm = _rms_norm(q_norm) if q_norm is not None else None
+        self.k_norm = _rms_norm(k_norm) if k_norm is not None else None
+        self.qkv = _projections([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj, self.gate_up, self.down = _linear(attn.o_proj), _projections([mlp.gate_proj, mlp.up_proj]), \
+            _linear(mlp.down_proj)
+
+
+def _attend_one(q_BH1D: Tensor, k_BHkSD: Tensor, v_BHkSD: Tensor, bias_B11S: Tensor, scale: float) -> Tensor:
+    """Attention of one new query per row, the query heads of each KV head grouped (no KV copy for GQA)."""
+    B, H, _, D = q_BH1D.shape
+    Hk = k_BHkSD.shape[1]
+    q_BHkGD = q_BH1D.reshape(B, Hk, H // Hk, D)
+    scores_BHkGS = torch.matmul(q_BHkGD, k_BHkSD.transpose(-1, -2)).mul_(scale).add_(bias_B11S)
+    return torch.matmul(scores_BHkGS.softmax(-1), v_BHkSD).reshape(B, H, 1, D)
+
+
+def _rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotary embedding, HF's ``x * cos + rotate_half(x) * sin`` with the sign of rotate_half folded into sin."""
+    *lead, D = x.shape
+    return x * cos + x.view(*lead, 2, D // 2).flip(-2).view(*lead, D) * signed_sin
+
+
+def _linear(module: Any) -> Callable[[Tensor], Tensor]:
+    """``F.linear`` on a plain ``nn.Linear``'s weights; any other module (LoRA) as itself."""
+    if type(module) is not torch.nn.Linear:
+        return module  # type: ignore[no-any-return]
+    weight, bias = module.weight, module.bias
+    return lambda x: F.linear(x, weight, bias)
+
+
+def _projections(modules: list[Any]) -> Callable[[Tensor], tuple[Tensor, ...]]:
+    """Several projections of the same input: one matmul over their concatenated weights when all are plain
+    ``nn.Linear`` and small (:data:`FUSE_MAX_WEIGHTS`), else each on its own."""
+    if all(type(m) is torch.nn.Linear for m in modules) and sum(m.weight.numel() for m in modules) <= FUSE_MAX_WEIGHTS:
+        sizes = [m.out_features for m in modules]
+        weight = torch.cat([m.weight for m in modules])
+        bias = (torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+                if any(m.bias is not None for m in modules) else None)
+        return lambda x: F.linear(x, weight, bias).split(sizes, dim=-1)
+    each = [_linear(m) for m in modules]
+    return lambda x: tuple(f(x) for f in each)
+
+
+def _rms_norm(module: Any) -> Callable[[Tensor], Tensor]:
+    """The Hugging Face RMSNorm arithmetic (in float32, scaled in the input dtype) on the module's weight."""
+    eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+    weight = module.weight
+
+    def norm(x: Tensor) -> Tensor:
+        if x.dtype == torch.float32:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps)) * weight
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True).add_(eps))).to(x.dtype)
+
+    return norm
+
+
+def _sample(logp_BV: Tensor, top_k: int, top_p: float) -> Tensor:
+    """One id per row from ``exp(logp_BV)`` after top-k / top-p, by inverting the CDF at one uniform draw per row
+    (a draw of B numbers, where ``torch.multinomial`` draws per vocabulary entry: many times slower on a CPU)."""
+    cdf_BV = _filtered_probs(logp_BV, top_k, top_p).cumsum_(-1)
+    u_B1 = torch.rand((logp_BV.shape[0], 1), device=logp_BV.device) * cdf_BV[:, -1:]
+    # the first id whose cumulative mass exceeds u: an id of probability 0 is never picked
+    return torch.searchsorted(cdf_BV, u_B1, right=True).squeeze_(-1).clamp_(max=logp_BV.shape[-1] - 1)
+
+
+def _filtered_probs(logp_BV: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Probabilities to sample from: top-k then top-p (nucleus) applied to the temperature-scaled log-probs."""
+    if top_k <= 0 and top_p >= 1.0:
+        return logp_BV.exp()
+    logp_BV = logp_BV.clone()
+    if 0 < top_k < logp_BV.shape[-1]:
+        kth_B1 = logp_BV.topk(top_k, dim=-1).values[:, -1:]
+        logp_BV.masked_fill_(logp_BV < kth_B1, float("-inf"))
+    if top_p < 1.0:
+        sorted_BV, order_BV = logp_BV.sort(dim=-1, descending=True)
+        probs_BV = sorted_BV.exp()
+        before_BV = probs_BV.cumsum(-1) - probs_BV       # mass of the more likely ids
+        drop_BV = before_BV >= top_p * probs_BV.sum(-1, keepdim=True)
+        drop_BV[:, 0] = False                            # the most likely id always stays
+        logp_BV.scatter_(-1, order_BV, sorted_BV.masked_fill(drop_BV, float("-inf")))
+    return logp_BV.exp()
+
+
+def supports_decode(model: Any) -> bool:
+    """Whether :func:`decode` can drive ``model``: a text causal LM (vision-language models use ``generate``,
+    whose multimodal position ids are model-specific)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "image_token_id", None) is None and getattr(config, "vision_config", None) is None
+
+
+__all__ = ["Decoded", "decode", "supports_decode", "HFKernel", "LlamaKernel", "LLAMA_FAMILY"]
