@@ -65,7 +65,14 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
     attn_BS[:, :T] = attn_BT
     pos_BT = (attn_BS[:, :T].cumsum(-1) - 1).clamp_(min=0)
     kernel = (None if forward_kwargs else LlamaKernel.build(model, T + n_max)) or HFKernel(model)
-    logits_BV = kernel.prefill(ids_BT, attn_BS[:, :T], pos_BT, **forward_kwargs)
+    # rows with the same prompt (a GRPO group's samples) share one prefill, its cache copied to each of them
+    unique_UT, inverse_B = torch.unique(torch.cat([ids_BT, attn_BS[:, :T]], dim=1), dim=0, return_inverse=True)
+    if len(unique_UT) < B and not forward_kwargs:
+        logits_BV = kernel.prefill(unique_UT[:, :T], unique_UT[:, T:], pos_BT[_first_rows(inverse_B, len(unique_UT))])
+        kernel.expand(inverse_B)
+        logits_BV = logits_BV[inverse_B]
+    else:
+        logits_BV = kernel.prefill(ids_BT, attn_BS[:, :T], pos_BT, **forward_kwargs)
     next_pos_B = pos_BT[:, -1] + 1
     new_BN = torch.empty((B, n_max), dtype=torch.long, device=device)
     logprobs_BN = torch.empty((B, n_max), dtype=torch.float32, device=device)
@@ -73,11 +80,13 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
     ended_at = [n_max] * B          # ids kept per row
     stopped = [False] * B           # reason "stop" (else "length")
     budget_ends = set(budgets)
+    all_running = True
     steps = 0
     for t in range(n_max):
         logp_BV = torch.log_softmax(logits_BV.float() if temperature == 1.0 else logits_BV.float() / temperature, dim=-1)
         tok_B = logp_BV.argmax(-1) if greedy else _sample(logp_BV, top_k, top_p)
-        tok_B.masked_fill_(~running_B, 0)
+        if not all_running:
+            tok_B.masked_fill_(~running_B, 0)
         new_BN[:, t] = tok_B
         logprobs_BN[:, t] = logp_BV.gather(-1, tok_B[:, None]).squeeze(-1)
         steps = t + 1
@@ -92,6 +101,7 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
             for i in ended_B.nonzero().flatten().tolist():
                 ended_at[i], stopped[i] = steps, bool(hit_B[i])
             running_B &= ~ended_B
+            all_running = False
             if not bool(running_B.any()):
                 break
         attn_BS[:, T + t] = running_B
@@ -113,6 +123,10 @@ class HFKernel:
                          logits_to_keep=1, **kwargs)
         self.cache = out.past_key_values
         return out.logits[:, -1]
+
+    def expand(self, index_B: Tensor) -> None:
+        """Row ``i`` of the cache becomes a copy of row ``index_B[i]`` (after a prefill of unique prompts)."""
+        self.cache.reorder_cache(index_B)
 
     def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor, **kwargs: Any) -> Tensor:
         out = self.model(input_ids=tok_B[:, None], attention_mask=attn_BS, position_ids=pos_B[:, None],
@@ -182,6 +196,12 @@ class LlamaKernel:
         self.bias_BS = x.new_zeros((B, self.capacity))  # additive key mask of the decode steps: 0 or -inf
         self.bias_BS[:, :T].masked_fill_(attn_BT == 0, float("-inf"))
         return self._forward(x, pos_BT, mask_B1TT, 0)
+
+    def expand(self, index_B: Tensor) -> None:
+        """Row ``i`` of the cache becomes a copy of row ``index_B[i]`` (after a prefill of unique prompts)."""
+        self.k = [k.index_select(0, index_B) for k in self.k]
+        self.v = [v.index_select(0, index_B) for v in self.v]
+        self.bias_BS = self.bias_BS.index_select(0, index_B)
 
     def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor) -> Tensor:
         if self.length >= self.capacity:
@@ -281,6 +301,13 @@ def _rms_norm(module: Any) -> Callable[[Tensor], Tensor]:
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True).add_(eps))).to(x.dtype)
 
     return norm
+
+
+def _first_rows(inverse_B: Tensor, n: int) -> Tensor:
+    """For each of ``n`` unique rows, the index of one row of the batch it came from."""
+    first_U = torch.empty(n, dtype=torch.long, device=inverse_B.device)
+    first_U[inverse_B] = torch.arange(len(inverse_B), device=inverse_B.device)
+    return first_U
 
 
 def _sample(logp_BV: Tensor, top_k: int, top_p: float) -> Tensor:

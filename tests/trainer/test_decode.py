@@ -144,3 +144,19 @@ def test_sliding_window_attention_takes_the_general_path() -> None:
     out = decode(model, ids, attn, max_new_tokens=12, greedy=True)
     for prompt, new, lps in zip(PROMPTS, out.token_ids, out.logprobs):
         assert max(abs(a - b) for a, b in zip(lps, _trainer_logprobs(model, prompt, new))) < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gpt2"])
+def test_repeated_prompts_share_one_prefill_and_decode_as_they_would_apart(kind: str) -> None:
+    model = _model(kind)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[1]]
+    ids, attn = _left_padded(prompts)
+    shared = decode(model, ids, attn, max_new_tokens=8, greedy=True)
+    for i, prompt in enumerate(prompts):
+        alone = decode(model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=8,
+                       greedy=True)
+        assert shared.token_ids[i] == alone.token_ids[0]
+        assert max(abs(a - b) for a, b in zip(shared.logprobs[i], alone.logprobs[0])) < 1e-4
+    torch.manual_seed(0)
+    sampled = decode(model, ids, attn, max_new_tokens=8)
+    assert len({tuple(t) for t in sampled.token_ids}) > 3  # copies of one prompt still sample independently
