@@ -104,6 +104,24 @@ def test_groups_stream_as_they_complete_with_at_most_max_open_groups_in_flight(t
         engine.close()
 
 
+def test_batches_sampled_ahead_share_the_engines_max_in_flight_bound(tok) -> None:
+    """Two batches in flight at once (staleness 1) still open at most rollout.max_in_flight env sessions:
+    without the shared bound the quick start's 2 x 384 episodes overflowed its env server's 256 sessions."""
+    engine, sampler = make_engine(tok, lambda ref: CountingSampler(tok, ref, delay_s=0.01), max_in_flight=4)
+    stream = RolloutStream(engine, lambda step: tasks_for(step, batch=6, group=3), max_staleness=1)
+    try:
+        stream.start(step=0, version=0)
+        time.sleep(0.5)  # batches 0 and 1 are both allowed now
+        first, second = stream.next_batch(0, timeout_s=30), stream.next_batch(1, timeout_s=30)
+        assert len(first) == len(second) == 18 and all(t.reward == 1.0 for t in first + second)
+        assert 0 < sampler.peak_live <= 4
+        assert len(engine.run_sync(make_tasks([{"a": 1, "b": 2}], 8))) == 8  # run shares the bound
+        assert sampler.peak_live <= 4
+    finally:
+        stream.close()
+        engine.close()
+
+
 def test_a_multi_turn_episode_records_the_version_of_each_turn(tok) -> None:
     ref: list = []
     sampler = CountingSampler(tok, ref, delay_s=0.05)

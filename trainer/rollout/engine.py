@@ -134,6 +134,7 @@ class RolloutEngine:
         self._keys = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None  # run_bounded's, per loop
         set_demand = getattr(sampler, "set_demand", None)
         if set_demand is not None:
             set_demand(self.live_episodes)
@@ -152,18 +153,22 @@ class RolloutEngine:
 
     async def run(self, tasks: list[Task], *, greedy: bool = False) -> list[Trajectory]:
         """Run every task (at most ``max_in_flight`` at once); trajectories come back in task order."""
-        gate = asyncio.Semaphore(self.config.max_in_flight)
         keys = [self.new_key() for _ in tasks]
-
-        async def one(key: int, task: Task) -> Trajectory:
-            async with gate:
-                return await self.run_episode(task, greedy=greedy, key=key)
-
         try:
-            return list(await asyncio.gather(*(one(k, t) for k, t in zip(keys, tasks))))
+            return list(await asyncio.gather(*(self.run_bounded(t, greedy=greedy, key=k) for k, t in zip(keys, tasks))))
         finally:
             for k in keys:
                 self.states.pop(k, None)
+
+    async def run_bounded(self, task: Task, *, greedy: bool = False, key: int | None = None) -> Trajectory:
+        """``run_episode`` under the engine's one episode bound: at most ``config.max_in_flight`` episodes run at
+        once over every caller (``run``, an evaluation, a :class:`RolloutStream` sampling batches ahead), so
+        env sessions never outnumber it, whatever overlaps."""
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._gate[0] is not loop:
+            self._gate = (loop, asyncio.Semaphore(self.config.max_in_flight))
+        async with self._gate[1]:
+            return await self.run_episode(task, greedy=greedy, key=key)
 
     def run_sync(self, tasks: list[Task], *, greedy: bool = False) -> list[Trajectory]:
         """``run`` from synchronous code (the training loop), on the engine's own event loop so that

@@ -4,7 +4,8 @@ A :class:`RolloutStream` runs episodes on the rollout engine's event loop in a b
 the trainer runs its optimizer step. Batch ``k`` (the tasks of training step ``k``) may start generating
 once the trainer has published policy version ``k - max_staleness``; with ``max_staleness = 1`` the
 next batch is sampled while the current step trains. Groups stream to the trainer as they complete
-(:meth:`RolloutStream.groups`), at most ``max_open_groups`` in flight at once.
+(:meth:`RolloutStream.groups`), at most ``max_open_groups`` in flight at once, and their episodes share the
+engine's ``max_in_flight`` bound with everything else the engine runs (an evaluation, say).
 
 No generation runs on half-updated weights: the sampler holds its ``weights_lock`` around every batched
 generate call and every weight update, so a turn is sampled wholly by one version. Every turn records
@@ -160,7 +161,7 @@ class RolloutStream:
         try:
             keys = [self.engine.new_key() for _ in group]
             try:
-                trajs = await asyncio.gather(*(self.engine.run_episode(t, key=k) for t, k in zip(group, keys)))
+                trajs = await asyncio.gather(*(self.engine.run_bounded(t, key=k) for t, k in zip(group, keys)))
             finally:
                 for k in keys:
                     self.engine.states.pop(k, None)
