@@ -3,7 +3,8 @@
 Part 1 times generation alone on the same random-weight model and the same batch (``--batch`` prompts
 of ``--prompt-len`` token ids, ``--new-tokens`` new tokens each, sampled at temperature 1): Hugging Face
 ``generate`` itself, then the trainer's own samplers, ``HFSampler.generate_batch`` (the lean decode loop
-of ``trainer.decode``) and ``VLLMSampler.generate_batch``. Two model
+of ``trainer.decode``) and ``VLLMSampler.generate_batch``, vLLM twice: in the trainer's fp32 (log-probs equal
+the trainer's) and with bf16 weights (``sampling.vllm_dtype = "bfloat16"``). Two model
 shapes: the quick start's tiny Qwen2 (hidden 64, 2 layers, heads of 32 as with vLLM) and a
 Qwen2.5-0.5B-shaped one (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864) cut to ``--layers-05b``
 layers, with the project's byte-level vocabulary. HF runs first, before vLLM is in the process
@@ -78,7 +79,8 @@ class GenerateBaseline:
         return [GenResult(row.tolist(), [], "length") for row in out.sequences[:, width:]]
 
 
-def part_generation(args) -> list[tuple[str, float, float, float | None]]:
+def part_generation(args) -> list[list]:
+    """Per model: name, generate tok/s, HF sampler tok/s, then vLLM fp32 and bf16 tok/s when vLLM is here."""
     from trainer.model import ModelConfig, load_policy
     from trainer.rollout import HFSampler, SamplingConfig
 
@@ -102,16 +104,18 @@ def part_generation(args) -> list[tuple[str, float, float, float | None]]:
         for _ in range(args.repeats):  # alternated, so drifts in machine speed hit both alike
             rates["generate"].append(tokens_per_s(baseline, reqs, 1))
             rates["sampler"].append(tokens_per_s(hf, reqs, 1))
-        rows.append([name, statistics.median(rates["generate"]), statistics.median(rates["sampler"]), None])
+        rows.append([name, statistics.median(rates["generate"]), statistics.median(rates["sampler"])])
     if have_vllm:
         from trainer.rollout.vllm_sampler import VLLMSampler
 
         for row in rows:
             model, tok, reqs = built[row[0]]
-            sampler = VLLMSampler(model, tok, sampling, max_model_len=1024, max_num_seqs=args.batch)
-            row[3] = tokens_per_s(sampler, reqs, args.repeats)
-            sampler.close()
-    return [tuple(r) for r in rows]
+            for dtype in ("auto", "bfloat16"):  # the trainer's fp32, then bf16 copies of the weights
+                config = SamplingConfig(temperature=1.0, max_batch_size=args.batch, vllm_dtype=dtype)
+                sampler = VLLMSampler(model, tok, config, max_model_len=1024, max_num_seqs=args.batch)
+                row.append(tokens_per_s(sampler, reqs, args.repeats))
+                sampler.close()
+    return rows
 
 
 def run_quickstart(args, staleness: int, out: Path) -> dict:
@@ -161,12 +165,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in ("all", "generation"):
         rows = part_generation(args)
         print(f"\ngeneration: {args.batch} prompts x {args.prompt_len} ids, {args.new_tokens} new tokens, temperature 1")
-        print("tokens/s: HF generate (transformers), HF sampler (envhub, sampling.backend='hf'), vLLM sampler")
-        print(f"{'model':<30}{'generate':>10}{'HF sampler':>12}{'vLLM':>10}{'HF/generate':>13}{'vLLM/HF':>9}"
-              f"{'vLLM/generate':>15}")
-        for name, gen, hf, vl in rows:
-            print(f"{name:<30}{gen:>10.0f}{hf:>12.0f}{(f'{vl:.0f}' if vl else '-'):>10}{hf / gen:>12.2f}x"
-                  f"{(f'{vl / hf:.2f}x' if vl else '-'):>9}{(f'{vl / gen:.2f}x' if vl else '-'):>15}")
+        print("tokens/s: transformers generate, the HF sampler (sampling.backend='hf'), vLLM in the trainer's fp32 "
+              "and in bf16 (sampling.vllm_dtype)")
+        print(f"{'model':<30}{'generate':>10}{'HF sampler':>12}{'vLLM fp32':>11}{'vLLM bf16':>11}"
+              f"{'HF/generate':>13}{'vLLM fp32/HF':>14}{'vLLM bf16/HF':>14}")
+        for name, gen, hf, *vl in rows:
+            vl32, vl16 = vl if vl else (None, None)
+            cells = [f"{v:.0f}" if v else "-" for v in (vl32, vl16)]
+            ratios = [f"{v / hf:.2f}x" if v else "-" for v in (vl32, vl16)]
+            print(f"{name:<30}{gen:>10.0f}{hf:>12.0f}{cells[0]:>11}{cells[1]:>11}{hf / gen:>12.2f}x{ratios[0]:>14}"
+                  f"{ratios[1]:>14}")
     if args.part in ("all", "steps"):
         torch.set_num_threads(args.threads)
         res = part_steps(args)

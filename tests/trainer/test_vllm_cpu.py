@@ -150,6 +150,26 @@ def test_lora_sync_after_each_optimizer_step_keeps_logprobs_equal(lora) -> None:
     assert max(gaps) < 1e-3
 
 
+def test_a_bfloat16_engine_follows_the_fp32_trainer_through_syncs() -> None:
+    """sampling.vllm_dtype = "bfloat16": the engine holds bf16 copies of the fp32 trainer's weights; its
+    log-probs stay within bf16 rounding of the trainer's after every sync (not the old weights')."""
+    torch.manual_seed(0)
+    model, tok = load_policy(for_vllm(ModelConfig(**SHAPE)), DEVICE)
+    sampler = VLLMSampler(model, tok, SamplingConfig(backend="vllm", temperature=TEMPERATURE, vllm_dtype="bfloat16"),
+                          max_model_len=512)
+    try:
+        assert str(sampler.llm.llm_engine.model_config.dtype) == "torch.bfloat16"
+        gaps = [max_gap(model, sampler, tok, n=2)]
+        for version in (1, 2):
+            sgd_step(model, tok, lr=0.5)
+            sampler.update_weights(model, version)
+            gaps.append(max_gap(model, sampler, tok, n=2))
+        print(f"bf16 engine, max |vLLM - trainer| log-prob per sync: {gaps}")
+        assert max(gaps) < 0.1
+    finally:
+        sampler.close()
+
+
 # (before the recipe tests: an engine a run closes tears down vLLM's process-wide parallel state, which
 # the module's `full` engine still needs)
 def test_vllm_stands_where_the_cores_sampling_client_does(full) -> None:

@@ -48,6 +48,8 @@ class SamplingConfig:
     max_batch_size: int = 256
     batch_wait_s: float = 0.05  # the longest a request waits for the other live episodes to join its batch
     vllm_compile: str = "auto"  # vLLM's torch.compile: "auto" (on a GPU only), "on" or "off" (eager)
+    vllm_dtype: str = "auto"  # vLLM's weights: "auto" (the trainer's dtype: log-probs equal the trainer's), or
+    #                           "bfloat16" / "float16" / "float32" (bf16 samples ~2x faster on a CPU with AVX512-BF16)
 
     def __post_init__(self) -> None:
         if self.backend not in ("hf", "vllm"):
@@ -57,6 +59,9 @@ class SamplingConfig:
                              f"got {self.temperature}.")
         if self.vllm_compile not in ("auto", "on", "off"):
             raise ValueError(f"Expected sampling.vllm_compile 'auto', 'on' or 'off', got {self.vllm_compile!r}.")
+        if self.vllm_dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"Expected sampling.vllm_dtype 'auto', 'bfloat16', 'float16' or 'float32', got "
+                             f"{self.vllm_dtype!r}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"Expected 0 < top_p <= 1, got {self.top_p}.")
 

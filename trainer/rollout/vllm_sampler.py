@@ -87,7 +87,8 @@ class VLLMSampler(BatchingSampler):
         kwargs: dict[str, Any] = dict(
             model=os.path.join(self._dir, "base"), seed=seed,
             max_model_len=min(max_model_len, int(getattr(base.config, "max_position_embeddings", max_model_len))),
-            enable_prefix_caching=True, dtype=_dtype_name(next(base.parameters()).dtype),
+            enable_prefix_caching=True,
+            dtype=self.config.vllm_dtype if self.config.vllm_dtype != "auto" else _dtype_name(next(base.parameters()).dtype),
             max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", enforce_eager=not self.on_gpu)
         if compile_model is None:
             compile_model = self.config.vllm_compile == "on" or (self.config.vllm_compile == "auto" and self.on_gpu)
