@@ -189,9 +189,12 @@ class LlamaKernel:
         shape = (B, self.kv_heads, self.capacity, self.head_dim)
         self.k = [x.new_zeros(shape) for _ in self.blocks]
         self.v = [x.new_zeros(shape) for _ in self.blocks]
-        causal_TT = torch.ones((T, T), dtype=torch.bool, device=x.device).tril_()
-        # a padding query sees itself, so no row of the mask is empty (an empty row is NaN in SDPA)
-        mask_B1TT = (causal_TT & attn_BT[:, None, None, :].bool()) | torch.eye(T, dtype=torch.bool, device=x.device)
+        if bool(attn_BT.all()):
+            mask_B1TT = None  # no padding: SDPA's causal path, the fastest
+        else:
+            causal_TT = torch.ones((T, T), dtype=torch.bool, device=x.device).tril_()
+            # a padding query sees itself, so no row of the mask is empty (an empty row is NaN in SDPA)
+            mask_B1TT = (causal_TT & attn_BT[:, None, None, :].bool()) | torch.eye(T, dtype=torch.bool, device=x.device)
         self.length = T
         self.bias_BS = x.new_zeros((B, self.capacity))  # additive key mask of the decode steps: 0 or -inf
         self.bias_BS[:, :T].masked_fill_(attn_BT == 0, float("-inf"))
@@ -212,7 +215,7 @@ class LlamaKernel:
         self.bias_BS[:, start].masked_fill_(attn_BS[:, -1] == 0, float("-inf"))
         return self._forward(x, pos_B[:, None], self.bias_BS[:, None, None, :start + 1], start)
 
-    def _forward(self, x: Tensor, pos_BT: Tensor, mask: Tensor, start: int) -> Tensor:
+    def _forward(self, x: Tensor, pos_BT: Tensor, mask: Tensor | None, start: int) -> Tensor:
         """Logits at the last position of ``x`` [B, T, hidden], whose keys/values go to cache slots start..start+T."""
         B, T, _ = x.shape
         end = start + T
@@ -232,7 +235,8 @@ class LlamaKernel:
                 o = _attend_one(qk[:, :H], k_cache[:, :, :end], v_cache[:, :, :end], mask, self.scaling)
             else:
                 o = F.scaled_dot_product_attention(qk[:, :H], k_cache[:, :, :end], v_cache[:, :, :end],
-                                                   attn_mask=mask, scale=self.scaling, enable_gqa=Hk != H)
+                                                   attn_mask=mask, is_causal=mask is None, scale=self.scaling,
+                                                   enable_gqa=Hk != H)
             x = x + block.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
             gate, up = block.gate_up(block.norm2(x))
             x = x + block.down(F.silu(gate) * up)
