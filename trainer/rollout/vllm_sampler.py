@@ -19,6 +19,7 @@ the trainer computes it. On the CPU the KV cache takes ``VLLM_CPU_KVCACHE_SPACE`
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import shutil
 import tempfile
@@ -75,6 +76,9 @@ class VLLMSampler(BatchingSampler):
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         llm_cls = _import_vllm()
+        # an in-place reload_weights warns "RotaryEmbedding: Failed to load weights" for every layer without
+        # weights, at every sync: noise, not a failure (the log-prob checks after syncs say the weights landed)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.lora = lora
         self.eos_id = int(tokenizer.eos_token_id)
         self.on_gpu = torch.cuda.is_available()
