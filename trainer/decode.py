@@ -68,9 +68,11 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
     # rows with the same prompt (a GRPO group's samples) share one prefill, its cache copied to each of them
     unique_UT, inverse_B = torch.unique(torch.cat([ids_BT, attn_BS[:, :T]], dim=1), dim=0, return_inverse=True)
     if len(unique_UT) < B and not forward_kwargs:
-        logits_BV = kernel.prefill(unique_UT[:, :T], unique_UT[:, T:], pos_BT[_first_rows(inverse_B, len(unique_UT))])
-        kernel.expand(inverse_B)
-        logits_BV = logits_BV[inverse_B]
+        logits_UV = kernel.prefill(unique_UT[:, :T], unique_UT[:, T:], pos_BT[_first_rows(inverse_B, len(unique_UT))])
+        if kernel.expand(inverse_B):
+            logits_BV = logits_UV[inverse_B]
+        else:  # a cache type that cannot copy rows: prefill every row
+            logits_BV = kernel.prefill(ids_BT, attn_BS[:, :T], pos_BT)
     else:
         logits_BV = kernel.prefill(ids_BT, attn_BS[:, :T], pos_BT, **forward_kwargs)
     next_pos_B = pos_BT[:, -1] + 1
@@ -124,9 +126,14 @@ class HFKernel:
         self.cache = out.past_key_values
         return out.logits[:, -1]
 
-    def expand(self, index_B: Tensor) -> None:
-        """Row ``i`` of the cache becomes a copy of row ``index_B[i]`` (after a prefill of unique prompts)."""
-        self.cache.reorder_cache(index_B)
+    def expand(self, index_B: Tensor) -> bool:
+        """Row ``i`` of the cache becomes a copy of row ``index_B[i]`` (after a prefill of unique prompts); False
+        when this model's cache type cannot copy rows."""
+        reorder = getattr(self.cache, "reorder_cache", None)
+        if reorder is None:
+            return False
+        reorder(index_B)
+        return True
 
     def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor, **kwargs: Any) -> Tensor:
         out = self.model(input_ids=tok_B[:, None], attention_mask=attn_BS, position_ids=pos_B[:, None],
@@ -200,11 +207,12 @@ class LlamaKernel:
         self.bias_BS[:, :T].masked_fill_(attn_BT == 0, float("-inf"))
         return self._forward(x, pos_BT, mask_B1TT, 0)
 
-    def expand(self, index_B: Tensor) -> None:
+    def expand(self, index_B: Tensor) -> bool:
         """Row ``i`` of the cache becomes a copy of row ``index_B[i]`` (after a prefill of unique prompts)."""
         self.k = [k.index_select(0, index_B) for k in self.k]
         self.v = [v.index_select(0, index_B) for v in self.v]
         self.bias_BS = self.bias_BS.index_select(0, index_B)
+        return True
 
     def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor) -> Tensor:
         if self.length >= self.capacity:
