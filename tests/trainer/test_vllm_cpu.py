@@ -73,6 +73,16 @@ def sgd_step(model, tok, lr: float = 0.05) -> None:
     opt.zero_grad()
 
 
+def gaps_over_syncs(model, tok, sampler, syncs: int = 2, lr: float = 0.5) -> list[float]:
+    """max_gap before any step, then after each of ``syncs`` optimizer steps and weight syncs."""
+    gaps = [max_gap(model, sampler, tok, n=2)]
+    for version in range(1, syncs + 1):
+        sgd_step(model, tok, lr=lr)
+        sampler.update_weights(model, version)
+        gaps.append(max_gap(model, sampler, tok, n=2))
+    return gaps
+
+
 @pytest.fixture(scope="module")
 def full():
     torch.manual_seed(0)
@@ -141,11 +151,7 @@ def test_full_parameter_sync_after_each_optimizer_step_keeps_logprobs_equal(full
 
 def test_lora_sync_after_each_optimizer_step_keeps_logprobs_equal(lora) -> None:
     model, tok, sampler = lora
-    gaps = [max_gap(model, sampler, tok, n=2)]
-    for version in (1, 2):
-        sgd_step(model, tok, lr=0.5)
-        sampler.update_weights(model, version)
-        gaps.append(max_gap(model, sampler, tok, n=2))
+    gaps = gaps_over_syncs(model, tok, sampler)
     print(f"LoRA sync, max |vLLM - trainer| log-prob per step: {gaps}")
     assert max(gaps) < 1e-3
 
@@ -159,11 +165,7 @@ def test_a_bfloat16_engine_follows_the_fp32_trainer_through_syncs() -> None:
                           max_model_len=512)
     try:
         assert str(sampler.llm.llm_engine.model_config.dtype) == "torch.bfloat16"
-        gaps = [max_gap(model, sampler, tok, n=2)]
-        for version in (1, 2):
-            sgd_step(model, tok, lr=0.5)
-            sampler.update_weights(model, version)
-            gaps.append(max_gap(model, sampler, tok, n=2))
+        gaps = gaps_over_syncs(model, tok, sampler)
         print(f"bf16 engine, max |vLLM - trainer| log-prob per sync: {gaps}")
         assert max(gaps) < 0.1
     finally:
