@@ -171,6 +171,7 @@ class LlamaKernel:
         self.blocks = [_Block(layer, self.heads, self.kv_heads, self.head_dim) for layer in body.layers]
         self.capacity, self.length = capacity, 0
         self.bias_BS = torch.empty(0)
+        self.cos_sin: tuple[Tensor, Tensor] | None = None
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
 
@@ -203,6 +204,13 @@ class LlamaKernel:
             # a padding query sees itself, so no row of the mask is empty (an empty row is NaN in SDPA)
             mask_B1TT = (causal_TT & attn_BT[:, None, None, :].bool()) | torch.eye(T, dtype=torch.bool, device=x.device)
         self.length = T
+        # rotary cos/sin of every position the cache can hold, once (a rope type whose frequencies depend on
+        # the length reached, dynamic NTK or longrope, keeps the module's per-step arithmetic)
+        rope = str(getattr(self.rotary, "rope_type", "dynamic"))
+        self.cos_sin = None
+        if "dynamic" not in rope and "longrope" not in rope:
+            cos, sin = self.rotary(x, torch.arange(self.capacity, device=x.device)[None])
+            self.cos_sin = (cos[0], self._signed(sin[0]))
         self.bias_BS = x.new_zeros((B, self.capacity))  # additive key mask of the decode steps: 0 or -inf
         self.bias_BS[:, :T].masked_fill_(attn_BT == 0, float("-inf"))
         return self._forward(x, pos_BT, mask_B1TT, 0)
@@ -223,13 +231,19 @@ class LlamaKernel:
         self.bias_BS[:, start].masked_fill_(attn_BS[:, -1] == 0, float("-inf"))
         return self._forward(x, pos_B[:, None], self.bias_BS[:, None, None, :start + 1], start)
 
+    def _signed(self, sin: Tensor) -> Tensor:
+        half = self.head_dim // 2
+        return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
     def _forward(self, x: Tensor, pos_BT: Tensor, mask: Tensor | None, start: int) -> Tensor:
         """Logits at the last position of ``x`` [B, T, hidden], whose keys/values go to cache slots start..start+T."""
         B, T, _ = x.shape
         end = start + T
-        cos, sin = self.rotary(x, pos_BT)
-        half = self.head_dim // 2
-        cos, sin = cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]
+        if self.cos_sin is not None:  # a lookup per step, not the rotary module's arithmetic
+            cos, sin = self.cos_sin[0][pos_BT][:, None], self.cos_sin[1][pos_BT][:, None]
+        else:
+            cos, sin = self.rotary(x, pos_BT)
+            cos, sin = cos[:, None], self._signed(sin)[:, None]
         H, Hk, D = self.heads, self.kv_heads, self.head_dim
         for block, k_cache, v_cache in zip(self.blocks, self.k, self.v):
             h = block.norm1(x)
