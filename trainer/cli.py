@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -196,14 +197,35 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _dispatch(argv: list[str]) -> int:
+    """Run the command ``argv`` names (``rl`` when it names none); its exit status."""
     if argv[:1] in (["-h"], ["--help"]):
         print(usage())
         return 0
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]].main(argv[1:])
     return COMMANDS[DEFAULT_COMMAND].main(argv)
+
+
+def _rank_of_a_process_group() -> bool:
+    dist = sys.modules.get("trainer.distributed")  # imported by the runs that can join one, not by --help
+    return bool(dist is not None and dist.joined_process_group())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``envhub-train``. A torchrun rank ends through ``trainer.distributed.exit_rank`` (its traceback
+    printed first if the run raised): a plain interpreter exit can abort it after a successful run."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _dispatch(argv)
+    except BaseException:
+        if not _rank_of_a_process_group():
+            raise
+        traceback.print_exc()
+        code = 1
+    if _rank_of_a_process_group():
+        sys.modules["trainer.distributed"].exit_rank(code)
+    return code
 
 
 if __name__ == "__main__":

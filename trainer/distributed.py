@@ -17,17 +17,22 @@ resume stays exact (accelerate's prepared optimizers and dataloaders would add s
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import random
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 T = TypeVar("T")
+_joined = False  # init_distributed joined a process group in this process (exit_rank's business)
 BACKENDS = ("auto", "gloo", "nccl")
 #: ``run.strategy`` values: "auto" (the default) is DDP under a torchrun world of more than one rank and
 #: the plain model otherwise; "none" never synchronises and is refused with more than one rank.
@@ -59,6 +64,7 @@ def init_distributed(backend: str = "auto") -> DistInfo:
     ``backend="auto"`` picks NCCL when CUDA is available, gloo otherwise. Each CUDA rank is pinned to
     ``cuda:LOCAL_RANK``.
     """
+    global _joined
     if backend not in BACKENDS:
         raise ValueError(f"Expected backend in {BACKENDS}, got {backend!r}.")
     use_cuda = torch.cuda.is_available() and backend != "gloo"
@@ -75,6 +81,7 @@ def init_distributed(backend: str = "auto") -> DistInfo:
     if launched and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo", rank=rank, world_size=world_size,
                                 device_id=device if use_cuda else None)
+        _joined = True
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, is_main=rank == 0)
 
 
@@ -230,3 +237,34 @@ def cleanup() -> None:
     """Leave the process group (safe to call when none was joined)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def joined_process_group() -> bool:
+    """True once :func:`init_distributed` has joined a process group in this process (a torchrun rank)."""
+    return _joined
+
+
+def exit_rank(code: int = 0) -> NoReturn:
+    """End a torchrun rank with exit status ``code``: leave the process group, then do what a normal
+    exit does — join non-daemon threads, run ``atexit`` handlers, flush stdout and stderr — and leave
+    with ``os._exit``, skipping interpreter finalization (as multiprocessing's children do).
+
+    Why: DDP keeps its process group, and with it gloo's worker threads, alive after
+    ``destroy_process_group``. A worker still releasing a finished collective whose tensors hold Python
+    objects must take the GIL to drop them; if the interpreter is finalizing by then, Python ends that
+    thread with ``pthread_exit``, and unwinding it through torch's noexcept destructor aborts the
+    process ("terminate called without an active exception", SIGABRT) after a run that succeeded.
+    ``envhub-train`` ends every rank this way; a script of your own that calls ``train`` under torchrun
+    should end with it too.
+    """
+    try:
+        cleanup()
+        shutdown = getattr(threading, "_shutdown", None)  # what normal exit runs first: joins non-daemon threads
+        if shutdown is not None:
+            shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)

@@ -35,6 +35,7 @@ from trainer.distributed import (
     barrier,
     broadcast_object,
     cleanup,
+    exit_rank,
     init_distributed,
     max_over_ranks,
     shard,
@@ -132,6 +133,72 @@ def _launch(tmp_path: Path, nproc: int, backend: str, strategy: str, timeout: fl
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+_EXIT_SCRIPT = """
+import atexit, sys, threading, time
+from pathlib import Path
+from trainer.distributed import exit_rank
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").write_text("joined"))).start()
+print("buffered, no newline", end="")
+exit_rank(3)
+"""
+
+
+def test_exit_rank_does_what_a_normal_exit_does_then_leaves_with_the_status(tmp_path):
+    """A rank ends through os._exit (no interpreter finalization, where gloo's threads can abort it), but
+    nothing a normal exit would do is skipped: non-daemon threads finish, atexit handlers run, output is flushed."""
+    proc = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "buffered, no newline"
+    assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
+
+
+def test_the_cli_ends_a_rank_through_exit_rank_with_the_runs_status(monkeypatch, capsys):
+    from trainer import cli
+    from trainer import distributed as dist_mod
+
+    ended: list[int] = []
+
+    class Ended(Exception):
+        pass
+
+    def fake_exit(code):
+        ended.append(code)
+        raise Ended
+
+    monkeypatch.setattr(dist_mod, "exit_rank", fake_exit)
+    assert cli.main(["--print-config"]) == 0 and ended == []  # no process group joined: a plain return
+    monkeypatch.setattr(dist_mod, "_joined", True)
+    with pytest.raises(Ended):
+        cli.main(["--print-config"])
+    boom = cli.Command("boom", "raises", lambda p: None, lambda args: 1 // 0)
+    monkeypatch.setitem(cli.COMMANDS, "boom", boom)
+    with pytest.raises(Ended):
+        cli.main(["boom"])
+    assert ended == [0, 1] and "ZeroDivisionError" in capsys.readouterr().err  # the traceback, then status 1
+
+
+@pytest.mark.slow
+def test_envhub_train_under_torchrun_exits_0_on_every_rank(tmp_path):
+    """``torchrun -m trainer.cli`` as docs/training.md shows it (an in-process env here): every rank ends with 0."""
+    root = Path(__file__).parents[2]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), "-m", "trainer.cli",
+           f"env.env_class='{Path(__file__).stem}:SeededAsciiEnv'", "env.train_task={}", "env.eval_task={}",
+           "env.eval_key='seed'", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+           "model.num_kv_heads=1", "model.intermediate_size=64", "rollout.max_tokens_per_turn=6",
+           "run.batch_size=2", "run.group_size=2", "run.eval_problems=1", "run.steps=2", "run.seed=1",
+           f"run.output_dir='{tmp_path / 'run'}'"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count('"val_reward_after"') == 2  # each rank printed its summary
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
 
 
 @pytest.mark.slow
@@ -511,8 +578,7 @@ def _worker(out_dir: str, backend: str, strategy: str) -> None:
         Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps({"world_size": info.world_size,
                                                                       **run(info, out_dir)}))
         barrier()
-        cleanup()
-        return
+        exit_rank(0)
     report = {"world_size": info.world_size, "device": str(info.device),
               **_train_in_step(info, strategy.removesuffix("-only"))}
     report["resume"] = {} if strategy.endswith("-only") else {
@@ -521,7 +587,7 @@ def _worker(out_dir: str, backend: str, strategy: str) -> None:
     }
     Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps(report))
     barrier()
-    cleanup()
+    exit_rank(0)  # a plain exit can abort here: DDP keeps gloo's threads alive into interpreter finalization
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.cli import COMMANDS
+    from trainer.cli import main as cli_main
 
-    return COMMANDS["two-agent"].main(list(sys.argv[1:] if argv is None else argv))
+    return cli_main(["two-agent", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
