@@ -61,7 +61,7 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
     stop_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
 
     T = ids_BT.shape[1]
-    attn_BS = torch.zeros((B, T + n_max), dtype=torch.long, device=device)  # grows one column per step
+    attn_BS = torch.ones((B, T + n_max), dtype=torch.long, device=device)  # new columns: 0 once a row stopped
     attn_BS[:, :T] = attn_BT
     pos_BT = (attn_BS[:, :T].cumsum(-1) - 1).clamp_(min=0)
     kernel = (None if forward_kwargs else LlamaKernel.build(model, T + n_max)) or HFKernel(model)
@@ -76,8 +76,8 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
     else:
         logits_BV = kernel.prefill(ids_BT, attn_BS[:, :T], pos_BT, **forward_kwargs)
     next_pos_B = pos_BT[:, -1] + 1
-    new_BN = torch.empty((B, n_max), dtype=torch.long, device=device)
-    logprobs_BN = torch.empty((B, n_max), dtype=torch.float32, device=device)
+    new_N: list[Tensor] = []        # per step: the id of each row ...
+    logprobs_N: list[Tensor] = []   # ... and its log-prob (stacked once at the end)
     running_B = torch.ones(B, dtype=torch.bool, device=device)
     ended_at = [n_max] * B          # ids kept per row
     stopped = [False] * B           # reason "stop" (else "length")
@@ -89,12 +89,14 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
         tok_B = logp_BV.argmax(-1) if greedy else _sample(logp_BV, top_k, top_p)
         if not all_running:
             tok_B.masked_fill_(~running_B, 0)
-        new_BN[:, t] = tok_B
-        logprobs_BN[:, t] = logp_BV.gather(-1, tok_B[:, None]).squeeze(-1)
+        new_N.append(tok_B)
+        logprobs_N.append(logp_BV.gather(-1, tok_B[:, None]))
         steps = t + 1
-        hit_B = running_B & (tok_B == stop_ids if len(stop_ids) == 1 else torch.isin(tok_B, stop_ids))
+        hit_B = tok_B == stop_ids if len(stop_ids) == 1 else torch.isin(tok_B, stop_ids)
+        if not all_running:
+            hit_B &= running_B
         if stop_check is not None:
-            rows = new_BN[:, :steps].tolist()
+            rows = torch.stack(new_N, dim=1).tolist()
             for i in running_B.nonzero().flatten().tolist():
                 if not hit_B[i] and stop_check(rows[i]):
                     hit_B[i] = True
@@ -106,10 +108,11 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
             all_running = False
             if not bool(running_B.any()):
                 break
-        attn_BS[:, T + t] = running_B
-        logits_BV = kernel.step(tok_B, attn_BS[:, :T + t + 1], next_pos_B, **forward_kwargs)
+        if not all_running:
+            attn_BS[:, T + t] = running_B  # else it is still the 1 it was made with
+        logits_BV = kernel.step(tok_B, attn_BS[:, :T + t + 1], next_pos_B, all_running, **forward_kwargs)
         next_pos_B += 1
-    ids, lps = new_BN[:, :steps].cpu().tolist(), logprobs_BN[:, :steps].cpu().tolist()
+    ids, lps = torch.stack(new_N, dim=1).cpu().tolist(), torch.cat(logprobs_N, dim=1).cpu().tolist()
     return Decoded([ids[i][:ended_at[i]] for i in range(B)], [lps[i][:ended_at[i]] for i in range(B)],
                    ["stop" if s else "length" for s in stopped])
 
@@ -135,7 +138,7 @@ class HFKernel:
         reorder(index_B)
         return True
 
-    def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor, **kwargs: Any) -> Tensor:
+    def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor, all_running: bool, **kwargs: Any) -> Tensor:
         out = self.model(input_ids=tok_B[:, None], attention_mask=attn_BS, position_ids=pos_B[:, None],
                          past_key_values=self.cache, use_cache=True, **kwargs)
         self.cache = out.past_key_values
@@ -163,14 +166,14 @@ class LlamaKernel:
 
     def __init__(self, lm: Any, capacity: int):
         body = lm.model
-        self.embed, self.rotary = body.embed_tokens, body.rotary_emb
-        self.norm, self.head = _rms_norm(body.norm), _linear(lm.lm_head)
+        self.embed, self.rotary = _embedding(body.embed_tokens), body.rotary_emb
+        self.norm, self.head = _rms_norm_rows(body.norm), _linear(lm.lm_head)
         first = body.layers[0].self_attn
         self.heads, self.kv_heads = int(lm.config.num_attention_heads), int(lm.config.num_key_value_heads)
         self.head_dim, self.scaling = int(first.head_dim), float(first.scaling)
         self.blocks = [_Block(layer, self.heads, self.kv_heads, self.head_dim) for layer in body.layers]
         self.capacity, self.length = capacity, 0
-        self.bias_BS = torch.empty(0)
+        self.bias_R1S = torch.empty(0)  # additive key mask of the decode steps (0 or -inf), a row per (row, KV head)
         self.cos_sin: tuple[Tensor, Tensor] | None = None
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
@@ -193,7 +196,7 @@ class LlamaKernel:
 
     def prefill(self, ids_BT: Tensor, attn_BT: Tensor, pos_BT: Tensor) -> Tensor:
         B, T = ids_BT.shape
-        x = self.embed(ids_BT)
+        x = self.embed(ids_BT.reshape(-1))  # [B*T, hidden]: the layers work on rows, attention on [B, heads, T, D]
         shape = (B, self.kv_heads, self.capacity, self.head_dim)
         self.k = [x.new_zeros(shape) for _ in self.blocks]
         self.v = [x.new_zeros(shape) for _ in self.blocks]
@@ -211,46 +214,55 @@ class LlamaKernel:
         if "dynamic" not in rope and "longrope" not in rope:
             cos, sin = self.rotary(x, torch.arange(self.capacity, device=x.device)[None])
             self.cos_sin = (cos[0], self._signed(sin[0]))
-        self.bias_BS = x.new_zeros((B, self.capacity))  # additive key mask of the decode steps: 0 or -inf
-        self.bias_BS[:, :T].masked_fill_(attn_BT == 0, float("-inf"))
-        return self._forward(x, pos_BT, mask_B1TT, 0)
+        bias_BS = x.new_zeros((B, self.capacity))
+        bias_BS[:, :T].masked_fill_(attn_BT == 0, float("-inf"))
+        self.bias_R1S = bias_BS.repeat_interleave(self.kv_heads, dim=0)[:, None]
+        return self._forward(x, B, T, pos_BT, mask_B1TT, 0)
 
     def expand(self, index_B: Tensor) -> bool:
         """Row ``i`` of the cache becomes a copy of row ``index_B[i]`` (after a prefill of unique prompts)."""
         self.k = [k.index_select(0, index_B) for k in self.k]
         self.v = [v.index_select(0, index_B) for v in self.v]
-        self.bias_BS = self.bias_BS.index_select(0, index_B)
+        Hk = self.kv_heads
+        rows_R = (index_B[:, None] * Hk + torch.arange(Hk, device=index_B.device)).flatten()
+        self.bias_R1S = self.bias_R1S.index_select(0, rows_R)
         return True
 
-    def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor) -> Tensor:
+    def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor, all_running: bool) -> Tensor:
         if self.length >= self.capacity:
             raise RuntimeError(f"Expected at most {self.capacity} positions in the decode cache.")
-        x = self.embed(tok_B[:, None])
+        x = self.embed(tok_B)
         start, self.length = self.length, self.length + 1
-        # the new key is masked for rows that already stopped (attn_BS's last column)
-        self.bias_BS[:, start].masked_fill_(attn_BS[:, -1] == 0, float("-inf"))
-        return self._forward(x, pos_B[:, None], self.bias_BS[:, None, None, :start + 1], start)
+        if not all_running:  # the new key is masked for rows that already stopped (attn_BS's last column)
+            stopped_R = (attn_BS[:, -1] == 0).repeat_interleave(self.kv_heads)
+            self.bias_R1S[:, 0, start].masked_fill_(stopped_R, float("-inf"))
+        return self._forward(x, len(tok_B), 1, pos_B[:, None], self.bias_R1S[:, :, :start + 1], start)
 
     def _signed(self, sin: Tensor) -> Tensor:
         half = self.head_dim // 2
         return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
-    def _forward(self, x: Tensor, pos_BT: Tensor, mask: Tensor | None, start: int) -> Tensor:
-        """Logits at the last position of ``x`` [B, T, hidden], whose keys/values go to cache slots start..start+T."""
-        B, T, _ = x.shape
+    def _forward(self, x: Tensor, B: int, T: int, pos_BT: Tensor, mask: Tensor | None, start: int) -> Tensor:
+        """Logits at the last position of each row of ``x`` [B*T, hidden] (row-major [B, T]), whose keys/values
+        go to cache slots start..start+T."""
         end = start + T
         if self.cos_sin is not None:  # a lookup per step, not the rotary module's arithmetic
-            cos, sin = self.cos_sin[0][pos_BT][:, None], self.cos_sin[1][pos_BT][:, None]
+            cos, sin = F.embedding(pos_BT, self.cos_sin[0])[:, None], F.embedding(pos_BT, self.cos_sin[1])[:, None]
         else:
             cos, sin = self.rotary(x, pos_BT)
             cos, sin = cos[:, None], self._signed(sin)[:, None]
         H, Hk, D = self.heads, self.kv_heads, self.head_dim
         for block, k_cache, v_cache in zip(self.blocks, self.k, self.v):
             h = block.norm1(x)
-            q, k, v = block.qkv(h)
-            if block.q_norm is not None:
-                q, k = block.q_norm(q.view(B, T, H, D)), block.k_norm(k.view(B, T, Hk, D))
-            qk = _rope(torch.cat([q.view(B, T, H, D), k.view(B, T, Hk, D)], dim=2).transpose(1, 2), cos, sin)
+            if block.qk_swapped_v is not None:  # rotate_half's swap came out of the matmul: rope is 2 ops
+                qk, swapped, v = block.qk_swapped_v(h)
+                qk = (qk.view(B, T, H + Hk, D).transpose(1, 2) * cos).addcmul_(
+                    swapped.view(B, T, H + Hk, D).transpose(1, 2), sin)
+            else:
+                q, k, v = block.qkv(h)
+                if block.q_norm is not None:
+                    q, k = block.q_norm(q.view(B, T, H, D)), block.k_norm(k.view(B, T, Hk, D))
+                qk = _rope(torch.cat([q.view(B, T, H, D), k.view(B, T, Hk, D)], dim=2).transpose(1, 2), cos, sin)
             k_cache[:, :, start:end] = qk[:, H:]
             v_cache[:, :, start:end] = v.view(B, T, Hk, D).transpose(1, 2)
             if T == 1:
@@ -259,10 +271,10 @@ class LlamaKernel:
                 o = F.scaled_dot_product_attention(qk[:, :H], k_cache[:, :, :end], v_cache[:, :, :end],
                                                    attn_mask=mask, is_causal=mask is None, scale=self.scaling,
                                                    enable_gqa=Hk != H)
-            x = x + block.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
+            x = block.o_proj(o.transpose(1, 2).reshape(B * T, H * D), x)
             gate, up = block.gate_up(block.norm2(x))
-            x = x + block.down(F.silu(gate) * up)
-        return self.head(self.norm(x[:, -1]))
+            x = block.down(F.silu(gate) * up, x)
+        return self.head(self.norm(x.view(B, T, -1)[:, -1] if T > 1 else x))
 
 
 class _Block:
@@ -270,22 +282,25 @@ class _Block:
 
     def __init__(self, layer: Any, heads: int, kv_heads: int, head_dim: int):
         attn, mlp = layer.self_attn, layer.mlp
-        self.norm1, self.norm2 = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
+        self.norm1, self.norm2 = _rms_norm_rows(layer.input_layernorm), _rms_norm_rows(layer.post_attention_layernorm)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.q_norm = _rms_norm(q_norm) if q_norm is not None else None
         self.k_norm = _rms_norm(k_norm) if k_norm is not None else None
         self.qkv = _projections([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o_proj, self.gate_up, self.down = _linear(attn.o_proj), _projections([mlp.gate_proj, mlp.up_proj]), \
-            _linear(mlp.down_proj)
+        self.qk_swapped_v = None if q_norm is not None else _swapped_projection(attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                                head_dim)
+        self.gate_up = _projections([mlp.gate_proj, mlp.up_proj])
+        self.o_proj, self.down = _residual(attn.o_proj), _residual(mlp.down_proj)
 
 
-def _attend_one(q_BH1D: Tensor, k_BHkSD: Tensor, v_BHkSD: Tensor, bias_B11S: Tensor, scale: float) -> Tensor:
-    """Attention of one new query per row, the query heads of each KV head grouped (no KV copy for GQA)."""
+def _attend_one(q_BH1D: Tensor, k_BHkSD: Tensor, v_BHkSD: Tensor, bias_R1S: Tensor, scale: float) -> Tensor:
+    """Attention of one new query per row, the query heads of each KV head grouped (no KV copy for GQA): one
+    ``baddbmm`` (bias + scale * q k^T) over R = rows x KV heads, a softmax, one ``bmm``."""
     B, H, _, D = q_BH1D.shape
-    Hk = k_BHkSD.shape[1]
-    q_BHkGD = q_BH1D.reshape(B, Hk, H // Hk, D)
-    scores_BHkGS = torch.matmul(q_BHkGD, k_BHkSD.transpose(-1, -2)).mul_(scale).add_(bias_B11S)
-    return torch.matmul(scores_BHkGS.softmax(-1), v_BHkSD).reshape(B, H, 1, D)
+    Hk, S = k_BHkSD.shape[1], k_BHkSD.shape[2]
+    k_RSD, v_RSD = k_BHkSD.reshape(B * Hk, S, D), v_BHkSD.reshape(B * Hk, S, D)  # views of the cache
+    scores_RGS = torch.baddbmm(bias_R1S, q_BH1D.reshape(B * Hk, H // Hk, D), k_RSD.transpose(1, 2), alpha=scale)
+    return torch.bmm(scores_RGS.softmax(-1), v_RSD).view(B, H, 1, D)
 
 
 def _rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
@@ -302,6 +317,51 @@ def _linear(module: Any) -> Callable[[Tensor], Tensor]:
     return lambda x: F.linear(x, weight, bias)
 
 
+def _swapped_projection(q_proj: Any, k_proj: Any, v_proj: Any,
+                        head_dim: int) -> Callable[[Tensor], tuple[Tensor, ...]] | None:
+    """q|k, the same with the two halves of every head swapped (rotate_half before its sign), and v, from one
+    matmul over [Wq; Wk; swapped Wq; swapped Wk; Wv] (a row permutation: each output is the same dot product);
+    None unless all three are plain ``nn.Linear`` and small (:data:`FUSE_MAX_WEIGHTS`)."""
+    modules = [q_proj, k_proj, v_proj]
+    if any(type(m) is not torch.nn.Linear for m in modules):
+        return None
+    if sum(m.weight.numel() for m in modules) + q_proj.weight.numel() + k_proj.weight.numel() > FUSE_MAX_WEIGHTS:
+        return None
+    half = head_dim // 2
+
+    def swap(t: Tensor) -> Tensor:  # rows grouped per head: [first half; second half] -> [second; first]
+        per_head = t.view(-1, head_dim, *t.shape[1:])
+        return torch.cat([per_head[:, half:], per_head[:, :half]], dim=1).reshape(t.shape)
+
+    qk_w = torch.cat([q_proj.weight, k_proj.weight])
+    weight = torch.cat([qk_w, swap(qk_w), v_proj.weight])
+    bias = None
+    if any(m.bias is not None for m in modules):
+        b = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
+        qk_b = torch.cat(b[:2])
+        bias = torch.cat([qk_b, swap(qk_b), b[2]])
+    sizes = [len(qk_w), len(qk_w), v_proj.out_features]
+    return lambda x: F.linear(x, weight, bias).split_with_sizes(sizes, dim=-1)
+
+
+def _residual(module: Any) -> Callable[[Tensor, Tensor], Tensor]:
+    """``residual + module(x)`` on rows [N, features]: one ``addmm`` for a plain bias-free ``nn.Linear``, else the
+    module and an add."""
+    if type(module) is not torch.nn.Linear or module.bias is not None:
+        return lambda x, residual: residual + module(x)
+    weight_t = module.weight.t()
+
+    return lambda x, residual: torch.addmm(residual, x, weight_t)
+
+
+def _embedding(module: Any) -> Callable[[Tensor], Tensor]:
+    """``F.embedding`` on a plain ``nn.Embedding``'s weight (no module call per step); anything else as itself."""
+    if type(module) is not torch.nn.Embedding or module.max_norm is not None:
+        return module  # type: ignore[no-any-return]
+    weight = module.weight
+    return lambda ids: F.embedding(ids, weight)
+
+
 def _projections(modules: list[Any]) -> Callable[[Tensor], tuple[Tensor, ...]]:
     """Several projections of the same input: one matmul over their concatenated weights when all are plain
     ``nn.Linear`` and small (:data:`FUSE_MAX_WEIGHTS`), else each on its own."""
@@ -310,7 +370,7 @@ def _projections(modules: list[Any]) -> Callable[[Tensor], tuple[Tensor, ...]]:
         weight = torch.cat([m.weight for m in modules])
         bias = (torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
                 if any(m.bias is not None for m in modules) else None)
-        return lambda x: F.linear(x, weight, bias).split(sizes, dim=-1)
+        return lambda x: F.linear(x, weight, bias).split_with_sizes(sizes, dim=-1)
     each = [_linear(m) for m in modules]
     return lambda x: tuple(f(x) for f in each)
 
@@ -325,6 +385,24 @@ def _rms_norm(module: Any) -> Callable[[Tensor], Tensor]:
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps)) * weight
         x32 = x.float()
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True).add_(eps))).to(x.dtype)
+
+    return norm
+
+
+def _rms_norm_rows(module: Any) -> Callable[[Tensor], Tensor]:
+    """:func:`_rms_norm` for rows [N, features], its mean of squares and epsilon one ``addmm`` (mean and a scalar
+    add cost several times a small matmul in dispatch; the sum differs from ``mean``'s by float rounding)."""
+    weight = module.weight
+    features = weight.shape[-1]
+    eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+    eps_1 = torch.tensor([eps], dtype=torch.float32, device=weight.device)
+    mean_F1 = torch.full((features, 1), 1.0 / features, dtype=torch.float32, device=weight.device)
+
+    def norm(x: Tensor) -> Tensor:
+        if x.dtype == torch.float32:
+            return x * torch.addmm(eps_1, x * x, mean_F1).rsqrt_() * weight
+        x32 = x.float()
+        return weight * (x32 * torch.addmm(eps_1, x32 * x32, mean_F1).rsqrt_()).to(x.dtype)
 
     return norm
 

@@ -110,6 +110,14 @@ def test_stopped_rows_do_not_change_the_running_ones() -> None:
     short = decode(model, ids, attn, max_new_tokens=[10, 2, 10], greedy=True)
     assert short.token_ids[0] == full.token_ids[0] and short.token_ids[2] == full.token_ids[2]
     assert short.token_ids[1] == full.token_ids[1][:2]
+    # the same with a shared prefill (rows 0 and 2 one prompt) and grouped KV heads: each row masks its own keys
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2]]
+    ids, attn = _left_padded(prompts)
+    full = decode(model, ids, attn, max_new_tokens=10, greedy=True)
+    short = decode(model, ids, attn, max_new_tokens=[10, 2, 3, 10], greedy=True)
+    assert [short.token_ids[i] for i in (0, 3)] == [full.token_ids[i] for i in (0, 3)]
+    assert short.token_ids[1] == full.token_ids[1][:2] and short.token_ids[2] == full.token_ids[2][:3]
+    assert short.logprobs[0] == pytest.approx(full.logprobs[0], abs=1e-5)
 
 
 @pytest.mark.parametrize(("top_k", "top_p", "allowed"), [(0, 1.0, 5), (2, 1.0, 2), (0, 0.75, 3), (0, 0.5, 2)])

@@ -52,7 +52,7 @@ class TrainingClient:
             raise ValueError("Expected a model with trainable parameters, got none (all frozen); pass params=[] "
                              "for a forward-only client.")
         # hyperparameters come with every optim_step; state (moments, step counts) lives here between them
-        self.optimizer = torch.optim.AdamW(self.params, lr=0.0) if self.params else None
+        self.optimizer = torch.optim.AdamW(self.params, lr=0.0, fused=_fusable(self.params)) if self.params else None
         self.version = 0  # optimizer steps taken: the policy version samplers report
 
     @classmethod
@@ -268,5 +268,14 @@ def _is_peft(model: nn.Module) -> bool:
         return False
     return isinstance(_unwrap(model), PeftModel)
 
+
+
+def _fusable(params: list[nn.Parameter]) -> bool | None:
+    """Whether AdamW runs fused: one kernel over every parameter instead of a loop of per-parameter ops (5x
+    faster on the tiny CPU model, where the loop is all dispatch). Plain CPU or CUDA tensors of float dtypes
+    only; anything else (FSDP's DTensors, other devices) keeps torch's default implementation."""
+    floats = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    return all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.dtype in floats
+               for p in params) or None
 
 __all__ = ["TrainingClient"]
