@@ -333,13 +333,11 @@ def _swapped_projection(q_proj: Any, k_proj: Any, v_proj: Any,
         per_head = t.view(-1, head_dim, *t.shape[1:])
         return torch.cat([per_head[:, half:], per_head[:, :half]], dim=1).reshape(t.shape)
 
-    qk_w = torch.cat([q_proj.weight, k_proj.weight])
+    qk_w, qk_b = _stacked([q_proj, k_proj])
     weight = torch.cat([qk_w, swap(qk_w), v_proj.weight])
-    bias = None
-    if any(m.bias is not None for m in modules):
-        b = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
-        qk_b = torch.cat(b[:2])
-        bias = torch.cat([qk_b, swap(qk_b), b[2]])
+    bias = None if qk_b is None and v_proj.bias is None else torch.cat(
+        [*(2 * [qk_w.new_zeros(len(qk_w))] if qk_b is None else [qk_b, swap(qk_b)]),
+         v_proj.bias if v_proj.bias is not None else v_proj.weight.new_zeros(v_proj.out_features)])
     sizes = [len(qk_w), len(qk_w), v_proj.out_features]
     return lambda x: F.linear(x, weight, bias).split_with_sizes(sizes, dim=-1)
 
@@ -350,7 +348,6 @@ def _residual(module: Any) -> Callable[[Tensor, Tensor], Tensor]:
     if type(module) is not torch.nn.Linear or module.bias is not None:
         return lambda x, residual: residual + module(x)
     weight_t = module.weight.t()
-
     return lambda x, residual: torch.addmm(residual, x, weight_t)
 
 
@@ -362,14 +359,21 @@ def _embedding(module: Any) -> Callable[[Tensor], Tensor]:
     return lambda ids: F.embedding(ids, weight)
 
 
+def _stacked(modules: list[Any]) -> tuple[Tensor, Tensor | None]:
+    """The weights of several ``nn.Linear`` stacked (one matmul computes all), and their biases (zeros for a
+    bias-free one; None when none has a bias)."""
+    weight = torch.cat([m.weight for m in modules])
+    if all(m.bias is None for m in modules):
+        return weight, None
+    return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+
+
 def _projections(modules: list[Any]) -> Callable[[Tensor], tuple[Tensor, ...]]:
     """Several projections of the same input: one matmul over their concatenated weights when all are plain
     ``nn.Linear`` and small (:data:`FUSE_MAX_WEIGHTS`), else each on its own."""
     if all(type(m) is torch.nn.Linear for m in modules) and sum(m.weight.numel() for m in modules) <= FUSE_MAX_WEIGHTS:
         sizes = [m.out_features for m in modules]
-        weight = torch.cat([m.weight for m in modules])
-        bias = (torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
-                if any(m.bias is not None for m in modules) else None)
+        weight, bias = _stacked(modules)
         return lambda x: F.linear(x, weight, bias).split_with_sizes(sizes, dim=-1)
     each = [_linear(m) for m in modules]
     return lambda x: tuple(f(x) for f in each)
@@ -377,8 +381,7 @@ def _projections(modules: list[Any]) -> Callable[[Tensor], tuple[Tensor, ...]]:
 
 def _rms_norm(module: Any) -> Callable[[Tensor], Tensor]:
     """The Hugging Face RMSNorm arithmetic (in float32, scaled in the input dtype) on the module's weight."""
-    eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
-    weight = module.weight
+    eps, weight = _epsilon(module), module.weight
 
     def norm(x: Tensor) -> Tensor:
         if x.dtype == torch.float32:
@@ -394,8 +397,7 @@ def _rms_norm_rows(module: Any) -> Callable[[Tensor], Tensor]:
     add cost several times a small matmul in dispatch; the sum differs from ``mean``'s by float rounding)."""
     weight = module.weight
     features = weight.shape[-1]
-    eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
-    eps_1 = torch.tensor([eps], dtype=torch.float32, device=weight.device)
+    eps_1 = torch.tensor([_epsilon(module)], dtype=torch.float32, device=weight.device)
     mean_F1 = torch.full((features, 1), 1.0 / features, dtype=torch.float32, device=weight.device)
 
     def norm(x: Tensor) -> Tensor:
@@ -405,6 +407,11 @@ def _rms_norm_rows(module: Any) -> Callable[[Tensor], Tensor]:
         return weight * (x32 * torch.addmm(eps_1, x32 * x32, mean_F1).rsqrt_()).to(x.dtype)
 
     return norm
+
+
+def _epsilon(module: Any) -> float:
+    """An RMSNorm module's epsilon (``variance_epsilon`` in Hugging Face's, ``eps`` in torch's)."""
+    return float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
 
 
 def _first_rows(inverse_B: Tensor, n: int) -> Tensor:

@@ -269,7 +269,6 @@ def _is_peft(model: nn.Module) -> bool:
     return isinstance(_unwrap(model), PeftModel)
 
 
-
 def _fusable(params: list[nn.Parameter]) -> bool | None:
     """Whether AdamW runs fused: one kernel over every parameter instead of a loop of per-parameter ops (5x
     faster on the tiny CPU model, where the loop is all dispatch). Plain CPU or CUDA tensors of float dtypes
@@ -277,5 +276,6 @@ def _fusable(params: list[nn.Parameter]) -> bool | None:
     floats = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
     return all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.dtype in floats
                for p in params) or None
+
 
 __all__ = ["TrainingClient"]
