@@ -46,7 +46,8 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             import pandas
         except ImportError:
             raise ImportError(f"Reading {p} needs pandas: pip install pandas pyarrow (or convert it to .jsonl).") from None
-        return pandas.read_parquet(p).to_dict(orient="records")
+        records: list[dict[str, Any]] = pandas.read_parquet(p).to_dict(orient="records")
+        return records
     raise ValueError(f"Expected a .jsonl, .json or .parquet file, got {p.name!r}.")
 
 

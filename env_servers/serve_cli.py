@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import logging
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from envhub import Env
@@ -35,13 +35,13 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"Expected true or false, got {text!r}.")
 
 
-def _optional(parse: Any) -> Any:
+def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse_or_none(text: str) -> Any:
         return None if text.strip().lower() in ("none", "null", "") else parse(text)
     return parse_or_none
 
 
-def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, hint: Any) -> None:
+def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field[Any], hint: Any) -> None:
     flag = "--" + field.name.replace("_", "-")
     args = typing.get_args(hint)
     optional = type(None) in args
@@ -53,7 +53,8 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, hint: 
         parser.add_argument(singular, dest=field.name, action="append", type=_split_pair, metavar="KEY=VALUE",
                             help=f"repeatable; fills {field.name}")
         return
-    parse = {bool: _parse_bool, int: int, float: float}.get(base, str)
+    parsers: dict[Any, Callable[[str], Any]] = {bool: _parse_bool, int: int, float: float}
+    parse = parsers.get(base, str)
     parser.add_argument(flag, dest=field.name, type=_optional(parse) if optional else parse, default=None,
                         help=help_text)
 

@@ -36,9 +36,9 @@ import inspect
 import json
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -52,6 +52,10 @@ from envhub.errors import (
 )
 from envhub.tools import RESERVED_NAMES, RewardInfo, ToolInfo, collect_rewards, collect_tools, validate_arguments
 from envhub.types import Action, Observation, StepResult, ToolSpec
+
+_T = TypeVar("_T")
+#: what an overridable ``Env`` method returns: its value, or an awaitable of it for an ``async def``
+MaybeAwaitable: TypeAlias = _T | Awaitable[_T]
 
 
 class Env:
@@ -112,11 +116,14 @@ class Env:
                                      f"got {cls.action_model!r}.")
 
     # -- the methods env authors override -------------------------------------------------
-    def reset(self, seed: int | None = None, **task: Any) -> Observation | str:
+    # Each may be ``async def``, hence the ``Awaitable`` returns. ``reset`` takes ``*args`` only so
+    # that a type checker accepts subclasses that name their own task keywords (``*args: Any,
+    # **task: Any`` reads as "any parameters"); the runner passes ``seed`` and the task by keyword.
+    def reset(self, seed: int | None = None, *args: Any, **task: Any) -> MaybeAwaitable[Observation | str]:
         """Start an episode and return the first observation (the prompt)."""
         return Observation()
 
-    def step(self, action: Any) -> StepResult | Observation | str:
+    def step(self, action: Any) -> MaybeAwaitable[StepResult | Observation | str]:
         """Apply one action. The default dispatches tool calls to ``@tool`` methods and text to ``on_text``.
 
         Only called directly for custom action models; the runner dispatches default actions itself
@@ -125,18 +132,18 @@ class Env:
         raise NotImplementedError(
             f"{type(self).__name__} declares action_model={type(action).__name__} and must implement step().")
 
-    def on_text(self, text: str) -> StepResult | Observation | str:
+    def on_text(self, text: str) -> MaybeAwaitable[StepResult | Observation | str]:
         """Handle a free-text action. Envs that take text override this (or ``step``)."""
         names = ", ".join(self._tools) or "none"
         raise ActionValidationError(
             f"{type(self).__name__} expects a tool call ({{'tool_name': ..., 'arguments': {{...}}}}), "
             f"got free text. Available tools: {names}.")
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> MaybeAwaitable[dict[str, Any]]:
         """Extra state to report (the runner adds episode_id, step_count, done, episode_reward)."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> MaybeAwaitable[None]:
         """Release resources; called once when the session ends."""
 
     # -- class-level introspection -------------------------------------------------------

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from env_servers.code_env.env import CodeEnv, CodeEnvConfig
@@ -35,10 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slots", type=int, default=None, help="concurrent sandbox runs (default: CPU cores)")
     group = parser.add_argument_group("environment options")
     hints = typing.get_type_hints(CodeEnvConfig)
+    parsers: dict[Any, Callable[[str], Any]] = {bool: _bool, int: int, float: float}
     for field in dataclasses.fields(CodeEnvConfig):
         hint = hints[field.name]
         base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
-        parse = {bool: _bool, int: int, float: float}.get(base, str)
+        parse = parsers.get(base, str)
         group.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=parse, default=None,
                            help=f"(default: {field.default!r})")
     return parser

@@ -33,7 +33,7 @@ class CalculatorError(ValueError):
 def format_value(value: Any) -> str:
     """``exact ≈ decimal`` (or just one of them when they coincide or the exact form is huge)."""
     sp = sympy_module()
-    exact = sp.sstr(value)
+    exact: str = sp.sstr(value)
     if value.free_symbols:
         return exact if len(exact) <= MAX_RESULT_CHARS else exact[:MAX_RESULT_CHARS] + "..."
     number = numeric_value(value, 15)
@@ -57,7 +57,8 @@ def calculate(expression: str, *, timeout_s: float = CALCULATE_TIMEOUT_S) -> str
     if is_cheap(expression, calculator=True):
         return evaluate(expression)
     try:
-        return bounded.call("env_servers.geometry_env.calculator:evaluate", expression, timeout_s=timeout_s)
+        shown: str = bounded.call("env_servers.geometry_env.calculator:evaluate", expression, timeout_s=timeout_s)
+        return shown
     except bounded.BoundedCallError as exc:
         if exc.timed_out:
             raise CalculatorError(f"{expression[:60]!r} took longer than {timeout_s:g}s to evaluate; "

@@ -28,7 +28,7 @@ from env_servers.geometry_env.render import render_png_cached
 from env_servers.math_grading.grading import extract_boxed, grade, grade_answer, has_think_then_boxed
 from envhub import Env, Observation, StepResult, tool
 from envhub.config import from_kwargs
-from envhub.errors import ActionValidationError
+from envhub.errors import ActionValidationError, EpisodeStateError
 
 SINGLE_INSTRUCTION = ("You FIRST think about the reasoning process as an internal monologue and then provide the "
                       "final answer. The reasoning process MUST BE enclosed within <think> </think> tags. "
@@ -88,6 +88,7 @@ class GeometryEnv(Env):
     def __init__(self, **config: Any):
         self.config = GeometryConfig.build(config)
         self.problem: GeometryProblem | None = None
+        self.attempts, self.turns = 0, 0
 
     # -- reset -------------------------------------------------------------------------------
     def reset(self, seed: int | None = None, split: str = "train", kind: str | None = None,
@@ -131,21 +132,28 @@ class GeometryEnv(Env):
             raise ValueError(f"Expected index in [0, {len(pool)}) for this split, got {index!r}.")
         return pool[index]
 
+    def current_problem(self) -> GeometryProblem:
+        """The episode's problem; :class:`EpisodeStateError` before the first ``reset``."""
+        if self.problem is None:
+            raise EpisodeStateError(f"{type(self).__name__} has no problem yet: call reset() before stepping.")
+        return self.problem
+
     @property
     def _rel_tol(self) -> float | None:
-        return self.config.dataset_rel_tol if self.problem.kind == "geometry3k" else None
+        return self.config.dataset_rel_tol if self.current_problem().kind == "geometry3k" else None
 
     # -- single mode and text turns -------------------------------------------------------------
     def on_text(self, text: str) -> StepResult:
         if self.config.mode == "single":
-            verdict = grade(text, self.problem.answer, rel_tol=self._rel_tol)
+            answer = self.current_problem().answer
+            verdict = grade(text, answer, rel_tol=self._rel_tol)
             accuracy, fmt = float(verdict.correct), float(has_think_then_boxed(text))
             reward = self.config.accuracy_weight * accuracy + self.config.format_weight * fmt
             self.done = True
             return StepResult(observation=Observation(text=f"Current parsed answer={verdict.parsed} reward={reward:g}"),
                               reward=reward, done=True,
                               info={"parsed_answer": verdict.parsed, "correct": verdict.correct,
-                                    "ground_truth": self.problem.answer,
+                                    "ground_truth": answer,
                                     "rewards": {"accuracy": accuracy, "format": fmt}})
         boxed = extract_boxed(text)
         if boxed is not None:
@@ -164,7 +172,7 @@ class GeometryEnv(Env):
         if self.turns >= self.config.max_turns:
             result.truncated = True
             result.observation.text += "\n[Maximum turns reached.]"
-            result.info.update(correct=False, ground_truth=self.problem.answer, attempts=self.attempts)
+            result.info.update(correct=False, ground_truth=self.current_problem().answer, attempts=self.attempts)
         return result
 
     def _helper(self, fn: Any, *args: Any) -> StepResult:
@@ -237,14 +245,15 @@ class GeometryEnv(Env):
     def submit_answer(self, answer: Annotated[str, "your final answer, e.g. 2\\sqrt{13} or 65"]) -> StepResult:
         """Submit an answer to the verifier; you get the parsed answer and its reward, and may retry if wrong."""
         self._require_tools_mode()
+        truth = self.current_problem().answer
         self.attempts += 1
         self.turns += 1
-        verdict = grade_answer(answer, self.problem.answer, rel_tol=self._rel_tol)
+        verdict = grade_answer(answer, truth, rel_tol=self._rel_tol)
         correctness = float(verdict.correct)
         done = verdict.correct or self.attempts >= self.config.max_attempts
         info: dict[str, Any] = {"parsed_answer": verdict.parsed, "correct": verdict.correct, "attempts": self.attempts}
         if done:
-            info["ground_truth"] = self.problem.answer
+            info["ground_truth"] = truth
             self.done = True
         reward = correctness if done else self.config.wrong_attempt_reward
         text = f"Current parsed answer={verdict.parsed} reward={correctness:g}"
@@ -252,7 +261,7 @@ class GeometryEnv(Env):
             text += f" ({self.config.max_attempts - self.attempts} attempt(s) left)"
         truncated = not done and self.turns >= self.config.max_turns
         if truncated:
-            info["ground_truth"] = self.problem.answer
+            info["ground_truth"] = truth
         return StepResult(observation=Observation(text=text), reward=reward, done=done, truncated=truncated, info=info)
 
     def state(self) -> dict[str, Any]:

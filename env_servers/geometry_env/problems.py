@@ -82,7 +82,8 @@ def _triangle(points: dict[str, Point], sides: tuple[str, str, str] = ("", "", "
 
 
 def _latex(value: Any) -> str:
-    return sympy_module().latex(value)
+    latex: str = sympy_module().latex(value)
+    return latex
 
 
 def _plain(value: Any) -> str:

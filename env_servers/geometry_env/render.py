@@ -20,7 +20,7 @@ INK, ACCENT, LABEL = (20, 20, 20), (200, 40, 40), (30, 60, 170)
 
 
 @lru_cache(maxsize=4)
-def _font(size: int) -> ImageFont.ImageFont:
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow < 10.1 has no sized default font
@@ -56,7 +56,7 @@ def _away(p: tuple[float, float], centre: tuple[float, float], dist: float) -> t
     return p[0] + vx / norm * dist, p[1] + vy / norm * dist
 
 
-def _text(draw: ImageDraw.ImageDraw, at: tuple[float, float], text: str, fill: tuple, size: int) -> None:
+def _text(draw: ImageDraw.ImageDraw, at: tuple[float, float], text: str, fill: tuple[int, int, int], size: int) -> None:
     draw.text(at, text, fill=fill, font=_font(size), anchor="mm")
 
 
@@ -95,7 +95,7 @@ def _unit(frm: tuple[float, float], to: tuple[float, float]) -> tuple[float, flo
     return vx / norm, vy / norm
 
 
-def _angle_mark(draw: ImageDraw.ImageDraw, p: tuple, v: tuple, q: tuple, radius: float, label: str,
+def _angle_mark(draw: ImageDraw.ImageDraw, p: Point, v: Point, q: Point, radius: float, label: str,
                 font_size: int) -> None:
     a1 = math.degrees(math.atan2(p[1] - v[1], p[0] - v[0]))
     a2 = math.degrees(math.atan2(q[1] - v[1], q[0] - v[0]))
@@ -109,7 +109,7 @@ def _angle_mark(draw: ImageDraw.ImageDraw, p: tuple, v: tuple, q: tuple, radius:
         _text(draw, at, label, ACCENT, font_size)
 
 
-def _right_angle_mark(draw: ImageDraw.ImageDraw, p: tuple, v: tuple, q: tuple, side: float) -> None:
+def _right_angle_mark(draw: ImageDraw.ImageDraw, p: Point, v: Point, q: Point, side: float) -> None:
     u, w = _unit(v, p), _unit(v, q)
     a = (v[0] + u[0] * side, v[1] + u[1] * side)
     b = (a[0] + w[0] * side, a[1] + w[1] * side)

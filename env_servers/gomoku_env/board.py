@@ -213,6 +213,18 @@ def random_opening(rng: random.Random, size: int, config: OpeningConfig = Openin
     return moves[: len(moves) - len(moves) % 2]
 
 
+def opening_moves(raw: object) -> list[Move]:
+    """A client's opening (``[[row, col], ...]``) as moves; ``ValueError`` saying what is wrong with its shape."""
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"Expected opening to be a list of [row, col] pairs, got {type(raw).__name__}.")
+    moves = []
+    for i, move in enumerate(raw):
+        if not (isinstance(move, (list, tuple)) and len(move) == 2 and all(type(v) is int for v in move)):
+            raise ValueError(f"Expected opening move {i} to be [row, col] integers, got {move!r}.")
+        moves.append((move[0], move[1]))
+    return moves
+
+
 def board_from_moves(size: int, moves: list[Move]) -> Board:
     """Replay moves alternately from X, checking that the result is a legal position with X to move.
 
@@ -222,10 +234,7 @@ def board_from_moves(size: int, moves: list[Move]) -> Board:
     if len(moves) % 2:
         raise ValueError(f"Expected an even number of opening moves (X and O alternate, X to move), got {len(moves)}.")
     board = Board(size)
-    for i, move in enumerate(moves):
-        if not (isinstance(move, (list, tuple)) and len(move) == 2 and all(type(v) is int for v in move)):
-            raise ValueError(f"Expected opening move {i} to be [row, col] integers, got {move!r}.")
-        r, c = move
+    for i, (r, c) in enumerate(opening_moves(moves)):
         if not board.in_bounds(r, c) or not board.is_empty(r, c):
             raise ValueError(f"Opening move {i} ({r},{c}) is off the {size}x{size} board or on an occupied cell.")
         board.place(r, c, X if i % 2 == 0 else O)

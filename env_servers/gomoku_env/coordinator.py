@@ -26,9 +26,9 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from env_servers.gomoku_env.game import Ruling, SeatEnd
+from env_servers.gomoku_env.game import Ruling, SeatEnd, TwoPlayerGame
 
 RUNNING, PENDING, DONE, LEFT = "running", "pending", "done", "left"
 #: the match id that pairs a session with any other session that asked for it
@@ -43,6 +43,10 @@ class TurnGame(Protocol):
     players: tuple[str, str]
 
     def play(self, player: str, move: Any) -> Ruling: ...
+
+
+#: the game a match (and a registry of matches) holds
+G = TypeVar("G", bound=TurnGame)
 
 
 @dataclass
@@ -60,10 +64,10 @@ class Report:
     end: SeatEnd | None = None
 
 
-class Match:
+class Match(Generic[G]):
     """One match between two seats, with turn order enforced by an ``asyncio.Condition``."""
 
-    def __init__(self, match_id: str, game: TurnGame, turn_timeout_s: float):
+    def __init__(self, match_id: str, game: G, turn_timeout_s: float):
         self.match_id = match_id
         self.game = game
         self.turn_timeout_s = turn_timeout_s
@@ -74,7 +78,7 @@ class Match:
         self._delivered: set[str] = set()
         self._cond = asyncio.Condition()
         #: called once when the match ends (the registry forgets it then)
-        self.on_end: Callable[[Match], None] | None = None
+        self.on_end: Callable[[Match[G]], None] | None = None
 
     @property
     def over(self) -> bool:
@@ -136,7 +140,7 @@ class Match:
             self._refresh_status()
             self._cond.notify_all()
             await self._wait_locked(player)
-            if self.over:
+            if self.ends:  # the match ended during the wait
                 return self._final_report(player, ruling.event, ruling.reward, move)
             return Report(ruling.event, ruling.reward, move=move, opponent_move=self.last_move.get(self.other(player)))
 
@@ -178,20 +182,21 @@ class Match:
                       end=end or self.ends.get(player))
 
 
-class MatchRegistry:
+class MatchRegistry(Generic[G]):
     """Matches by id, shared by all sessions of a process. Ended or abandoned matches are dropped."""
 
     def __init__(self) -> None:
-        self._matches: dict[str, Match] = {}
+        self._matches: dict[str, Match[G]] = {}
         self._ids = itertools.count(1)
 
     def __len__(self) -> int:
         return len(self._matches)
 
-    def get(self, match_id: str) -> Match | None:
+    def get(self, match_id: str) -> Match[G] | None:
         return self._matches.get(match_id)
 
-    def join(self, match_id: str | None, seat: str | None, create: Callable[[str], Match]) -> tuple[Match, str, bool]:
+    def join(self, match_id: str | None, seat: str | None,
+             create: Callable[[str], Match[G]]) -> tuple[Match[G], str, bool]:
         """Join match ``match_id``, created with ``create`` if absent (an ended match is replaced).
 
         ``match_id=None`` creates a private match under a fresh id; ``"auto"`` pairs with any open
@@ -206,12 +211,12 @@ class MatchRegistry:
                             None) or f"auto-{next(self._ids)}"
         match = self._matches.get(match_id)
         created = match is None
-        if created:
+        if match is None:
             match = self._matches[match_id] = create(match_id)
             match.on_end = self.discard
         return match, match.join(seat), created
 
-    def discard(self, match: Match) -> None:
+    def discard(self, match: Match[G]) -> None:
         """Forget ``match`` if it is over or everyone left (called when a player leaves)."""
         if self._matches.get(match.match_id) is match and (
                 match.over or all(s == LEFT for s in match.status.values())):
@@ -223,4 +228,4 @@ class MatchRegistry:
 
 
 #: the process-wide registry every GomokuMatchEnv session uses
-REGISTRY = MatchRegistry()
+REGISTRY: MatchRegistry[TwoPlayerGame] = MatchRegistry()

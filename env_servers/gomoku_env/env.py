@@ -11,7 +11,16 @@ import random
 from typing import Annotated, Any
 
 from env_servers.gomoku_env import prompts
-from env_servers.gomoku_env.board import Board, Move, OpeningConfig, X, coerce_move, parse_move, random_opening
+from env_servers.gomoku_env.board import (
+    Board,
+    Move,
+    OpeningConfig,
+    X,
+    coerce_move,
+    opening_moves,
+    parse_move,
+    random_opening,
+)
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.game import INVALID_EVENTS, VALID, GomokuGame, Outcome
 from env_servers.gomoku_env.outcomes import outcome_of
@@ -57,10 +66,9 @@ class GomokuEnv(Env):
                                      ("render_image", render_image)) if v is not None}
         try:
             config = self.config.replace(**changes)
-            if opening is None:
-                opening = random_opening(self.rng, config.board_size,
-                                         OpeningConfig(config.opening_max_stones, config.empty_board_prob))
-            self.game = GomokuGame(config, self.rng, [tuple(m) if isinstance(m, list) else m for m in opening])
+            moves = random_opening(self.rng, config.board_size, OpeningConfig(
+                config.opening_max_stones, config.empty_board_prob)) if opening is None else opening_moves(opening)
+            self.game = GomokuGame(config, self.rng, moves)
         except ValueError as exc:
             raise ActionValidationError(f"Invalid gomoku reset: {exc}") from None
         self.render_image = config.render_image
@@ -109,6 +117,7 @@ class GomokuEnv(Env):
             if note:
                 text = f"{note}\n{text}"
         else:
+            assert outcome.move is not None  # a valid move was made
             text = prompts.move_message(board, X, outcome.move, outcome.opponent_move)
         return StepResult(observation=self._observation(text, board, outcome.event), reward=outcome.reward,
                           done=outcome.done, truncated=outcome.truncated, info=self._info(outcome))

@@ -10,7 +10,16 @@ import random
 from typing import Annotated, Any, ClassVar
 
 from env_servers.gomoku_env import prompts
-from env_servers.gomoku_env.board import Board, Move, OpeningConfig, coerce_move, other, parse_move, random_opening
+from env_servers.gomoku_env.board import (
+    Board,
+    Move,
+    OpeningConfig,
+    coerce_move,
+    opening_moves,
+    other,
+    parse_move,
+    random_opening,
+)
 from env_servers.gomoku_env.config import GomokuConfig
 from env_servers.gomoku_env.coordinator import REGISTRY, Match, MatchRegistry, Report
 from env_servers.gomoku_env.game import DRAW, STEP_LIMIT, VALID, WIN, TwoPlayerGame
@@ -44,12 +53,12 @@ class GomokuMatchEnv(Env):
 
     env_name = "gomoku_match"
     #: where matches are found; one per process, shared by every session
-    registry: ClassVar[MatchRegistry] = REGISTRY
+    registry: ClassVar[MatchRegistry[TwoPlayerGame]] = REGISTRY
 
     def __init__(self, **config: Any):
         self.config = GomokuConfig.build(config)
         self.rng = random.Random()
-        self.match: Match | None = None
+        self.match: Match[TwoPlayerGame] | None = None
         self.seat: str | None = None
         self.render_image = self.config.render_image
 
@@ -67,10 +76,10 @@ class GomokuMatchEnv(Env):
         config = self._episode_config(board_size, render_image)
         self._check_joinable(None if match_id is None else str(match_id), board_size)
 
-        def create(mid: str) -> Match:
-            moves = opening if opening is not None else random_opening(
+        def create(mid: str) -> Match[TwoPlayerGame]:
+            moves = opening_moves(opening) if opening is not None else random_opening(
                 self.rng, config.board_size, OpeningConfig(config.opening_max_stones, config.empty_board_prob))
-            return Match(mid, TwoPlayerGame(config, [tuple(m) for m in moves]), config.turn_timeout_s)
+            return Match(mid, TwoPlayerGame(config, moves), config.turn_timeout_s)
 
         try:
             self.match, self.seat, _ = self.registry.join(None if match_id is None else str(match_id),

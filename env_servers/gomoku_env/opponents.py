@@ -152,7 +152,8 @@ class HeuristicOpponent:
                 return self._best(tier, mine, theirs, board, rng)
         return self._best(cells, mine, theirs, board, rng)
 
-    def _best(self, cells: list[Move], mine: dict, theirs: dict, board: Board, rng: random.Random) -> Move:
+    def _best(self, cells: list[Move], mine: dict[Move, Threat], theirs: dict[Move, Threat], board: Board,
+              rng: random.Random) -> Move:
         mid = (board.size - 1) / 2
 
         def value(cell: Move) -> float:

@@ -61,7 +61,8 @@ class LocalSubprocessRunner:
     def __init__(self, max_output_bytes: int = 64 * 1024, max_concurrent: int = 4):
         self.max_output_bytes = max_output_bytes
         self.max_concurrent = max_concurrent
-        self._slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> Semaphore
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary())  # one bound per event loop
 
     async def run(self, code: str, timeout_s: float) -> RunOutput:
         loop = asyncio.get_running_loop()

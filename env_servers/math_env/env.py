@@ -22,7 +22,8 @@ from env_servers.math_env.tasks import MathTask
 from env_servers.math_grading.grading import GradeResult, grade
 from envhub import Env, Observation, StepResult
 from envhub.config import from_kwargs
-from envhub.errors import ActionValidationError
+from envhub.env import MaybeAwaitable
+from envhub.errors import ActionValidationError, EpisodeStateError
 
 DEFAULT_SYSTEM_PROMPT = ("You are a helpful assistant that solves math problems step by step. "
                          "Think through the problem carefully and put your final answer in \\boxed{}.")
@@ -139,13 +140,19 @@ class MathEnv(Env):
             return pool[index]
         return self.rng.choice(pool)
 
+    def current_task(self) -> MathTask:
+        """The episode's task; :class:`EpisodeStateError` before the first ``reset``."""
+        if self.task is None:
+            raise EpisodeStateError(f"{type(self).__name__} has no task yet: call reset() before stepping.")
+        return self.task
+
     # -- prompt ------------------------------------------------------------------------------
     def user_prompt(self, task: MathTask) -> str:
         """The user message: the problem, then the answer-format instruction."""
         return f"{task.problem} {self.config.instruction}".strip()
 
     def task_metadata(self) -> dict[str, Any]:
-        task = self.task
+        task = self.current_task()
         meta = {"system_prompt": self.config.system_prompt, "task_id": task.task_id, "split": task.split,
                 "kind": task.kind, "difficulty": task.difficulty}
         if self.split_size is not None:  # the split is a fixed list: index 0..split_size-1 walks it once
@@ -153,29 +160,29 @@ class MathEnv(Env):
         return meta
 
     # -- acting ------------------------------------------------------------------------------
-    def on_text(self, text: str) -> StepResult:
+    def on_text(self, text: str) -> MaybeAwaitable[StepResult]:  # MathToolEnv's is async
         """Grade the whole response; the episode ends here."""
         verdict = self.grade_response(text)
         return self.final_result(verdict)
 
     def grade_response(self, text: str) -> GradeResult:
-        self.last_grade = grade(text, self.task.answer, rel_tol=self.config.rel_tol)
+        self.last_grade = grade(text, self.current_task().answer, rel_tol=self.config.rel_tol)
         return self.last_grade
 
     def final_result(self, verdict: GradeResult, **info: Any) -> StepResult:
         """The terminal step for a verdict: reward, feedback text, and the answer info."""
-        cfg = self.config
+        cfg, answer = self.config, self.current_task().answer
         if not verdict.has_answer:
             correctness, fmt = cfg.no_answer_reward, 0.0
             text = "No \\boxed{} answer found."
         else:
             correctness = cfg.correct_reward if verdict.correct else cfg.incorrect_reward
             fmt = cfg.format_reward
-            text = "Correct." if verdict.correct else f"Incorrect. The expected answer was {self.task.answer}."
+            text = "Correct." if verdict.correct else f"Incorrect. The expected answer was {answer}."
         self.done = True
         return StepResult(observation=Observation(text=text), reward=correctness + fmt, done=True,
                           info={"parsed_answer": verdict.parsed, "correct": verdict.correct,
-                                "ground_truth": self.task.answer,
+                                "ground_truth": answer,
                                 "rewards": {"correctness": correctness, "format": fmt}, **info})
 
     def state(self) -> dict[str, Any]:

@@ -179,10 +179,11 @@ def _quadratic(rng: random.Random, d: int) -> tuple[str, str]:
         roots = f"{p}, {q}" if p != q else str(p)
         return f"Solve $x^2{_term(b, 'x')}{_term(c)} = 0$.{suffix}", roots
     a = r(2, 5)
-    p, q = Fraction(r(-6, 6), a), Fraction(r(-6, 6))
-    b, c = -a * (p + q), a * p * q  # a(x - p)(x - q), integer coefficients since a*p is an integer
-    roots = f"{_frac(p)}, {_frac(q)}" if p != q else _frac(p)
-    return f"Solve ${a}x^2{_term(int(b), 'x')}{_term(int(c))} = 0$.{suffix}", roots
+    root_p, root_q = Fraction(r(-6, 6), a), Fraction(r(-6, 6))
+    # a(x - p)(x - q), integer coefficients since a*p is an integer
+    b, c = int(-a * (root_p + root_q)), int(a * root_p * root_q)
+    roots = f"{_frac(root_p)}, {_frac(root_q)}" if root_p != root_q else _frac(root_p)
+    return f"Solve ${a}x^2{_term(b, 'x')}{_term(c)} = 0$.{suffix}", roots
 
 
 _NAMES = ("Ada", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jia")

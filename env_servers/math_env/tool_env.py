@@ -88,7 +88,7 @@ class MathToolEnv(MathEnv):
     def submit_answer(self, answer: Annotated[str, "the final answer, e.g. 3/4 or \\frac{3}{4}"]) -> StepResult:
         """Submit the final answer; this ends the episode."""
         self.turns += 1
-        verdict = grade_answer(answer, self.task.answer, rel_tol=self.config.rel_tol)
+        verdict = grade_answer(answer, self.current_task().answer, rel_tol=self.config.rel_tol)
         return self.final_result(verdict, turns=self.turns)
 
     # -- text turns ----------------------------------------------------------------------------
@@ -117,7 +117,7 @@ class MathToolEnv(MathEnv):
             result.truncated = True
             result.reward = self.config.turn_limit_reward
             result.observation.text += "\n[Maximum turns reached without a final answer.]"
-            result.info.update(parsed_answer=None, correct=False, ground_truth=self.task.answer, turns=self.turns)
+            result.info.update(parsed_answer=None, correct=False, ground_truth=self.current_task().answer, turns=self.turns)
         return result
 
     def state(self) -> dict[str, Any]:

@@ -69,19 +69,22 @@ class _Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen([sys.executable, "-m", "env_servers.math_grading.bounded"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None  # both are pipes
+        self._stdin, self._stdout = stdin, stdout
         self._buffer = b""
         if self.read_line(_START_TIMEOUT_S) != "ready":
             self.kill()
             raise BoundedCallError("the evaluation worker did not start")
 
     def send(self, message: Any) -> None:
-        self.process.stdin.write(json.dumps(message).encode() + b"\n")
-        self.process.stdin.flush()
+        self._stdin.write(json.dumps(message).encode() + b"\n")
+        self._stdin.flush()
 
     def read_line(self, timeout_s: float) -> Any:
         """The next reply, or a ``TimeoutError`` after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        fd = self.process.stdout.fileno()
+        fd = self._stdout.fileno()
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
@@ -98,7 +101,7 @@ class _Worker:
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(5)
-        for stream in (self.process.stdin, self.process.stdout):
+        for stream in (self._stdin, self._stdout):
             stream.close()
 
 
@@ -144,7 +147,7 @@ class BoundedPool:
             with self._lock:
                 self._started -= 1
 
-    def call(self, target: str, args: tuple, timeout_s: float) -> Any:
+    def call(self, target: str, args: tuple[Any, ...], timeout_s: float) -> Any:
         """``target(*args)`` in a worker; :class:`BoundedCallError` on timeout, error, or a pool that stays busy."""
         worker = self._take(wait_s=4 * timeout_s)
         if worker is None:

@@ -70,13 +70,15 @@ def _brace_group(s: str, start: int) -> tuple[str, int] | None:
 
 def _rewrite_command(s: str, name: str, arity: int, template: str) -> str:
     """Replace ``\\name{a}{b}`` by ``template.format(a, b)``, innermost groups handled recursively."""
-    out, i = [], 0
+    out: list[str] = []
+    i = 0
     while True:
         j = s.find(name, i)
         if j < 0:
             return "".join(out) + s[i:]
         out.append(s[i:j])
-        k, args = j + len(name), []
+        k = j + len(name)
+        args: list[str] = []
         if name == r"\sqrt" and k < len(s) and s[k] == "[":
             close = s.find("]", k)
             if close < 0:
@@ -103,8 +105,8 @@ def _latex_to_calc(s: str) -> str:
         s = s.replace(cmd, r"\frac")
     s = _rewrite_command(s, r"\frac", 2, "(({0})/({1}))")
     s = _rewrite_command(s, r"\sqrt", 1, "sqrt({0})")
-    for word in sorted(_LATEX_WORDS, key=len, reverse=True):
-        s = re.sub(re.escape(word) + r"(?![A-Za-z])", lambda _m, w=word: _LATEX_WORDS[w], s)
+    for word in sorted(_LATEX_WORDS, key=len, reverse=True):  # replacements hold no backslash: literal
+        s = re.sub(re.escape(word) + r"(?![A-Za-z])", _LATEX_WORDS[word], s)
     s = s.replace(r"\left", "").replace(r"\right", "").replace(r"\,", "").replace(r"\!", "")
     if "\\" in s:
         raise ExpressionError(f"unsupported LaTeX command in {s[:40]!r}")

@@ -117,7 +117,9 @@ class _Parsed:
 
 
 def _split_top_level(s: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in s:
         if ch in _OPEN:
             depth += 1
@@ -176,8 +178,8 @@ def _expand_pm(piece: str) -> list[str]:
 def _parse_structure(normalised: str, percent: bool) -> list[_Parsed]:
     """The answer as a structure of sympy values; a percentage gives two readings (p and p/100)."""
     brackets, pieces = _pieces(normalised)
-    values = [try_parse(p) for p in pieces]
-    if any(v is None for v in values):
+    values = [v for v in (try_parse(p) for p in pieces) if v is not None]
+    if len(values) < len(pieces):
         return []
     readings = [_Parsed(brackets, tuple(values))]
     if percent and len(values) == 1:

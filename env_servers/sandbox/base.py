@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from env_servers.sandbox import launcher
 from env_servers.sandbox.cgroups import SlotCgroup
@@ -33,7 +34,7 @@ class Slot:
     cgroup: SlotCgroup
 
 
-def supervise_slot_run(proc: subprocess.Popen, slot: Slot, limits: Limits) -> Capture:
+def supervise_slot_run(proc: subprocess.Popen[bytes], slot: Slot, limits: Limits) -> Capture:
     """Supervise a run started in its own session; past a limit, SIGKILL its process group and the slot's cgroup."""
     def kill_tree() -> None:
         try:
@@ -52,6 +53,9 @@ def supervise_slot_run(proc: subprocess.Popen, slot: Slot, limits: Limits) -> Ca
 
 def default_slots() -> int:
     return max(1, min(16, os.cpu_count() or 1))
+
+
+_Backend = TypeVar("_Backend", bound="SlotBackend")
 
 
 class SlotBackend:
@@ -94,7 +98,7 @@ class SlotBackend:
         """Blocking version of :meth:`run` (same pool, same concurrency bound)."""
         return self._pool.submit(self._run_blocking, code, stdin, files, limits).result()
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         """What ``/metadata`` reports about the sandbox."""
         kinds = {s.cgroup.kind for s in self._slots}
         return {"backend": self.name, "slots": self.slots, "isolation": self.isolation,
@@ -116,10 +120,10 @@ class SlotBackend:
         if self._uid_block is not None:
             launcher.release_uids(self._uid_block)
 
-    def __enter__(self):
+    def __enter__(self: _Backend) -> _Backend:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- internals -------------------------------------------------------------------------

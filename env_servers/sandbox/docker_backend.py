@@ -35,7 +35,7 @@ class _Channel:
         self.sock = sock
         self.buf = bytearray()
 
-    def send(self, obj: dict) -> None:
+    def send(self, obj: dict[str, Any]) -> None:
         data = json.dumps(obj).encode()
         self.sock.sendall(struct.pack(">I", len(data)) + data)
 
@@ -62,15 +62,15 @@ class _Channel:
             out += chunk
         return bytes(out)
 
-    def recv(self, deadline: float) -> dict:
+    def recv(self, deadline: float) -> dict[str, Any]:
         while len(self.buf) < 4:
             self._fill(deadline)
         size = struct.unpack(">I", bytes(self.buf[:4]))[0]
         while len(self.buf) < 4 + size:
             self._fill(deadline)
-        msg = bytes(self.buf[4:4 + size])
+        msg: dict[str, Any] = json.loads(bytes(self.buf[4:4 + size]))  # the zygote sends only objects
         del self.buf[:4 + size]
-        return json.loads(msg)
+        return msg
 
 
 class DockerBackend(SlotBackend):
@@ -91,20 +91,21 @@ class DockerBackend(SlotBackend):
         self._containers: dict[int, tuple[Any, _Channel]] = {}
         self._mem_mb: dict[int, int] = {}  # each slot container's current memory limit
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         return {**super().info(), "image": self.image, "runtime": "runsc" if self.gvisor else "runc"}
 
-    def _host_config(self, mem_mb: int) -> dict:
+    def _host_config(self, mem_mb: int) -> dict[str, Any]:
         from docker.types import Ulimit
 
         lim, mem = self.worker_limits, f"{mem_mb}m"
         tmpfs_opts = f"rw,size={lim.tmpfs_mb}m,mode=1777"
-        return self.client.api.create_host_config(
+        config: dict[str, Any] = self.client.api.create_host_config(
             network_mode="none", read_only=True, tmpfs={"/sandbox": tmpfs_opts, "/tmp": tmpfs_opts},
             cap_drop=["ALL"], security_opt=["no-new-privileges:true"], pids_limit=lim.nproc + 16,
             mem_limit=mem, memswap_limit=mem, nano_cpus=1_000_000_000, ipc_mode="private",
             ulimits=[Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile), Ulimit(name="core", soft=0, hard=0)],
             runtime="runsc" if self.gvisor else None, auto_remove=True)
+        return config
 
     def _start(self, slot: Slot, mem_mb: int | None = None) -> tuple[Any, _Channel]:
         mem_mb = mem_mb or self.worker_limits.mem_mb + ZYGOTE_OVERHEAD_MB
@@ -175,7 +176,10 @@ class DockerBackend(SlotBackend):
                           oom_killed=bool(reply.get("oom_killed")))
 
     def _oom_killed(self, slot: Slot) -> bool:
-        container = self._containers.get(slot.index, (None, None))[0]
+        entry = self._containers.get(slot.index)
+        if entry is None:  # the slot's container is already gone
+            return False
+        container = entry[0]
         try:
             container.reload()
             return bool(container.attrs["State"].get("OOMKilled"))

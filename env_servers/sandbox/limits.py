@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}){0,3}")
 
@@ -43,7 +43,7 @@ class Limits:
             raise ValueError(f"Expected kill_output_bytes >= max_output_bytes, got {self.kill_output_bytes} "
                              f"< {self.max_output_bytes}.")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -76,7 +76,7 @@ class ExecResult:
         """True when the sandbox (not the program) ended the run."""
         return self.timed_out or self.oom_killed or self.signal is not None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def summary(self) -> str:
@@ -107,12 +107,12 @@ class SandboxBackend(Protocol):
     def run_sync(self, code: str, *, stdin: bytes = b"", files: dict[str, bytes] | None = None,
                  limits: Limits = Limits()) -> ExecResult: ...
 
-    def info(self) -> dict: ...
+    def info(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
 
-def check_files(files: dict[str, bytes] | None) -> dict[str, bytes]:
+def check_files(files: object) -> dict[str, bytes]:
     """Validate extra input files: relative names (up to 4 levels), bytes contents, not ``main.py``."""
     if not files:
         return {}

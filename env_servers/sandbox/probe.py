@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field
 
 from env_servers.sandbox import launcher
-from env_servers.sandbox.limits import Limits, SandboxError
+from env_servers.sandbox.limits import Limits, SandboxBackend, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def available_backends() -> list[str]:
     return found
 
 
-def make_backend(config: SandboxConfig | None = None):
+def make_backend(config: SandboxConfig | None = None) -> SandboxBackend:
     """Build the backend ``config`` names (probing for ``auto``); the caller owns it and closes it."""
     config = config or SandboxConfig()
     name = config.backend
@@ -112,11 +112,11 @@ def make_backend(config: SandboxConfig | None = None):
     return RlimitBackend(config.slots)
 
 
-_default = None
+_default: SandboxBackend | None = None
 _default_lock = threading.Lock()
 
 
-def get_default_backend():
+def get_default_backend() -> SandboxBackend:
     """The process-wide backend shared by every session (built on first use from ``ENVHUB_SANDBOX_*``)."""
     global _default
     with _default_lock:
@@ -127,7 +127,7 @@ def get_default_backend():
         return _default
 
 
-def set_default_backend(backend) -> None:
+def set_default_backend(backend: SandboxBackend) -> None:
     """Install ``backend`` as the shared one (closing the previous one), e.g. from a server's config."""
     global _default
     with _default_lock:

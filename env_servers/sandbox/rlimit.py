@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from typing import Any
 
 from env_servers.sandbox import launcher
 from env_servers.sandbox.base import Slot, SlotBackend, supervise_slot_run
@@ -33,7 +34,7 @@ class RlimitBackend(SlotBackend):
     name = "local-rlimit"
     isolation = "rlimits-only (INSECURE)"
 
-    def __init__(self, slots: int | None = None, **kwargs):
+    def __init__(self, slots: int | None = None, **kwargs: Any):
         super().__init__(slots, **kwargs)
         log.warning(INSECURE_WARNING)
 

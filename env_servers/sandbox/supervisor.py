@@ -34,7 +34,7 @@ class Capture:
 
 
 class _Streams:
-    def __init__(self, proc: subprocess.Popen, limits: Limits, cap: Capture):
+    def __init__(self, proc: subprocess.Popen[bytes], limits: Limits, cap: Capture):
         self.sel = selectors.DefaultSelector()
         self.limits, self.cap, self.total = limits, cap, 0
         for pipe, buf in ((proc.stdout, cap.stdout), (proc.stderr, cap.stderr)):
@@ -73,7 +73,7 @@ class _Streams:
         self.sel.close()
 
 
-def supervise(proc: subprocess.Popen, limits: Limits, kill_tree: Callable[[], None], *,
+def supervise(proc: subprocess.Popen[bytes], limits: Limits, kill_tree: Callable[[], None], *,
               started: float | None = None, deadline_s: float | None = None) -> Capture:
     """Run ``proc`` to completion under ``limits``; ``kill_tree`` must SIGKILL every process of the run."""
     cap = Capture()

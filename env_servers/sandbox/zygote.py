@@ -24,6 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from env_servers.sandbox import launcher, seccomp
 from env_servers.sandbox.base import Slot, SlotBackend
@@ -38,7 +39,7 @@ _SECCOMP_FILTER = seccomp.build_filter()
 
 @dataclass
 class Worker:
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     runs: int = 0
     base_as: int = 0
     broken: bool = False
@@ -50,7 +51,7 @@ class ZygoteBackend(SlotBackend):
     name = "local-zygote"
 
     def __init__(self, slots: int | None = None, *, preload: tuple[str, ...] = DEFAULT_PRELOAD,
-                 max_runs: int = 500, limits: Limits = Limits(), **kwargs):
+                 max_runs: int = 500, limits: Limits = Limits(), **kwargs: Any):
         super().__init__(slots, **kwargs)
         self.preload = tuple(preload)
         self.max_runs = max_runs
@@ -72,7 +73,7 @@ class ZygoteBackend(SlotBackend):
         finally:
             self._free.put(slot)
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         return {**super().info(), "preload": list(self.preload), "workers_spawned": self.spawned}
 
     # -- worker lifecycle ------------------------------------------------------------------
@@ -167,14 +168,14 @@ class ZygoteBackend(SlotBackend):
                           output_truncated=reply["output_truncated"], duration_s=reply["duration_s"])
 
     @staticmethod
-    def _send(worker: Worker, obj: dict) -> None:
+    def _send(worker: Worker, obj: dict[str, Any]) -> None:
         data = json.dumps(obj).encode()
         assert worker.proc.stdin is not None
         worker.proc.stdin.write(struct.pack(">I", len(data)) + data)
         worker.proc.stdin.flush()
 
     @staticmethod
-    def _read_reply(worker: Worker, deadline: float) -> dict | None:
+    def _read_reply(worker: Worker, deadline: float) -> dict[str, Any] | None:
         """One framed reply, or None on EOF; raises SandboxError when the watchdog deadline passes."""
         stdout = worker.proc.stdout
         assert stdout is not None
@@ -195,4 +196,5 @@ class ZygoteBackend(SlotBackend):
                 buf += chunk
                 if need == 4 and len(buf) >= 4:
                     need = 4 + struct.unpack(">I", bytes(buf[:4]))[0]
-        return json.loads(bytes(buf[4:need]))
+        reply: dict[str, Any] = json.loads(bytes(buf[4:need]))  # the zygote sends only objects
+        return reply

@@ -8,6 +8,8 @@ line, makes itself non-dumpable (children cannot ptrace it or read its memory or
 other process in the namespace, reaps them all and wipes /sandbox, /tmp and /dev/shm.
 """
 
+from __future__ import annotations
+
 import atexit
 import base64
 import ctypes
@@ -26,6 +28,8 @@ import threading
 import time
 import traceback
 import types
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 SCRATCH = ("/sandbox", "/tmp", "/dev/shm")
 PROTO_IN, PROTO_OUT = 0, 1
@@ -38,7 +42,7 @@ SECCOMP_FILTER = base64.b64decode(os.environ.pop("ENVHUB_ZYGOTE_SECCOMP", ""))
 OOM_COUNTERS = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 
 
-def drain_wakeup():
+def drain_wakeup() -> None:
     try:
         while os.read(WAKE_R, 512):
             pass
@@ -46,7 +50,7 @@ def drain_wakeup():
         pass
 
 
-def read_exact(fd, n):
+def read_exact(fd: int, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = os.read(fd, n - len(buf))
@@ -56,14 +60,14 @@ def read_exact(fd, n):
     return bytes(buf)
 
 
-def send(obj):
+def send(obj: dict[str, Any]) -> None:
     data = json.dumps(obj).encode()
     view = memoryview(struct.pack(">I", len(data)) + data)
     while view:
         view = view[os.write(PROTO_OUT, view):]
 
 
-def wipe():
+def wipe() -> bool:
     clean = True
     for top in SCRATCH:
         try:
@@ -86,11 +90,13 @@ def wipe():
     return clean
 
 
-def remove_sysv_ipc():
+def remove_sysv_ipc() -> None:
     """Runs of a slot share its IPC namespace: drop SysV shared memory, queues and semaphores between runs."""
     libc = LIBC
-    for kind, remove in (("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
-                         ("sem", lambda i: libc.semctl(i, 0, 0))):
+    removers: tuple[tuple[str, Callable[[int], int]], ...] = (
+        ("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
+        ("sem", lambda i: libc.semctl(i, 0, 0)))
+    for kind, remove in removers:
         try:
             with open("/proc/sysvipc/" + kind) as f:
                 rows = f.read().splitlines()[1:]
@@ -100,7 +106,7 @@ def remove_sysv_ipc():
             remove(int(row.split()[1]))  # IPC_RMID == 0
 
 
-def kill_all():
+def kill_all() -> None:
     """SIGKILL and reap every other process in the namespace (setsid'd and double-forked ones too)."""
     while True:
         try:
@@ -113,7 +119,7 @@ def kill_all():
             return
 
 
-def precompile(code):
+def precompile(code: str) -> types.CodeType | BaseException:
     """Compile in the zygote, before fork: a child that compiles pays ~1 ms of copy-on-write faults."""
     try:
         return compile(code, "/sandbox/main.py", "exec")
@@ -121,7 +127,7 @@ def precompile(code):
         return exc.with_traceback(None)  # raised in the child, shown like python's own report
 
 
-def child(req, stdin_fd, out_w, err_w, base_as):
+def child(req: dict[str, Any], stdin_fd: int, out_w: int, err_w: int, base_as: int) -> NoReturn:
     status = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -155,22 +161,24 @@ def child(req, stdin_fd, out_w, err_w, base_as):
         os._exit(status)
 
 
-def run_main(compiled):
+def run_main(compiled: types.CodeType | BaseException) -> int:
     os.chdir("/sandbox")
     sys.argv, sys.path[0] = ["/sandbox/main.py"], "/sandbox"
     main = types.ModuleType("__main__")
-    main.__file__, main.__builtins__ = "/sandbox/main.py", __builtins__
+    main.__file__ = "/sandbox/main.py"
+    main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     status = 0
     try:
         if isinstance(compiled, BaseException):
             raise compiled
         exec(compiled, main.__dict__)
-        threading._shutdown()
+        threading._shutdown()  # type: ignore[attr-defined]  # CPython's own exit hook, absent from typeshed
     except SystemExit as exc:
         status = exit_status(exc.code)
     except BaseException as exc:
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        tb = exc.__traceback__  # drop run_main's own frame from the report
+        traceback.print_exception(type(exc), exc, tb.tb_next if tb else None)
         status = 1
     try:
         atexit._run_exitfuncs()
@@ -183,7 +191,7 @@ class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install_seccomp(program):
+def install_seccomp(program: bytes) -> None:
     """Install a raw ``struct sock_filter`` program on this process (no_new_privs first, as the kernel asks)."""
     buf = ctypes.create_string_buffer(program, len(program))
     prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
@@ -191,7 +199,7 @@ def install_seccomp(program):
         raise OSError(ctypes.get_errno(), "cannot install the sandbox's seccomp filter")
 
 
-def oom_kills():
+def oom_kills() -> int | None:
     """OOM kills so far in this container's memory cgroup, or None where no counter is readable."""
     for path in OOM_COUNTERS:
         try:
@@ -204,7 +212,7 @@ def oom_kills():
     return None
 
 
-def exit_status(code):
+def exit_status(code: object) -> int:
     if code is None:
         return 0
     if isinstance(code, int):
@@ -213,19 +221,23 @@ def exit_status(code):
     return 1
 
 
-def set_limit(kind, value):
+def set_limit(kind: int, value: int) -> None:
     _, hard = resource.getrlimit(kind)
     if hard != resource.RLIM_INFINITY:
         value = min(value, hard)
     resource.setrlimit(kind, (value, value))
 
 
-def collect(pid, out_r, err_r, lim, start):
+def collect(pid: int, out_r: int, err_r: int, lim: dict[str, Any],
+            start: float) -> tuple[bytearray, bytearray, int | None, bool, bool]:
+    """Stream the child's output until it exits or is killed: (stdout, stderr, wait status or None
+    where the zygote killed it, timed out, truncated)."""
     bufs, total = {out_r: bytearray(), err_r: bytearray()}, 0
     keep, kill_at = lim["max_output_bytes"], lim["kill_output_bytes"]
     deadline = start + lim["timeout_s"]
-    status, timed_out, truncated, open_fds = None, False, False, [out_r, err_r]
-    while status is None:
+    status: int | None = None
+    killed, timed_out, truncated, open_fds = False, False, False, [out_r, err_r]
+    while status is None and not killed:
         ready, _, _ = select.select(open_fds + [WAKE_R], [], [], max(0.0, min(0.05, deadline - time.monotonic())))
         for fd in ready:
             if fd == WAKE_R:  # SIGCHLD arrived: fall through to waitpid
@@ -248,7 +260,7 @@ def collect(pid, out_r, err_r, lim, start):
                 os.kill(-1, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            status = "killed"
+            killed = True
     kill_all()
     for fd in open_fds:  # every writer is dead now: the rest is buffered in the pipe
         while len(bufs[fd]) <= keep:
@@ -260,7 +272,7 @@ def collect(pid, out_r, err_r, lim, start):
     return bufs[out_r], bufs[err_r], status, timed_out, truncated
 
 
-def handle(req, base_as):
+def handle(req: dict[str, Any], base_as: int) -> dict[str, Any]:
     for name, data in req.get("files", {}).items():
         path = os.path.join("/sandbox", name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -287,8 +299,9 @@ def handle(req, base_as):
     out, err, status, timed_out, truncated = collect(pid, out_r, err_r, req["limits"], start)
     os.close(out_r)
     os.close(err_r)
-    exit_code = sig = None
-    if status == "killed":
+    exit_code: int | None = None
+    sig: int | None = None
+    if status is None:  # killed by collect
         sig = signal.SIGKILL
     elif os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -300,7 +313,7 @@ def handle(req, base_as):
             "oom_killed": ooms_before is not None and (oom_kills() or 0) > ooms_before}
 
 
-def main():
+def main() -> None:
     global WAKE_R
     WAKE_R, wake_w = os.pipe()
     os.set_blocking(WAKE_R, False)

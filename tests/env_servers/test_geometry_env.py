@@ -10,7 +10,7 @@ from PIL import Image
 from env_servers.geometry_env import GeometryEnv
 from envhub import EnvRunner
 from envhub.client import EnvClient
-from envhub.errors import ActionValidationError
+from envhub.errors import ActionValidationError, EpisodeStateError
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
 
@@ -24,6 +24,14 @@ async def start(**config):
 
 def call(name, **arguments):
     return {"tool_name": name, "arguments": arguments}
+
+
+def test_stepping_an_env_used_directly_before_reset_says_to_reset():
+    # an env driven without EnvRunner (an adapter, a test) gets the reason, not an AttributeError on None
+    with pytest.raises(EpisodeStateError, match="reset"):
+        GeometryEnv(mode="single").on_text("\\boxed{7}")
+    with pytest.raises(EpisodeStateError, match="reset"):
+        GeometryEnv(mode="tools").submit_answer("7")
 
 
 async def test_first_observation_has_prompt_image_and_system_prompt():

@@ -156,7 +156,8 @@ async def test_reset_options_and_validation():
     runner = EnvRunner(GomokuEnv())
     first = await runner.reset(seed=0, board_size=7, opponent="mix", opening=[])
     assert first.observation.metadata["board_size"] == 7
-    for bad in ({"board_size": 30}, {"opponent": "alphazero"}, {"opening": [[0, 0]]}, {"opening": [[0, 0], [9, 9]]}):
+    for bad in ({"board_size": 30}, {"opponent": "alphazero"}, {"opening": [[0, 0]]}, {"opening": [[0, 0], [9, 9]]},
+                {"opening": 5}, {"opening": [[0, 0], [1, 1, 1]]}):
         with pytest.raises(ActionValidationError, match="Expected|off the"):
             await runner.reset(seed=0, **bad)
     with pytest.raises(ValueError, match="Expected board_size"):

@@ -7,7 +7,7 @@ import pytest
 
 from env_servers.math_env import MathEnv
 from envhub import EnvRunner
-from envhub.errors import ActionValidationError
+from envhub.errors import ActionValidationError, EpisodeStateError
 
 
 async def play(answer_text, env=None, **task):
@@ -85,6 +85,14 @@ async def test_index_is_deterministic_and_splits_differ():
 async def test_bad_reset_arguments_are_validation_errors(task):
     with pytest.raises(ActionValidationError):
         await EnvRunner(MathEnv()).reset(**task)
+
+
+def test_stepping_an_env_used_directly_before_reset_says_to_reset():
+    # an env driven without EnvRunner (an adapter, a test) gets the reason, not an AttributeError on None
+    with pytest.raises(EpisodeStateError, match="reset"):
+        MathEnv().on_text("\\boxed{4}")
+    with pytest.raises(EpisodeStateError, match="reset"):
+        MathEnv().task_metadata()
 
 
 def test_unknown_config_option_names_the_valid_ones():
