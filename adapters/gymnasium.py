@@ -131,7 +131,7 @@ def from_gymnasium(env_id: str | Callable[[], Any], *, render: Callable[[Any, An
 
     probe = make()
     how = describe_space(probe.action_space)
-    label = name or (env_id if isinstance(env_id, str) else getattr(env_id, "__name__", "GymEnv"))
+    label = name or (env_id if isinstance(env_id, str) else str(getattr(env_id, "__name__", "GymEnv")))
     probe.close()
     render_fn = render or _default_render
 
@@ -225,13 +225,13 @@ def _build_gym_env_class() -> type:
             self._backend = _Remote(env, client_kwargs) if isinstance(env, str) else _Local(env, env_config or {})
             self._last = ""
 
-        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
             super().reset(seed=seed)
             result = self._backend.reset(seed=seed, **(options or {}))
             self._last = result.observation.text
             return self._last, dict(result.info)
 
-        def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
             try:
                 result = self._backend.step(to_action(action))
             except ActionValidationError as exc:  # the model's mistake: shown to it, the episode goes on

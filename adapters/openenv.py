@@ -72,13 +72,16 @@ def to_openenv(env_cls: type[Env], **env_config: Any) -> tuple[type, type, type]
             raise PydanticCustomError("envhub_action", "{message}", {"message": message}) from None
         return action
 
+    # pydantic annotates __validators__ as plain callables; its own decorators (what create_model
+    # takes at run time) return descriptor proxies
+    validators: dict[str, Any] = {"envhub_check": model_validator(mode="after")(envhub_check)}
     action_cls = create_model(f"{name}Action", __base__=OEAction, **_fields_of(env_cls.action_model, frozenset()),
-                              __validators__={"envhub_check": model_validator(mode="after")(envhub_check)})
+                              __validators__=validators)
     own = _fields_of(env_cls.observation_model, frozenset({"text", "images", "metadata"}) | _OPENENV_RESERVED)
     # Extra fields allowed, as on envhub observations (``Observation(text=..., board=...)``).
     config = {**OEObservation.model_config, "extra": "allow"}
     base = type("OpenEnvObservation", (OEObservation,), {"model_config": config})
-    observation_cls = create_model(f"{name}Observation", __base__=base, text=(str, ""),
+    observation_cls: type[BaseModel] = create_model(f"{name}Observation", __base__=base, text=(str, ""),
                                    images=(list[str], []), truncated=(bool, False), info=(dict[str, Any], {}), **own)
 
     def to_observation(result: StepResult) -> Any:
@@ -174,15 +177,16 @@ def from_openenv(factory: Callable[[], Any], action_cls: type[BaseModel] | None 
     ``metadata`` stay fields of the envhub observation, and ``text`` holds a readable rendering
     for text-based agents. ``reset`` keyword arguments pass through (seed, episode_id, task...).
     """
-    action_cls = action_cls or _action_type(factory)
-    if action_cls is None:
+    found = action_cls or _action_type(factory)
+    if found is None:
         raise TypeError(f"Expected action_cls (the OpenEnv Action model) for {factory!r}; it could not be read "
                         "from the class's generic parameters. Pass from_openenv(EnvCls, ActionCls).")
-    label = name or getattr(factory, "__name__", "OpenEnvEnv")
+    model: type[BaseModel] = found
+    label = name or str(getattr(factory, "__name__", "OpenEnvEnv"))
     doc = inspect.getdoc(factory) or f"The OpenEnv environment {label}, served by envhub."
 
     class OpenEnvEnv(Env):
-        action_model = action_cls
+        action_model = model
 
         def __init__(self) -> None:
             self.inner = factory()

@@ -150,7 +150,7 @@ def _annotation(schema: dict[str, Any]) -> Any:
     kind = schema.get("type")
     if isinstance(kind, list):  # ["integer", "null"]
         kind = next((k for k in kind if k != "null"), "string")
-    return _JSON_TYPES.get(kind, str)
+    return _JSON_TYPES.get(kind, str) if isinstance(kind, str) else str
 
 
 def _docstring(spec: ToolSpec) -> str:
@@ -244,7 +244,7 @@ def grpo_kwargs(url: str, **kwargs: Any) -> dict[str, Any]:
     return out
 
 
-def seed_dataset(n: int, *, prompt: str = "", start: int = 0, **columns: Any):
+def seed_dataset(n: int, *, prompt: str = "", start: int = 0, **columns: Any) -> Any:
     """A ``datasets.Dataset`` of ``n`` rows: a one-message user prompt (the env's reset text is appended
     to it) and ``seed`` = ``start``..``start+n-1``; ``columns`` add constant columns (e.g. ``split="train"``)."""
     from datasets import Dataset

@@ -119,8 +119,9 @@ class Env:
     # Each may be ``async def``, hence the ``Awaitable`` returns. ``reset`` takes ``*args`` only so
     # that a type checker accepts subclasses that name their own task keywords (``*args: Any,
     # **task: Any`` reads as "any parameters"); the runner passes ``seed`` and the task by keyword.
-    def reset(self, seed: int | None = None, *args: Any, **task: Any) -> MaybeAwaitable[Observation | str]:
-        """Start an episode and return the first observation (the prompt)."""
+    def reset(self, seed: int | None = None, *args: Any,
+              **task: Any) -> MaybeAwaitable[StepResult | Observation | str]:
+        """Start an episode and return the first observation (the prompt), or a ``StepResult`` holding it."""
         return Observation()
 
     def step(self, action: Any) -> MaybeAwaitable[StepResult | Observation | str]:

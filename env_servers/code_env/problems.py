@@ -7,8 +7,10 @@ return value of ``entry_point(*args)``; ``IO`` problems on what the program prin
 
 from __future__ import annotations
 
+from typing import Any
+
 # (id, statement, entry_point, reference, [args tuple per hidden test])
-CALL: list[tuple[str, str, str, str, list[tuple]]] = [
+CALL: list[tuple[str, str, str, str, list[tuple[Any, ...]]]] = [
     ("sum_list", "Return the sum of a list of integers.", "sum_list",
      "def sum_list(xs):\n    return sum(xs)", [([],), ([1, 2, 3],), ([-5, 5, 10],), ([10**12, 1],)]),
     ("reverse_string", "Return the string reversed.", "reverse_string",

@@ -62,7 +62,7 @@ class CodeTask:
         first = self.tests[0]
         if self.kind == "call":
             call = f"{self.entry_point}({', '.join(repr(a) for a in first.input)})"
-            return (f"{self.prompt}\n\nWrite a Python function `{self.signature or self.entry_point + '(...)'}`.\n"
+            return (f"{self.prompt}\n\nWrite a Python function `{self.signature or f'{self.entry_point}(...)'}`.\n"
                     f"Example: {call} == {grading.decode_value(first.output)!r}\n\n"
                     "Submit the whole function definition (with any imports it needs) with submit(code).")
         return (f"{self.prompt}\n\nWrite a complete Python program that reads standard input and writes standard "
@@ -168,7 +168,7 @@ def load_jsonl(path: str | Path) -> list[CodeTask]:
     return tasks
 
 
-def parse_row(row: dict, *, default_id: str) -> CodeTask:
+def parse_row(row: object, *, default_id: str) -> CodeTask:
     """One JSONL row as a :class:`CodeTask`."""
     if not isinstance(row, dict):
         raise ValueError(f"Expected a JSON object per line, got {type(row).__name__}.")
