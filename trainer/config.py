@@ -14,7 +14,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainer.core.losses import AGGREGATIONS
 from trainer.distributed import MIXED_PRECISIONS, STRATEGIES
@@ -22,6 +22,11 @@ from trainer.model import ModelConfig, for_vllm
 from trainer.rollout.actions import load_action_mapper
 from trainer.rollout.engine import RolloutConfig
 from trainer.rollout.sampler import SamplingConfig
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_Config = TypeVar("_Config", bound="DataclassInstance")
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,7 +126,10 @@ class OptimConfig:
             raise ValueError(f"Expected optim.lr_schedule in {LR_SCHEDULES}, got {self.lr_schedule!r}.")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"Expected optim.min_lr_ratio in [0, 1], got {self.min_lr_ratio}.")
-        self.betas = tuple(self.betas)  # TOML gives a list
+        betas = tuple(self.betas)  # TOML gives a list
+        if len(betas) != 2:
+            raise ValueError(f"Expected optim.betas to be two numbers like [0.9, 0.999], got {list(betas)}.")
+        self.betas = (betas[0], betas[1])
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """The multiplier of ``lr`` for optimizer step ``step`` (0-based) of a run of ``total_steps``.
@@ -210,7 +218,7 @@ class TrainConfig:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
 
-def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+def from_dict(cls: type[_Config], data: dict[str, Any], where: str = "") -> _Config:
     """Build dataclass ``cls`` from nested dicts, naming the accepted keys when one is unknown."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -220,7 +228,7 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         hint = hints[key]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = from_dict(hint, value, f"{where}.{key}" if where else key)
         kwargs[key] = value
     return cls(**kwargs)

@@ -132,7 +132,8 @@ def _prepare(model: nn.Module, info: DistInfo, mixed_precision: str) -> nn.Modul
     from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=info.device.type == "cpu", mixed_precision=mixed_precision)
-    return accelerator.prepare_model(model.to(info.device), device_placement=False)
+    prepared: nn.Module = accelerator.prepare_model(model.to(info.device), device_placement=False)
+    return prepared
 
 
 def _fsdp(model: nn.Module, info: DistInfo, mixed_precision: str = "no") -> nn.Module:

@@ -13,9 +13,12 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -44,12 +47,12 @@ class MetricsLogger:
     >>> logger.log(1, {"train/loss": 0.5}); logger.close()
     """
 
-    def __init__(self, out_dir: str | os.PathLike, *, tensorboard: bool = True, is_main: bool = True) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], *, tensorboard: bool = True, is_main: bool = True) -> None:
         self.out_dir = Path(out_dir)
         self.is_main = is_main
         self._metrics: TextIO | None = None
         self._trajectories: TextIO | None = None
-        self._writer = None
+        self._writer: SummaryWriter | None = None
         if not is_main:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -102,7 +105,7 @@ class MetricsLogger:
         self.close()
 
 
-def _tensorboard_writer(out_dir: Path):
+def _tensorboard_writer(out_dir: Path) -> SummaryWriter | None:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard not installed: JSONL only
@@ -110,13 +113,13 @@ def _tensorboard_writer(out_dir: Path):
     return SummaryWriter(log_dir=str(out_dir))
 
 
-def read_metrics(metrics_jsonl_path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_metrics(metrics_jsonl_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl`` file, in order."""
     with open(metrics_jsonl_path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def plot_rewards(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLike,
+def plot_rewards(metrics_jsonl_path: str | os.PathLike[str], out_png: str | os.PathLike[str],
                  keys: list[str] | None = None, *, ylabel: str | None = None) -> Path:
     """Plot metric curves from ``metrics.jsonl`` to a PNG; by default every key containing "reward".
 

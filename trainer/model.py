@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 TINY = "tiny"
 #: head sizes vLLM's attention kernels accept, its CPU kernel included (vLLM 0.32; the CPU one refuses 16)
@@ -103,7 +106,7 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return torch.float32
 
 
-def build_tiny_model(cfg: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> nn.Module:
+def build_tiny_model(cfg: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> PreTrainedModel:
     """A randomly initialised ``Qwen2ForCausalLM`` with the shape from ``cfg`` (seeded by ``cfg.init_seed``)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -115,10 +118,11 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, *, pad_token_id: int, eo
                          use_cache=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
-        return AutoModelForCausalLM.from_config(config)
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(config)
+    return model
 
 
-def load_tokenizer(cfg: ModelConfig):
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """The tokenizer for ``cfg``: the shipped byte-level one for ``tiny`` (with vision tokens for ``tiny-vl``),
     else ``AutoTokenizer``."""
     if cfg.name in (TINY, TINY_VL):
@@ -128,7 +132,7 @@ def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(cfg.name, local_files_only=cfg.local_files_only)
+        tok: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(cfg.name, local_files_only=cfg.local_files_only)
     except OSError as exc:
         raise OSError(f"Could not load the tokenizer of {cfg.name!r} offline ({exc}). Download it once with "
                       f"`huggingface-cli download {cfg.name}` or pass model.local_files_only=false.") from exc
@@ -138,18 +142,18 @@ def load_tokenizer(cfg: ModelConfig):
     return tok
 
 
-def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu"):
+def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> tuple[nn.Module, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` for ``cfg`` on ``device``, with LoRA applied when ``cfg.lora_rank > 0``."""
     tok = load_tokenizer(cfg)
     dtype = resolve_dtype(cfg.dtype, device)
     from trainer.vision import build_tiny_vl_model, is_vision_model, suppress_tokens, vision_token_ids
 
     vision = is_vision_model(cfg)
+    model: PreTrainedModel
     if cfg.name == TINY:
         model = build_tiny_model(cfg, len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        model.to(dtype=dtype)
     elif cfg.name == TINY_VL:
-        model = build_tiny_vl_model(cfg, tok).to(dtype=dtype)
+        model = build_tiny_vl_model(cfg, tok)
     else:
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -159,6 +163,9 @@ def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu"):
         except OSError as exc:
             raise OSError(f"Could not load {cfg.name!r} offline ({exc}). Download it once with "
                           f"`huggingface-cli download {cfg.name}` or pass model.local_files_only=false.") from exc
+    if cfg.name in (TINY, TINY_VL):  # initialised in fp32 (seeded), then cast
+        # functools.wraps on PreTrainedModel.to makes mypy read it as an unbound function
+        model.to(dtype=dtype)  # type: ignore[call-arg]
     # Qwen2.5 instruct ends an assistant turn with <|im_end|>: make generation stop there.
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -166,9 +173,8 @@ def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu"):
         suppress_tokens(model, vision_token_ids(tok))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    if cfg.lora_rank > 0:
-        model = apply_lora(model, cfg)
-    return model.to(device), tok
+    policy = apply_lora(model, cfg) if cfg.lora_rank > 0 else model
+    return policy.to(device), tok
 
 
 def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
@@ -177,12 +183,18 @@ def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
 
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)
+    wrapped: nn.Module = get_peft_model(model, lora)
+    return wrapped
 
 
 def hidden_size_of(model: nn.Module) -> int:
     """The hidden size of a (possibly peft-wrapped) causal LM."""
-    return int(unwrap(model).config.get_text_config().hidden_size)
+    from transformers import PretrainedConfig
+
+    config = unwrap(model).config
+    if not isinstance(config, PretrainedConfig):
+        raise TypeError(f"Expected a Hugging Face model (with a .config), got {type(unwrap(model)).__name__}.")
+    return int(config.get_text_config().hidden_size)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -34,7 +34,13 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from trainer.config import TrainConfig
+    from trainer.rollout.engine import RolloutEngine
 
 SYSTEM_PROMPT = "Put the answer in \\boxed{}."
 
@@ -42,7 +48,8 @@ SYSTEM_PROMPT = "Put the answer in \\boxed{}."
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @contextmanager
@@ -76,7 +83,7 @@ def math_server(port: int, log_path: Path) -> AbstractContextManager[str]:
                       port=port)
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 60.0) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -124,7 +131,7 @@ async def collect_demos(url: str, n: int, seed: int, task: dict[str, Any], *,
     return list(await asyncio.gather(*(gated(i) for i in range(n))))
 
 
-def quickstart_config(url: str, args: argparse.Namespace):
+def quickstart_config(url: str, args: argparse.Namespace) -> TrainConfig:
     """The GRPO config the quick start runs (tuned for 2 CPU cores)."""
     from trainer.config import load_config
 
@@ -254,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-def train_accuracy(engine: Any, url: str, task: dict[str, Any], n: int) -> float:
+def train_accuracy(engine: RolloutEngine, url: str, task: dict[str, Any], n: int) -> float:
     """Greedy accuracy on ``n`` train-split problems (never validation ones)."""
     from trainer.rollout import make_tasks
 
@@ -263,11 +270,11 @@ def train_accuracy(engine: Any, url: str, task: dict[str, Any], n: int) -> float
     return sum(t.reward for t in trajs) / len(trajs)
 
 
-def _warm(engine: Any, url: str, step: int, args: argparse.Namespace, model: Any = None) -> bool:
+def _warm(engine: RolloutEngine, url: str, step: int, args: argparse.Namespace, model: nn.Module | None = None) -> bool:
     if model is not None:  # a vLLM probe holds its own weights: give it the SFT model's (HF shares them)
         engine.sampler.update_weights(model, 0)
     acc = train_accuracy(engine, url, task_of(args), args.train_size or 64)
-    done = acc >= args.sft_target
+    done = bool(acc >= args.sft_target)
     if done or step % 50 == 0:
         print(f"[quickstart] SFT step {step}: greedy accuracy on train problems {acc:.2f}", flush=True)
     return done

@@ -23,6 +23,10 @@ later expands (:mod:`trainer.vision`).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -128,7 +132,7 @@ def _tokenizer_json(vision: bool = False) -> str:
     return tok.to_str()
 
 
-def build_tiny_tokenizer(vision: bool = False):
+def build_tiny_tokenizer(vision: bool = False) -> PreTrainedTokenizerFast:
     """The shipped byte-level tokenizer as a ``PreTrainedTokenizerFast`` (vocabulary of 263 ids, 268 with vision).
 
     Byte ``b`` has id ``b``; then ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos)

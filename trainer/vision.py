@@ -24,10 +24,15 @@ from __future__ import annotations
 import base64
 import io
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+    from transformers import PreTrainedModel
 
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 TINY_VL = "tiny-vl"
@@ -45,7 +50,7 @@ class ImageFeatures:
     num_tokens: int       # t*h*w / merge_size**2 embeddings in the language model's sequence
 
 
-def load_image(image: Any):
+def load_image(image: Any) -> PILImage:
     """A PIL RGB image from PNG/JPEG bytes, a base64 string or data URL, or a PIL image."""
     from PIL import Image, UnidentifiedImageError
 
@@ -106,7 +111,11 @@ class VisionProcessor:
     def __init__(self, image_processor: Any, tokenizer: Any):
         self.image_processor = image_processor
         self.merge_size = int(image_processor.merge_size)
-        self.image_token_id = _token_id(tokenizer, "<|image_pad|>")
+        image_token_id = _token_id(tokenizer, "<|image_pad|>")
+        if image_token_id is None:
+            raise ValueError("Expected the tokenizer to have the vision token '<|image_pad|>' (a Qwen2-VL tokenizer, "
+                             "or build_tiny_tokenizer(vision=True)); it has none.")
+        self.image_token_id = image_token_id
         self.vision_token_ids = vision_token_ids(tokenizer)
 
     def features(self, images: list[Any]) -> list[ImageFeatures]:
@@ -144,15 +153,13 @@ class VisionProcessor:
 def vision_token_ids(tokenizer: Any) -> list[int]:
     """Ids of the Qwen2-VL vision tokens the tokenizer has (placeholders and their delimiters)."""
     names = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
-    return [i for i in (_token_id(tokenizer, n, required=False) for n in names) if i is not None]
+    return [i for i in (_token_id(tokenizer, n) for n in names) if i is not None]
 
 
-def _token_id(tokenizer: Any, token: str, *, required: bool = True) -> int | None:
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of ``token``, or None where the tokenizer does not have it."""
     tid = tokenizer.convert_tokens_to_ids(token)
     if tid is None or tid == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(tid) != token:
-        if required:
-            raise ValueError(f"Expected the tokenizer to have the vision token {token!r} (a Qwen2-VL tokenizer, or "
-                             "build_tiny_tokenizer(vision=True)); it has none.")
         return None
     return int(tid)
 
@@ -173,7 +180,7 @@ def vision_inputs(images_B: list[list[ImageFeatures]], tokens_BT: Tensor, image_
             "mm_token_type_ids": (tokens_BT == image_token_id).to(torch.int32)}
 
 
-def suppress_tokens(model: nn.Module, token_ids: list[int]) -> Any:
+def suppress_tokens(model: PreTrainedModel, token_ids: list[int]) -> RemovableHandle:
     """Give ``token_ids`` a logit of -1e4 wherever the model's output layer runs (sampling and training alike).
 
     A sampled ``<|image_pad|>`` would break the next forward pass (placeholders without an image), so
@@ -186,7 +193,11 @@ def suppress_tokens(model: nn.Module, token_ids: list[int]) -> Any:
         # in place: no second [B, T, V] tensor (a linear layer's backward does not need its output)
         return logits.index_fill_(-1, ids.to(logits.device), SUPPRESSED_LOGIT)
 
-    return model.get_output_embeddings().register_forward_hook(hook)
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Module):  # a base model without an LM head
+        raise ValueError(f"Expected a model with an output layer to suppress tokens in, got {type(model).__name__} "
+                         "without one (load it as a causal LM / image-text-to-text model).")
+    return head.register_forward_hook(hook)
 
 
 def build_image_processor(min_pixels: int = TINY_MIN_PIXELS, max_pixels: int = TINY_MAX_PIXELS) -> Any:
@@ -198,7 +209,7 @@ def build_image_processor(min_pixels: int = TINY_MIN_PIXELS, max_pixels: int = T
     return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
 
 
-def build_tiny_vl_model(cfg: Any, tokenizer: Any) -> nn.Module:
+def build_tiny_vl_model(cfg: Any, tokenizer: Any) -> PreTrainedModel:
     """A randomly initialised ``Qwen2VLForConditionalGeneration`` shaped by ``cfg`` (a ``ModelConfig``).
 
     The language model takes the tiny text shape (``hidden_size``, ``num_layers``, ...); the vision

@@ -39,6 +39,12 @@ def test_bad_key_and_missing_env_are_clear_errors(capsys) -> None:
     assert "Expected algo.name in" in capsys.readouterr().err
 
 
+def test_optimizer_betas_must_be_two_numbers() -> None:
+    assert load_config(None, ["optim.betas=[0.9, 0.95]"]).optim.betas == (0.9, 0.95)
+    with pytest.raises(ValueError, match=r"optim\.betas"):  # torch's AdamW would fail only at the first step
+        load_config(None, ["optim.betas=[0.9, 0.95, 0.99]"])
+
+
 def test_aggregation_is_checked_when_the_config_loads(capsys) -> None:
     from trainer.core import AGGREGATIONS
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from rollout_fakes import AddEnv, CalcEnv, CountdownEnv, CrashEnv, ScriptedSampler, SlowEnv, add_answer
 
 from trainer.model import ModelConfig, load_policy
 from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, StopReason, build_groups, make_tasks
-from trainer.rollout.types import Task, Trajectory
+from trainer.rollout.types import GenResult, Task, Trajectory
 from trainer.tokenizer import build_tiny_tokenizer
 
 
@@ -104,6 +106,28 @@ async def test_unreachable_server_is_an_env_error_not_a_crash(tok) -> None:
     eng = RolloutEngine(pool, ScriptedSampler(tok, lambda p: "a"), tok)
     trajs = await eng.run(make_tasks([{}], 2, urls=pool.urls))
     assert [t.stop_reason for t in trajs] == [StopReason.ENV_ERROR] * 2 and "Could not connect" in trajs[0].error
+
+
+async def test_episodes_run_without_a_key_each_count_as_live_and_are_forgotten(tok) -> None:
+    seen: list[int] = []
+
+    class AllAtOnce(ScriptedSampler):
+        """Holds every request until all three episodes are generating; the last one notes the live count."""
+
+        async def generate(self, request):
+            self.requests.append(request)
+            if len(self.requests) == 3:
+                seen.append(eng.live_episodes())
+            while len(self.requests) < 3:
+                await asyncio.sleep(0.01)
+            return GenResult(self.tok.encode(add_answer(self.tok.decode(request.prompt_ids)),
+                                             add_special_tokens=False) + [self.tok.eos_token_id], [-0.5] * 2, "stop")
+
+    eng = engine(AddEnv, AllAtOnce(tok, add_answer), tok)
+    trajs = await asyncio.gather(*(eng.run_bounded(Task({"a": 1, "b": i})) for i in range(3)))
+    assert [t.reward for t in trajs] == [1.0] * 3
+    assert seen == [3]  # the sampler's demand signal counts every episode
+    assert eng.states == {} and eng.live_episodes() == 0
 
 
 def test_groups_keep_only_complete_groups_and_can_drop_zero_variance() -> None:

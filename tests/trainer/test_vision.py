@@ -25,7 +25,7 @@ from trainer.rollout.render import ChatRenderer
 from trainer.rollout.sampler import HFSampler
 from trainer.rollout.types import GenRequest, Task, Trajectory
 from trainer.tokenizer import VISION_TOKENS, build_tiny_tokenizer
-from trainer.vision import VisionProcessor, build_image_processor, load_vision_processor
+from trainer.vision import VisionProcessor, build_image_processor, load_vision_processor, suppress_tokens
 
 TINY_VL = ["model.name='tiny-vl'", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
            "model.num_kv_heads=1", "model.intermediate_size=64", "model.vision_depth=1", "model.vision_embed_dim=16"]
@@ -77,6 +77,15 @@ def test_vision_tokenizer_renders_image_parts_as_qwen2vl_placeholders() -> None:
                 {"role": "tool", "content": [{"type": "image", "image": b"."}, {"type": "text", "text": "ok"}]}]
     assert tok.apply_chat_template(tool_msg, tools=tools, tokenize=False).endswith(
         "<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>ok\n</tool_response><|im_end|>\n")
+
+
+def test_suppressing_tokens_in_a_model_without_an_output_layer_says_so() -> None:
+    from transformers import Qwen2Config, Qwen2Model
+
+    base = Qwen2Model(Qwen2Config(vocab_size=300, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  num_key_value_heads=1, intermediate_size=32))
+    with pytest.raises(ValueError, match="output layer"):
+        suppress_tokens(base, [263])
 
 
 def test_image_processor_grid_sets_the_placeholder_count_and_bad_images_say_why() -> None:

@@ -25,10 +25,13 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envhub.errors import ActionValidationError
 from envhub.types import StepResult, ToolSpec
+
+if TYPE_CHECKING:
+    from trainer.rollout.envs import EnvSession
 
 ActionMapper = Callable[[dict[str, Any]], dict[str, Any]]
 _DEFAULT_FIELDS = {"text", "tool_name", "arguments"}
@@ -90,7 +93,7 @@ def load_action_mapper(spec: str | ActionMapper | None) -> ActionMapper | None:
     if not sep or not module or not attr:
         raise ValueError(f"Expected env.action_mapper to be 'auto', one of {sorted(BUILTIN_MAPPERS)}, 'field:NAME' "
                          f"or 'package.module:function', got {spec!r}.")
-    fn = getattr(importlib.import_module(module), attr, None)
+    fn: object = getattr(importlib.import_module(module), attr, None)
     if not callable(fn):
         raise ValueError(f"Expected {spec!r} to name a function mapper(action: dict) -> dict, got {fn!r}.")
     return fn
@@ -136,7 +139,7 @@ def _snake(title: str) -> str:
 class MappedSession:
     """An env session whose actions go through a mapper and whose tools may come from elsewhere."""
 
-    def __init__(self, session: Any, mapper: ActionMapper, tools: list[ToolSpec] | None = None):
+    def __init__(self, session: EnvSession, mapper: ActionMapper, tools: list[ToolSpec] | None = None):
         self.session = session
         self.mapper = mapper
         self.tool_specs = tools

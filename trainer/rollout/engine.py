@@ -31,9 +31,9 @@ import importlib
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from envhub.errors import ActionValidationError, EnvHubError, EpisodeStateError, StepTimeoutError
 from envhub.function_tool import FunctionTool
@@ -46,6 +46,7 @@ from trainer.rollout.sampler import Sampler
 from trainer.rollout.types import EpisodeState, GenRequest, StopReason, Task, Trajectory
 from trainer.vision import VisionProcessor
 
+_T = TypeVar("_T")
 
 @dataclass
 class RolloutConfig:
@@ -179,16 +180,17 @@ class RolloutEngine:
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(self.run(tasks, greedy=greedy))
 
-    def submit(self, coro: Any) -> concurrent.futures.Future:
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
         """Run ``coro`` on the engine's event loop in a background thread (started on first use), so
         episodes go on while the caller trains (asynchronous rollouts)."""
+        loop = self._loop
         if self._thread is None:
-            if self._loop is None or self._loop.is_closed():
-                self._loop = asyncio.new_event_loop()
-            loop = self._loop
+            if loop is None or loop.is_closed():
+                loop = self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=loop.run_forever, name="envhub-rollouts", daemon=True)
             self._thread.start()
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        assert loop is not None  # the background thread runs this loop until close()
+        return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def close(self) -> None:
         """Close idle env sessions and the engine's event loop (stopping its background thread)."""
@@ -204,8 +206,15 @@ class RolloutEngine:
             self._loop.close()
         self._loop = None
 
-    async def run_episode(self, task: Task, *, greedy: bool = False, key: int = 0) -> Trajectory:
-        """One episode, never raising for env trouble: the failure is the trajectory's stop reason."""
+    async def run_episode(self, task: Task, *, greedy: bool = False, key: int | None = None) -> Trajectory:
+        """One episode, never raising for env trouble: the failure is the trajectory's stop reason.
+
+        ``key`` names the episode in :attr:`states` (the caller forgets it); without one the episode
+        takes a fresh key, forgotten when it ends, so concurrent keyless episodes each count as live.
+        """
+        own_key = key is None
+        if key is None:
+            key = self.new_key()
         traj = Trajectory(task=task, policy_version=self.sampler.version)
         start = time.monotonic()
         self.states[key] = EpisodeState.PENDING
@@ -229,7 +238,10 @@ class RolloutEngine:
             traj.stop_reason = StopReason.CANCELLED
             raise
         finally:
-            self.states[key] = EpisodeState.TERMINATED
+            if own_key:
+                self.states.pop(key, None)
+            else:
+                self.states[key] = EpisodeState.TERMINATED
             traj.elapsed_s = time.monotonic() - start
             for session in held:
                 # The server may already be gone: closing its session is best effort. Anything else
@@ -243,12 +255,15 @@ class RolloutEngine:
 
     def new_agent(self) -> Agent:
         """A fresh agent for one episode (``rollout.agent``, or the ``agent`` given to the engine)."""
-        cfg = self.config
-        if isinstance(self.agent_factory, type) and issubclass(self.agent_factory, Agent):
-            return self.agent_factory(system_prompt=cfg.system_prompt, use_env_system_prompt=cfg.use_env_system_prompt,
-                                      tool_mode=cfg.tool_mode, tool_parser=cfg.tool_parser, model_name=self.model_name,
-                                      images=bool(getattr(self.renderer, "supports_images", False)), **cfg.agent_kwargs)
-        return self.agent_factory()
+        cfg, factory = self.config, self.agent_factory
+        if isinstance(factory, type) and issubclass(factory, Agent):
+            return factory(system_prompt=cfg.system_prompt, use_env_system_prompt=cfg.use_env_system_prompt,
+                           tool_mode=cfg.tool_mode, tool_parser=cfg.tool_parser, model_name=self.model_name,
+                           images=bool(getattr(self.renderer, "supports_images", False)), **cfg.agent_kwargs)
+        agent = factory()
+        if not isinstance(agent, Agent):
+            raise TypeError(f"Expected the agent factory to return an Agent, got {type(agent).__name__}.")
+        return agent
 
     async def _play(self, session: EnvSession, traj: Trajectory, greedy: bool, key: int) -> StopReason:
         cfg = self.config
@@ -309,10 +324,12 @@ class RolloutEngine:
         """The reply's text without special tokens, except the tool-call format's own markers."""
         tok = self.tokenizer
         if not markers:
-            return tok.decode(ids, skip_special_tokens=True)
+            text: str = tok.decode(ids, skip_special_tokens=True)
+            return text
         keep = {tok.convert_tokens_to_ids(m) for m in markers} - {tok.unk_token_id, None}
         special = set(tok.all_special_ids) - keep
-        return tok.decode([i for i in ids if i not in special], skip_special_tokens=False)
+        text = tok.decode([i for i in ids if i not in special], skip_special_tokens=False)
+        return text
 
     async def _interact(self, session: EnvSession, traj: Trajectory, agent: Agent,
                         decision: Decision) -> tuple[StepResult, list[dict[str, Any]]]:
@@ -377,7 +394,7 @@ def load_function(path: str) -> Callable[..., Any]:
     module, sep, name = path.partition(":")
     if not sep or not module or not name:
         raise ValueError(f"Expected a client-side tool like 'my_pkg.tools:lookup', got {path!r}.")
-    fn = getattr(importlib.import_module(module), name, None)
+    fn: object = getattr(importlib.import_module(module), name, None)
     if not callable(fn):
         raise ValueError(f"Expected {path!r} to name a function, got {fn!r}.")
     return fn

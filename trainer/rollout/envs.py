@@ -85,7 +85,7 @@ class EnvPool:
         self.token = token
         self._extensions: dict[str, tuple[str, ...]] = {}
         self.reuse_sessions = reuse_sessions
-        self._idle: dict[str, list[Any]] = {}
+        self._idle: dict[str, list[EnvSession]] = {}
         self.reconnects = 0  # connections that succeeded only after a retry
         self.mapper_spec = action_mapper
         self._mapper = load_action_mapper(action_mapper)  # None: "auto", resolved per URL from /schema
@@ -107,9 +107,9 @@ class EnvPool:
         url = url or self.urls[0]
         idle = self._idle.get(url)
         while idle:
-            client = idle.pop()
-            if client.connected:
-                return client
+            session = idle.pop()
+            if getattr(session, "connected", False):
+                return session
         client = await self._connect(url)
         if self._mapper is not None:
             return self._adapt(client, self._mapper, [])
@@ -117,7 +117,7 @@ class EnvPool:
             self._adapters[url] = await self._schema_adapter(url)
         return self._adapt(client, *self._adapters[url])
 
-    def _adapt(self, session: Any, mapper: ActionMapper, schema_tools: list[ToolSpec]) -> Any:
+    def _adapt(self, session: EnvSession, mapper: ActionMapper, schema_tools: list[ToolSpec]) -> EnvSession:
         tools = self.tool_specs if self.tool_specs is not None else (schema_tools or None)
         if mapper is identity and tools is None:
             return session

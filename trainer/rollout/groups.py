@@ -31,7 +31,7 @@ class GroupedBatch:
     incomplete_groups: int = 0
     zero_variance_groups: int = 0
     infra_failures: int = 0
-    stop_reasons: Counter = field(default_factory=Counter)
+    stop_reasons: Counter[str] = field(default_factory=Counter)
 
     @property
     def trajectories(self) -> list[Trajectory]:

@@ -37,20 +37,21 @@ class ChatRenderer:
         """True when image parts of messages reach the policy (agents then put observation images in them)."""
         return self.vision is not None
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict] | None, gen_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen_prompt: bool) -> str:
         if self.vision is None:
             messages = text_only(messages)
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=gen_prompt)
+        text: str = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                       add_generation_prompt=gen_prompt)
+        return text
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The first prompt's ids (see :meth:`prompt` for the images behind its placeholders)."""
         return self.prompt(messages, tools)[0]
 
-    def prompt(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> tuple[list[int], list[Any]]:
+    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[Any]]:
         """The first prompt: the rendered conversation plus the assistant generation prompt, and its images."""
         return self._with_images(self.encode(self._render(messages, tools, True)), messages)
 
@@ -60,7 +61,7 @@ class ChatRenderer:
         images = self.vision.features(images_in(messages))
         return self.vision.expand(ids, images), images
 
-    def observation_text(self, new_messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+    def observation_text(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """The text that follows an assistant turn's EOS up to the next generation prompt."""
         base = self._render(_BASE, tools, False)
         full = self._render(_BASE + new_messages, tools, True)
@@ -74,12 +75,12 @@ class ChatRenderer:
                              "set tokenizer.eos_token to the turn terminator.")
         return base[end + len(self.eos_text):] + full[len(base):]
 
-    def observation_ids(self, new_messages: list[dict[str, Any]], tools: list[dict] | None = None, *,
+    def observation_ids(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
                         after_eos: bool = True) -> list[int]:
         """Ids to append after a turn (see :meth:`observation` for the images behind their placeholders)."""
         return self.observation(new_messages, tools, after_eos=after_eos)[0]
 
-    def observation(self, new_messages: list[dict[str, Any]], tools: list[dict] | None = None, *,
+    def observation(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
                     after_eos: bool = True) -> tuple[list[int], list[Any]]:
         """Ids to append after a turn, and their images; ``after_eos=False`` (turn cut off) closes the turn
         with EOS first."""

@@ -21,13 +21,20 @@ trains on the batch minus the oldest version behind any of its turns, at most ``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from trainer.rollout.types import Task, Trajectory
+
+if TYPE_CHECKING:
+    from trainer.rollout.engine import RolloutEngine
+
+#: what a batch's queue carries: its group count first, then each group, or the error that stopped it
+_Item: TypeAlias = int | list[Trajectory] | BaseException
 
 
 class RolloutStream:
@@ -39,7 +46,7 @@ class RolloutStream:
     step ``s`` regenerates batch ``s`` onwards from the checkpoint's weights.
     """
 
-    def __init__(self, engine: Any, tasks_for: Callable[[int], list[Task]], *, max_staleness: int = 1,
+    def __init__(self, engine: RolloutEngine, tasks_for: Callable[[int], list[Task]], *, max_staleness: int = 1,
                  max_open_groups: int = 0):
         if max_staleness < 0:
             raise ValueError(f"Expected max_staleness >= 0, got {max_staleness}.")
@@ -50,11 +57,11 @@ class RolloutStream:
         self.max_staleness = max_staleness
         self.max_open_groups = max_open_groups
         self.version = 0
-        self._queues: dict[int, queue.Queue] = defaultdict(queue.Queue)
+        self._queues: dict[int, queue.Queue[_Item]] = defaultdict(queue.Queue)
         self._lock = threading.Lock()
-        self._producer: Any = None
+        self._producer: concurrent.futures.Future[None] | None = None
         self._changed: asyncio.Event | None = None
-        self._tasks: set[asyncio.Task] = set()  # the producer and the groups in flight
+        self._tasks: set[asyncio.Task[None]] = set()  # the producer and the groups in flight
 
     # -- trainer side --------------------------------------------------------------------------
     def start(self, step: int, version: int) -> None:
@@ -107,11 +114,11 @@ class RolloutStream:
             done.result(timeout=60)
 
     # -- rollout side (on the engine's event loop) -----------------------------------------------
-    def _queue(self, step: int) -> queue.Queue:
+    def _queue(self, step: int) -> queue.Queue[_Item]:
         with self._lock:
             return self._queues[step]
 
-    def _get(self, q: queue.Queue, timeout_s: float | None) -> Any:
+    def _get(self, q: queue.Queue[_Item], timeout_s: float | None) -> int | list[Trajectory]:
         waited = 0.0
         while True:
             try:
@@ -131,7 +138,8 @@ class RolloutStream:
     async def _produce(self, step: int) -> None:
         self._changed = asyncio.Event()
         me = asyncio.current_task()
-        self._tasks.add(me)
+        if me is not None:  # always: this coroutine runs as a task (engine.submit)
+            self._tasks.add(me)
         gate = asyncio.Semaphore(self.max_open_groups) if self.max_open_groups else None
         try:
             while True:
@@ -146,9 +154,9 @@ class RolloutStream:
                 for group in by_group.values():
                     if gate is not None:
                         await gate.acquire()
-                    task = asyncio.create_task(self._run_group(group, out, gate))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    runner = asyncio.create_task(self._run_group(group, out, gate))
+                    self._tasks.add(runner)
+                    runner.add_done_callback(self._tasks.discard)
                 step += 1
         except asyncio.CancelledError:
             raise
@@ -157,7 +165,7 @@ class RolloutStream:
                 q.put(exc)
             raise
 
-    async def _run_group(self, group: list[Task], out: queue.Queue, gate: asyncio.Semaphore | None) -> None:
+    async def _run_group(self, group: list[Task], out: queue.Queue[_Item], gate: asyncio.Semaphore | None) -> None:
         try:
             keys = [self.engine.new_key() for _ in group]
             try:
