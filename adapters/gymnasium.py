@@ -152,7 +152,7 @@ def from_gymnasium(env_id: str | Callable[[], Any], *, render: Callable[[Any, An
             return StepResult(Observation(text=render_fn(obs, self.gym)), reward=float(reward),
                               done=bool(terminated), truncated=bool(truncated), info={"env_info": _plain(info)})
 
-        def act(self, action):  # type: ignore[no-untyped-def]
+        def act(self, action: str) -> StepResult:
             """Take one action in the environment."""
             return self.on_text(action)
 

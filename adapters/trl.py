@@ -185,6 +185,7 @@ def tool_method(spec: ToolSpec) -> Callable[..., str]:
     method.__name__ = method.__qualname__ = spec.name
     method.__doc__ = _docstring(spec)
     method.__annotations__ = annotations
+    # inspect.signature reads __signature__, which typeshed does not declare on functions
     method.__signature__ = inspect.Signature(params, return_annotation=str)  # type: ignore[attr-defined]
     return method
 

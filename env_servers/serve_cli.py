@@ -41,7 +41,7 @@ def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse_or_none
 
 
-def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field[Any], hint: Any) -> None:
+def _add_field(parser: argparse._ActionsContainer, field: dataclasses.Field[Any], hint: Any) -> None:
     flag = "--" + field.name.replace("_", "-")
     args = typing.get_args(hint)
     optional = type(None) in args
@@ -69,7 +69,7 @@ def build_parser(prog: str, config_cls: type, description: str) -> argparse.Argu
     hints = typing.get_type_hints(config_cls)
     group = parser.add_argument_group("environment options")
     for field in dataclasses.fields(config_cls):
-        _add_field(group, field, hints[field.name])  # type: ignore[arg-type]
+        _add_field(group, field, hints[field.name])
     return parser
 
 
