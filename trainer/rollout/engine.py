@@ -48,6 +48,7 @@ from trainer.vision import VisionProcessor
 
 _T = TypeVar("_T")
 
+
 @dataclass
 class RolloutConfig:
     """Limits and behaviour of one episode.
