@@ -81,8 +81,9 @@ def to_openenv(env_cls: type[Env], **env_config: Any) -> tuple[type, type, type]
     # Extra fields allowed, as on envhub observations (``Observation(text=..., board=...)``).
     config = {**OEObservation.model_config, "extra": "allow"}
     base = type("OpenEnvObservation", (OEObservation,), {"model_config": config})
-    observation_cls: type[BaseModel] = create_model(f"{name}Observation", __base__=base, text=(str, ""),
-                                   images=(list[str], []), truncated=(bool, False), info=(dict[str, Any], {}), **own)
+    observation_cls: type[BaseModel] = create_model(
+        f"{name}Observation", __base__=base, text=(str, ""), images=(list[str], []), truncated=(bool, False),
+        info=(dict[str, Any], {}), **own)
 
     def to_observation(result: StepResult) -> Any:
         obs = result.observation
