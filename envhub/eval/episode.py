@@ -5,12 +5,16 @@
 3. each turn: ``model.reply(messages, tools)`` -> an assistant message;
    - with tool calls: each call is one env step ``{"tool_name", "arguments"}``, answered by a tool message;
    - without: the reply's text is one env step ``{"text": ...}``, answered by a user message;
-4. stop when the env ends the episode (``done``), at ``max_turns``, when a reply is cut off
-   (``max_tokens``), or on a failure.
+4. stop when the env ends the episode (``done``; ``max_turns`` when the env truncates it), after
+   ``max_turns`` model turns, when the conversation outgrows the model's context (``max_tokens``),
+   or on a failure.
 
-The model's own mistakes go back to it as messages and the episode goes on: a call that does not
-parse (``malformed_tool_calls``), an action the env refuses (``invalid_actions``). Failures of the
-env server or of the model endpoint end the episode with ``reward`` null: never scored as 0.
+A reply cut off at the per-reply token limit is still acted on (its text, or the calls that parsed),
+as the trainer's rollout engine does. The model's own mistakes go back to it as messages and the
+episode goes on: a call that does not parse (``malformed_tool_calls``), an action the env refuses
+(``invalid_actions``). Failures of the env server (``env``), of the model endpoint or local model
+(``model``) and the episode deadline (``timeout``) end the episode with ``reward`` null: an
+infrastructure failure is never scored as 0.
 Observation images travel as ``image_url`` content parts (PNG data URLs).
 """
 
@@ -70,12 +74,11 @@ class EpisodeRecord:
     invalid_actions: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
 
-    def fail(self, kind: str, message: str, *, stop_reason: str, infrastructure: bool = True) -> None:
-        """End the episode on a failure; an infrastructure failure has no reward."""
-        self.failure = {"kind": kind, "infrastructure": infrastructure, "message": message[:2000]}
+    def fail(self, kind: str, message: str, *, stop_reason: str) -> None:
+        """End the episode on an infrastructure failure (``env``, ``model``, ``timeout``): it has no reward."""
+        self.failure = {"kind": kind, "infrastructure": True, "message": message[:2000]}
         self.stop_reason = stop_reason
-        if infrastructure:
-            self.reward = None
+        self.reward = None
 
     def add_step(self, result: StepResult) -> None:
         self.reward = (self.reward or 0.0) + float(result.reward)
@@ -95,8 +98,8 @@ async def play_episode(env_url: str, model: ChatModel, spec: EpisodeSpec, limits
         await asyncio.wait_for(_play(env, model, spec, limits, record), limits.timeout_s)
     except asyncio.TimeoutError:
         record.fail("timeout", f"the episode ran past {limits.timeout_s:g} s", stop_reason="timeout")
-    except ContextLengthError as exc:
-        record.fail("context_length", str(exc), stop_reason="max_tokens", infrastructure=False)
+    except ContextLengthError:
+        record.stop_reason = "max_tokens"  # the conversation outgrew the model's context: scored, not a failure
     except ChatModelError as exc:
         record.fail("model", str(exc), stop_reason="model_error")
     except EnvHubError as exc:
@@ -124,9 +127,6 @@ async def _play(env: EnvClient, model: ChatModel, spec: EpisodeSpec, limits: Epi
         result = await _act(env, reply, record)
         if result is not None and result.ended:
             record.stop_reason = "done" if result.done else "max_turns"  # truncated: the env's own turn limit
-            return
-        if reply.finish_reason == "length":
-            record.stop_reason = "max_tokens"
             return
     record.stop_reason = "max_turns"
 

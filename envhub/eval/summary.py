@@ -57,15 +57,12 @@ def component_means(scored: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def failure_counts(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Failures by kind: infrastructure ones (no reward) apart from the policy's own (scored)."""
-    infra: Counter[str] = Counter()
-    policy: Counter[str] = Counter()
-    for rec in records:
-        failure = rec.get("failure")
-        if not failure:
-            continue
-        (infra if failure.get("infrastructure") else policy)[str(failure.get("kind"))] += 1
-    return {"infrastructure": dict(sorted(infra.items())), "policy": dict(sorted(policy.items()))}
+    """Infrastructure failures by kind (episodes without a reward) apart from the policy's own mistakes
+    (turns whose tool call did not parse or whose action the env refused; those episodes are scored)."""
+    infra: Counter[str] = Counter(str(r["failure"].get("kind")) for r in records if r.get("failure"))
+    policy = {key: sum(int(r.get(key) or 0) for r in records) for key in ("malformed_tool_calls", "invalid_actions")}
+    policy["episodes"] = sum(1 for r in records if any(r.get(key) for key in ("malformed_tool_calls", "invalid_actions")))
+    return {"infrastructure": dict(sorted(infra.items())), "policy": policy}
 
 
 def summarize(records: list[dict[str, Any]], *, episodes: int, samples: int, threshold: float,
