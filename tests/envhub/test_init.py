@@ -13,12 +13,16 @@ import os
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from envhub._init import Scaffold, scaffold
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = [(False, False), (True, False), (False, True), (True, True)]
