@@ -52,7 +52,7 @@ def _tools(names: list[str], width: int = 40) -> str:
     text = ", ".join(names) or "-"
     if len(text) <= width:
         return text
-    shown = []
+    shown: list[str] = []
     for name in names:
         if len(", ".join([*shown, name])) > width - 8:
             break

@@ -49,7 +49,7 @@ def _bisect(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 def scripted_model(delay_s: float = 0.0) -> FastAPI:
     """Scripts by request ``model``: bisect (solves the guess env), malformed (arguments that are not JSON),
-    text (answers in prose), broken (HTTP 500)."""
+    text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400)."""
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
@@ -59,6 +59,9 @@ def scripted_model(delay_s: float = 0.0) -> FastAPI:
         script, messages = body["model"], body["messages"]
         if script == "broken":
             return JSONResponse({"error": "the GPU caught fire"}, status_code=500)
+        if script == "context" and len(messages) > 3:
+            return JSONResponse({"error": {"message": "This model's maximum context length is 64 tokens"}},
+                                status_code=400)
         if script == "malformed":
             message = {"role": "assistant", "content": None, "tool_calls": [_call("guess", "{number: fifty", "c1")]}
         elif script == "text":
@@ -168,6 +171,15 @@ def test_infrastructure_failures_are_counted_apart_and_never_scored(tmp_path: Pa
                                  model_name="bisect", episodes=1)
     assert env_records[0]["failure"]["kind"] == "env" and env_records[0]["reward"] is None
     assert down["failures"]["infrastructure"] == {"env": 1}
+
+
+def test_a_full_context_ends_the_episode_as_max_tokens_and_is_scored(tmp_path: Path, model_url: str,
+                                                                     guess_url: str) -> None:
+    summary, (rec,) = evaluate(tmp_path, guess_url, model_url, model_name="context", episodes=1, seed=1)
+    assert secret_of(1) != 50, "the first guess must not solve it for this test"
+    assert rec["stop_reason"] == "max_tokens" and rec["turns"] == 1 and rec["reward"] == 0.0
+    assert rec["failure"] is None and summary["failures"]["infrastructure"] == {}
+    assert summary["pass_at_k"] == {"1": 0.0}
 
 
 def test_image_observations_are_image_url_parts(tmp_path: Path, model_url: str, serve_env) -> None:

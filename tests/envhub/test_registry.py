@@ -147,3 +147,27 @@ def test_resolve_passes_module_class_through_and_refuses_garbage() -> None:
     assert resolve("pkg.mod:Cls") == "pkg.mod:Cls"
     with pytest.raises(ValueError, match="Expected an env as 'module:Class'"):
         resolve("not a name!")
+
+
+@pytest.mark.live
+def test_a_fleet_service_runs_a_registered_name(site: Path, tmp_path: Path) -> None:
+    from envhub.eval.serve import free_port
+    from envhub.fleet import Fleet
+
+    port = free_port()
+    compose = tmp_path / "compose.yml"
+    compose.write_text(textwrap.dedent(f"""
+        services:
+          alpha:
+            command: envhub serve alpha --host 0.0.0.0 --port 8000
+            ports: ["127.0.0.1:{port}:8000"]
+            environment:
+              PYTHONPATH: "{site}{os.pathsep}{ROOT}"
+    """))
+    fleet = Fleet(compose, state_dir=tmp_path / "state")
+    try:
+        fleet.up(wait_s=60)
+        (row,) = fleet.status()
+        assert row["healthy"] and row["url"] == f"ws://127.0.0.1:{port}"
+    finally:
+        assert fleet.down() == ["alpha"]
