@@ -142,13 +142,13 @@ async def _act(env: EnvClient, reply: ChatReply, record: EpisodeRecord) -> StepR
     """Send the reply's actions to the env; append what the model sees next; the last step's result."""
     calls = reply.message.get("tool_calls") or []
     record.malformed_tool_calls += len(reply.parse_errors)
+    record.tool_calls += len(calls) + len(reply.parse_errors)  # every call the model wrote, parsed or not
     if not calls and reply.parse_errors:  # only unparseable calls: tell the model, take no env step
         record.messages.append({"role": "user", "content": "Error: your tool call did not parse: "
                                 + "; ".join(reply.parse_errors)})
         return None
     if not calls:
         return await _text_step(env, str(reply.message.get("content") or ""), record)
-    record.tool_calls += len(calls)
     result: StepResult | None = None
     for raw in calls:
         call_id = raw.get("id") if isinstance(raw, dict) else None
