@@ -126,8 +126,8 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 COMMANDS: list[Command] = [
-    Command("serve", "serve an env class over WebSocket and HTTP", _serve_arguments, _run_serve),
-    Command("check", "run check_env on an env class and print the results", _check_arguments, _run_check),
+    Command("serve", "serve an env (a registered name or module:Class) over WebSocket and HTTP", _serve_arguments, _run_serve),
+    Command("check", "run check_env on an env (a registered name or module:Class) and print the results", _check_arguments, _run_check),
     Command("fleet", "run the env fleet of a compose file as local processes (up, down, status, logs)",
             fleet.add_arguments, fleet.run_cli),
     Command("list", "list the envs installed distributions register (name, class, version, tools)",

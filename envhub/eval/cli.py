@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="URL|NAME",
                         help="an OpenAI-compatible base URL (http://host:port/v1), or a local model as envhub-train's "
                              "model.name takes it (tiny, a path to an HF model directory; needs envhub[train])")
-    parser.add_argument("--model-name", help="the model name sent to an endpoint (default 'default') and recorded")
-    parser.add_argument("--api-key", help="bearer token for the model endpoint (never written to disk)")
+    parser.add_argument("--model-name", metavar="NAME", help="the model name sent to an endpoint (default 'default') and recorded")
+    parser.add_argument("--api-key", metavar="KEY", help="bearer token for the model endpoint (never written to disk)")
     parser.add_argument("--episodes", type=int, default=10, metavar="N", help="tasks to play (default 10)")
     parser.add_argument("--samples", type=int, default=1, metavar="K",
                         help="samples per task; pass@k is reported for every k <= K (default 1)")
@@ -41,19 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="task i resets with seed S+i; also seeds a local model's sampling (default 0)")
     parser.add_argument("--max-turns", type=int, default=10, metavar="T", help="model turns per episode (default 10)")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="tokens per model reply (default 1024)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, 0 = greedy (default 1)")
+    parser.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="tokens per model reply (default 1024)")
+    parser.add_argument("--temperature", type=float, default=1.0, metavar="TEMP", help="sampling temperature, 0 = greedy (default 1)")
     parser.add_argument("--pass-threshold", type=float, default=1.0, metavar="R",
-                        help="an episode passes when its reward >= R (default 1.0)")
+                        help="pass@k counts an episode as passed when its reward >= R (default 1.0)")
     parser.add_argument("--episode-timeout", type=float, dest="episode_timeout_s", metavar="S",
                         help="end an episode after S seconds as a timeout failure (default: none)")
-    parser.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT,
+    parser.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT, metavar="TEXT",
                         help="used when the env sends none in its first observation's metadata ('' for none)")
     parser.add_argument("--reset", dest="reset_kwargs", action="append", default=[], metavar="KEY=VALUE",
                         help="extra reset argument for every task, e.g. split=test (repeatable; JSON when it parses)")
     parser.add_argument("--set", dest="env_config", action="append", default=[], metavar="KEY=VALUE",
                         help="env constructor argument when eval serves the env itself (repeatable)")
-    parser.add_argument("--env-token", help="bearer token of the env server (never written to disk)")
+    parser.add_argument("--env-token", metavar="TOKEN", help="bearer token of the env server (never written to disk)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out: skip the (task, sample) pairs results.jsonl holds; refused "
                              "when env, model, seed, limits or prompts differ from run.json")
@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
                         model_name=args.model_name, api_key=args.api_key, env_token=args.env_token,
                         episode_timeout_s=args.episode_timeout_s, system_prompt=args.system_prompt or None,
                         reset_kwargs=_pairs(args.reset_kwargs), env_config=_pairs(args.env_config), resume=args.resume)
-    summary = run_eval(config)
+    try:
+        summary = run_eval(config)
+    except RuntimeError as exc:  # the env server eval started did not come up: its log is in the message
+        print(f"envhub eval: error: {exc}", file=sys.stderr)
+        return 1
     headline = {key: summary[key] for key in ("episodes_done", "episodes_failed", "mean_reward", "pass_at_k",
                                               "failures", "completion_tokens_per_s")}
     print(json.dumps(headline))

@@ -210,6 +210,10 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
 
     from envhub.eval.serve import LocalEnvServer
 
+    if "://" not in config.env:
+        from envhub.registry import resolve
+
+        resolve(config.env)  # an unknown or conflicting name fails here, before anything starts
     run = EvalRun(config)
     done, previous_wall_s = run.prepare()
     specs = episode_specs(config, done)
