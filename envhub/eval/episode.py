@@ -96,20 +96,23 @@ async def play_episode(env_url: str, model: ChatModel, spec: EpisodeSpec, limits
     env = EnvClient(env_url, token=limits.env_token, message_timeout_s=limits.env_message_timeout_s)
     try:
         await asyncio.wait_for(_play(env, model, spec, limits, record), limits.timeout_s)
-    except asyncio.TimeoutError:
-        record.fail("timeout", f"the episode ran past {limits.timeout_s:g} s", stop_reason="timeout")
     except ContextLengthError:
         record.stop_reason = "max_tokens"  # the conversation outgrew the model's context: scored, not a failure
     except ChatModelError as exc:
         record.fail("model", str(exc), stop_reason="model_error")
-    except EnvHubError as exc:
-        record.fail("env", f"{type(exc).__name__}: {exc}", stop_reason="env_error")
-    except OSError as exc:
-        record.fail("env", f"{type(exc).__name__}: {exc}", stop_reason="env_error")
+    except (EnvHubError, OSError) as exc:  # TimeoutError is an OSError: the episode's own deadline, or the env's
+        if isinstance(exc, TimeoutError) and _past(start, limits.timeout_s):
+            record.fail("timeout", f"the episode ran past {limits.timeout_s:g} s", stop_reason="timeout")
+        else:
+            record.fail("env", f"{type(exc).__name__}: {exc}", stop_reason="env_error")
     finally:
         record.seconds = round(time.monotonic() - start, 3)
         await _close_quietly(env)
     return record
+
+
+def _past(start: float, timeout_s: float | None) -> bool:
+    return timeout_s is not None and time.monotonic() - start >= timeout_s
 
 
 async def _play(env: EnvClient, model: ChatModel, spec: EpisodeSpec, limits: EpisodeLimits,

@@ -75,6 +75,17 @@ def scripted_model(delay_s: float = 0.0) -> FastAPI:
     return app
 
 
+class SlowEnv(Env):
+    """Every step takes half a second."""
+
+    def reset(self, seed: int | None = None) -> Observation:
+        return Observation(text="Say anything.")
+
+    def on_text(self, text: str) -> str:
+        time.sleep(0.5)
+        return "ok"
+
+
 class PictureEnv(Env):
     """Shows a picture, then ends on any answer."""
 
@@ -180,6 +191,18 @@ def test_a_full_context_ends_the_episode_as_max_tokens_and_is_scored(tmp_path: P
     assert rec["stop_reason"] == "max_tokens" and rec["turns"] == 1 and rec["reward"] == 0.0
     assert rec["failure"] is None and summary["failures"]["infrastructure"] == {}
     assert summary["pass_at_k"] == {"1": 0.0}
+
+
+def test_the_episode_deadline_and_the_env_step_timeout_are_told_apart(tmp_path: Path, model_url: str,
+                                                                       serve_env) -> None:
+    slow = serve_env(SlowEnv).url
+    summary, (rec,) = evaluate(tmp_path, slow, model_url, model_name="text", episodes=1, episode_timeout_s=1.2)
+    assert rec["failure"]["kind"] == "timeout" and rec["stop_reason"] == "timeout" and rec["reward"] is None
+    assert 1 <= rec["turns"] <= 3 and summary["failures"]["infrastructure"] == {"timeout": 1}
+    strict = serve_env(SlowEnv, step_timeout_s=0.1).url
+    _, (rec,) = evaluate(tmp_path / "strict", strict, model_url, model_name="text", episodes=1, episode_timeout_s=30)
+    assert rec["failure"]["kind"] == "env" and rec["stop_reason"] == "env_error"
+    assert "StepTimeoutError" in rec["failure"]["message"]
 
 
 def test_image_observations_are_image_url_parts(tmp_path: Path, model_url: str, serve_env) -> None:
