@@ -301,3 +301,18 @@ def test_picture_env_is_a_valid_env() -> None:
 
     check_env(PictureEnv)
 
+
+
+def test_without_tqdm_progress_is_one_line_rewritten_on_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from envhub.eval.episode import EpisodeRecord
+    from envhub.eval.runner import Progress
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` raises ImportError, as where it is not installed
+    stream = io.StringIO()
+    progress = Progress(total=3, done=1, stream=stream)
+    progress.update(EpisodeRecord(task_index=0, seed=0, sample=1, reward=1.0))
+    progress.update(EpisodeRecord(task_index=1, seed=1, sample=0, reward=None))
+    progress.close()
+    assert stream.getvalue() == "\reval 2/3 failed=0 reward=1.000\reval 3/3 failed=1 reward=1.000\n"
