@@ -6,6 +6,7 @@ What it writes (templates in ``envhub/templates``, package data)::
       pyproject.toml        registers the env: [project.entry-points."envhub.envs"] NAME = "pkg.env:Class"
       README.md
       Dockerfile            builds on the envhub image (envhub:local)
+      .dockerignore
       PKG/__init__.py
       PKG/env.py            a working env of the chosen kind
       tests/test_env.py     check_env and a scripted episode
@@ -61,7 +62,8 @@ class Scaffold:
     def files(self) -> dict[str, str]:
         """Relative path -> template file name."""
         return {"pyproject.toml": "pyproject.toml.tmpl", "README.md": "README.md.tmpl",
-                "Dockerfile": "Dockerfile.tmpl", f"{self.package}/__init__.py": "__init__.py.tmpl",
+                "Dockerfile": "Dockerfile.tmpl", ".dockerignore": "dockerignore.tmpl",
+                f"{self.package}/__init__.py": "__init__.py.tmpl",
                 f"{self.package}/env.py": f"env_{self.kind}.py.tmpl",
                 "tests/test_env.py": f"test_{self.kind}.py.tmpl"}
 

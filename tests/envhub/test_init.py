@@ -32,7 +32,7 @@ KINDS = [(False, False), (True, False), (False, True), (True, True)]
 def test_each_kind_scaffolds_a_package_whose_own_tests_pass(tmp_path: Path, tools: bool, multi_turn: bool) -> None:
     root = scaffold("demo", tmp_path, tools=tools, multi_turn=multi_turn)
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    assert files == ["Dockerfile", "README.md", "demo_env/__init__.py", "demo_env/env.py", "pyproject.toml",
+    assert files == [".dockerignore", "Dockerfile", "README.md", "demo_env/__init__.py", "demo_env/env.py", "pyproject.toml",
                      "tests/test_env.py"]
     project = tomllib.loads((root / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["envhub.envs"] == {"demo": "demo_env.env:DemoEnv"}
