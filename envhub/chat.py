@@ -58,7 +58,11 @@ class ChatReply:
 
 
 class ChatModel(Protocol):
-    """What ``envhub eval`` needs from a model: one assistant turn at a time, async."""
+    """What ``envhub eval`` needs from a model: one assistant turn at a time, async.
+
+    A model that batches the turns of concurrent episodes may also offer ``set_demand(live)``:
+    ``live()`` is the number of episodes being played, so a batch can wait for all of their turns.
+    """
 
     #: the model's name, recorded with the results
     name: str

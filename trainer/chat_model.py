@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,6 +71,10 @@ class LocalChatModel:
         if errors and "tool_calls" not in message:  # keep what the model wrote: the call that did not parse
             message["content"] = self._decode(result.token_ids)
         return ChatReply(message, len(prompt), len(result.token_ids), "length" if cut else "stop", errors)
+
+    def set_demand(self, live_episodes: Callable[[], int]) -> None:
+        """How many episodes are being played: a batch waits (briefly) until each of them asks for its turn."""
+        self.sampler.set_demand(live_episodes)
 
     def _decode(self, ids: list[int]) -> str:
         """The reply's text without special tokens, except the tool-call format's own markers."""

@@ -89,11 +89,45 @@ class EpisodeRecord:
         return asdict(self)
 
 
-async def play_episode(env_url: str, model: ChatModel, spec: EpisodeSpec, limits: EpisodeLimits) -> EpisodeRecord:
-    """Play one episode of the env at ``env_url`` with ``model``; failures are recorded, never raised."""
+class EnvConnection:
+    """One env session that plays episode after episode (a reset each), as the trainer's env pool does:
+    no handshake, ``/metadata`` read or tool listing per episode. After an env failure or a deadline it
+    is dropped, and the next episode opens a fresh one."""
+
+    def __init__(self, url: str, limits: EpisodeLimits):
+        self.url = url
+        self.limits = limits
+        self.client: EnvClient | None = None
+        self.tools: list[dict[str, Any]] | None = None
+
+    def open(self) -> EnvClient:
+        if self.client is None:
+            self.client = EnvClient(self.url, token=self.limits.env_token,
+                                    message_timeout_s=self.limits.env_message_timeout_s)
+            self.tools = None
+        return self.client
+
+    async def list_tools(self) -> list[dict[str, Any]] | None:
+        """The env's tools as OpenAI schemas (None: no tools), read once per session."""
+        if self.tools is None:
+            self.tools = [t.to_openai() for t in await self.open().tools()]
+        return self.tools or None
+
+    async def drop(self) -> None:
+        """Close the session, quietly: it may already be gone."""
+        client, self.client = self.client, None
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close(), 5.0)
+            except Exception:
+                pass  # closing a dead session has nothing left to report
+
+
+async def play_episode(env: EnvConnection, model: ChatModel, spec: EpisodeSpec) -> EpisodeRecord:
+    """Play one episode on ``env`` with ``model``; failures are recorded, never raised."""
+    limits = env.limits
     record = EpisodeRecord(spec.task_index, spec.seed, spec.sample)
     start = time.monotonic()
-    env = EnvClient(env_url, token=limits.env_token, message_timeout_s=limits.env_message_timeout_s)
     try:
         await asyncio.wait_for(_play(env, model, spec, limits, record), limits.timeout_s)
     except ContextLengthError:
@@ -107,7 +141,8 @@ async def play_episode(env_url: str, model: ChatModel, spec: EpisodeSpec, limits
             record.fail("env", f"{type(exc).__name__}: {exc}", stop_reason="env_error")
     finally:
         record.seconds = round(time.monotonic() - start, 3)
-        await _close_quietly(env)
+        if record.failure is not None and record.failure["kind"] != "model":
+            await env.drop()  # the session's state is unknown after an env failure or a cancelled step
     return record
 
 
@@ -115,10 +150,11 @@ def _past(start: float, timeout_s: float | None) -> bool:
     return timeout_s is not None and time.monotonic() - start >= timeout_s
 
 
-async def _play(env: EnvClient, model: ChatModel, spec: EpisodeSpec, limits: EpisodeLimits,
+async def _play(conn: EnvConnection, model: ChatModel, spec: EpisodeSpec, limits: EpisodeLimits,
                 record: EpisodeRecord) -> None:
+    env = conn.open()
     first = await env.reset(seed=spec.seed, **spec.reset_kwargs)
-    tools = [t.to_openai() for t in await env.tools()] or None
+    tools = await conn.list_tools()
     system = _system_prompt(first.observation, limits.system_prompt)
     record.messages = ([{"role": "system", "content": system}] if system else []) + [user_message(first.observation)]
     if first.ended:  # an env may end the episode at reset (nothing to play)
@@ -225,12 +261,5 @@ def _system_prompt(observation: Observation, default: str | None) -> str | None:
     return env_prompt if isinstance(env_prompt, str) and env_prompt else default
 
 
-async def _close_quietly(env: EnvClient) -> None:
-    try:
-        await asyncio.wait_for(env.close(), 5.0)
-    except Exception:
-        pass  # the session may already be gone; closing has nothing left to report
-
-
-__all__ = ["EpisodeSpec", "EpisodeLimits", "EpisodeRecord", "play_episode", "user_message",
+__all__ = ["EpisodeSpec", "EpisodeLimits", "EpisodeRecord", "EnvConnection", "play_episode", "user_message",
            "DEFAULT_SYSTEM_PROMPT"]

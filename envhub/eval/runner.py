@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from envhub.chat import ChatModel
-from envhub.eval.episode import DEFAULT_SYSTEM_PROMPT, EpisodeLimits, EpisodeRecord, EpisodeSpec, play_episode
+from envhub.eval.episode import (
+    DEFAULT_SYSTEM_PROMPT,
+    EnvConnection,
+    EpisodeLimits,
+    EpisodeRecord,
+    EpisodeSpec,
+    play_episode,
+)
 from envhub.eval.models import ModelOptions, load_chat_model
 from envhub.eval.summary import summarize
 
@@ -190,13 +197,25 @@ async def play_all(env_url: str, model: ChatModel, specs: list[EpisodeSpec], lim
                    concurrency: int, results: Path, progress: Progress) -> None:
     """Play ``specs`` with ``concurrency`` episodes in flight; append each record to ``results`` when it ends."""
     pending = iter(specs)
+    live = [0]  # episodes being played now
+    set_demand = getattr(model, "set_demand", None)
+    if callable(set_demand):  # a batching model waits (briefly) for every live episode's turn to batch them
+        set_demand(lambda: live[0])
     with open(results, "a", encoding="utf-8") as out:
         async def worker() -> None:
-            for spec in pending:  # one iterator shared by the workers: each spec is played once
-                record = await play_episode(env_url, model, spec, limits)
-                out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
-                out.flush()  # a killed run keeps every finished episode
-                progress.update(record)
+            env = EnvConnection(env_url, limits)  # one session per worker, reset for each of its episodes
+            try:
+                for spec in pending:  # one iterator shared by the workers: each spec is played once
+                    live[0] += 1
+                    try:
+                        record = await play_episode(env, model, spec)
+                    finally:
+                        live[0] -= 1
+                    out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+                    out.flush()  # a killed run keeps every finished episode
+                    progress.update(record)
+            finally:
+                await env.drop()
 
         try:
             await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
