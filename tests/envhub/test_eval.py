@@ -145,6 +145,17 @@ def test_an_endpoint_that_solves_the_env_passes_every_task(tmp_path: Path, model
     assert summary["args"]["model_name"] == "bisect" and summary["args"]["api_key"] is None
 
 
+def test_eval_serves_a_module_class_itself_with_reset_arguments(tmp_path: Path, model_url: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the served module is imported from the working directory, as `envhub serve` does
+    summary, records = evaluate(tmp_path, "examples.guess_env:GuessEnv", model_url, model_name="bisect", episodes=3,
+                                reset_kwargs={"high": 4})
+    for rec in records:
+        assert rec["messages"][1]["content"].startswith("I picked a number between 1 and 4.")
+        assert rec["reward"] == 1.0 and rec["stop_reason"] == "done"
+    assert summary["args"]["reset_kwargs"] == {"high": 4} and summary["env"] == "examples.guess_env:GuessEnv"
+
+
 def test_the_turn_limit_stops_unsolved_episodes_with_reward_0(tmp_path: Path, model_url: str, guess_url: str) -> None:
     # bisection finds the secret in two guesses only when it is 50, 25 or 75
     summary, records = evaluate(tmp_path, guess_url, model_url, model_name="bisect", episodes=4, max_turns=2)
