@@ -134,8 +134,8 @@ async def play_episode(env: EnvConnection, model: ChatModel, spec: EpisodeSpec) 
         record.stop_reason = "max_tokens"  # the conversation outgrew the model's context: scored, not a failure
     except ChatModelError as exc:
         record.fail("model", str(exc), stop_reason="model_error")
-    except (EnvHubError, OSError) as exc:  # TimeoutError is an OSError: the episode's own deadline, or the env's
-        if isinstance(exc, TimeoutError) and _past(start, limits.timeout_s):
+    except (EnvHubError, OSError, asyncio.TimeoutError) as exc:  # a timeout: the episode's deadline, or the env's
+        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and _past(start, limits.timeout_s):
             record.fail("timeout", f"the episode ran past {limits.timeout_s:g} s", stop_reason="timeout")
         else:
             record.fail("env", f"{type(exc).__name__}: {exc}", stop_reason="env_error")

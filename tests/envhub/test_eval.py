@@ -127,7 +127,7 @@ def secret_of(seed: int) -> int:
 
 def test_an_endpoint_that_solves_the_env_passes_every_task(tmp_path: Path, model_url: str, guess_url: str) -> None:
     summary, records = evaluate(tmp_path, guess_url, model_url, model_name="bisect", episodes=3, samples=2,
-                                concurrency=4, seed=10)
+                                concurrency=4, seed=10, api_key="sk-do-not-write-me")
     assert sorted((r["task_index"], r["sample"]) for r in records) == [(t, s) for t in range(3) for s in range(2)]
     for rec in records:
         assert rec["seed"] == 10 + rec["task_index"] and rec["reward"] == 1.0 and rec["stop_reason"] == "done"
@@ -142,7 +142,8 @@ def test_an_endpoint_that_solves_the_env_passes_every_task(tmp_path: Path, model
     assert summary["mean_reward"] == 1.0 and summary["pass_at_k"] == {"1": 1.0, "2": 1.0}
     assert summary["episodes_done"] == 6 and summary["episodes_failed"] == 0 and summary["complete"]
     assert summary["reward_components"] == {"solved": 1.0}
-    assert summary["args"]["model_name"] == "bisect" and summary["args"]["api_key"] is None
+    assert summary["args"]["model_name"] == "bisect" and summary["args"]["api_key"] == "***"
+    assert not any("sk-do-not-write-me" in p.read_text() for p in (tmp_path / "out").iterdir())
 
 
 def test_eval_serves_a_module_class_itself_with_reset_arguments(tmp_path: Path, model_url: str,
