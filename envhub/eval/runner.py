@@ -92,6 +92,7 @@ class EvalRun:
         self.results = self.dir / "results.jsonl"
         self.run_file = self.dir / "run.json"
         self.summary_file = self.dir / "summary.json"
+        self.played_s = 0.0  # wall time spent playing in this invocation
 
     def prepare(self) -> tuple[set[tuple[int, int]], float]:
         """Check the directory against ``resume``; returns the pairs already done and their wall time."""
@@ -225,10 +226,6 @@ async def play_all(env_url: str, model: ChatModel, specs: list[EpisodeSpec], lim
 
 def run_eval(config: EvalConfig) -> dict[str, Any]:
     """Run (or resume) the eval ``config`` describes; returns the summary written to ``summary.json``."""
-    from contextlib import ExitStack
-
-    from envhub.eval.serve import LocalEnvServer
-
     if "://" not in config.env:
         from envhub.registry import resolve
 
@@ -236,29 +233,39 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
     run = EvalRun(config)
     done, previous_wall_s = run.prepare()
     specs = episode_specs(config, done)
-    limits = EpisodeLimits(max_turns=config.max_turns, timeout_s=config.episode_timeout_s,
-                           system_prompt=config.system_prompt, env_token=config.env_token)
-    played_s, interrupted = 0.0, False  # wall time of play alone: model loading and env start-up stay out
+    interrupted = False
     try:
-        with ExitStack() as stack:
-            env_url = config.env
-            if "://" not in env_url and specs:
-                server = LocalEnvServer(env_url, env_config=config.env_config, max_sessions=max(64, config.concurrency))
-                env_url = stack.enter_context(server).url
-            if specs:
-                model = load_chat_model(config.model, ModelOptions(
-                    max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed,
-                    model_name=config.model_name, api_key=config.api_key))
-                progress = Progress(config.episodes * config.samples, len(done))
-                stack.callback(progress.close)
-                start = time.monotonic()
-                try:
-                    asyncio.run(play_all(env_url, model, specs, limits, config.concurrency, run.results, progress))
-                finally:
-                    played_s = time.monotonic() - start
+        if specs:
+            _play_specs(config, specs, run, len(done))
     except KeyboardInterrupt:
         interrupted = True
-    return run.write_summary(previous_wall_s + played_s, interrupted=interrupted)
+    return run.write_summary(previous_wall_s + run.played_s, interrupted=interrupted)
+
+
+def _play_specs(config: EvalConfig, specs: list[EpisodeSpec], run: EvalRun, done: int) -> None:
+    """Serve the env if it is not a URL, load the model, play (``run.played_s``: the wall time of play
+    alone, model loading and env start-up left out). A Ctrl-C propagates once the env server is stopped."""
+    from contextlib import ExitStack
+
+    from envhub.eval.serve import LocalEnvServer
+
+    limits = EpisodeLimits(max_turns=config.max_turns, timeout_s=config.episode_timeout_s,
+                           system_prompt=config.system_prompt, env_token=config.env_token)
+    options = ModelOptions(max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed,
+                           model_name=config.model_name, api_key=config.api_key)
+    with ExitStack() as stack:
+        env_url = config.env
+        if "://" not in env_url:
+            server = LocalEnvServer(env_url, env_config=config.env_config, max_sessions=max(64, config.concurrency))
+            env_url = stack.enter_context(server).url
+        model = load_chat_model(config.model, options)
+        progress = Progress(config.episodes * config.samples, done)
+        stack.callback(progress.close)
+        start = time.monotonic()
+        try:
+            asyncio.run(play_all(env_url, model, specs, limits, config.concurrency, run.results, progress))
+        finally:
+            run.played_s += time.monotonic() - start
 
 
 __all__ = ["EvalConfig", "EvalRun", "MATERIAL", "episode_specs", "play_all", "run_eval"]
