@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
+
+from envhub.registry import registered
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 _VALID_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
@@ -107,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
     except FileExistsError as exc:
         raise ValueError(str(exc)) from None
     plan = Scaffold.from_name(args.name, tools=args.tools, multi_turn=args.multi_turn)
+    taken = registered().get(plan.env_name)
+    if taken:  # installing this package would make the name a conflict, which `envhub serve NAME` refuses
+        print(f"envhub init: warning: the env name {plan.env_name!r} is already registered by "
+              + ", ".join(f"{e.distribution} ({e.target})" for e in taken)
+              + f"; rename it in {root / 'pyproject.toml'} before installing", file=sys.stderr)
     print(f"created {root}/ ({plan.kind.replace('_', ' ')} env {plan.package}.env:{plan.class_name})\n"
           f"next:\n  pip install -e {root}\n  envhub list\n  envhub check {plan.env_name}\n"
           f"  envhub serve {plan.env_name} --port 8000\n"

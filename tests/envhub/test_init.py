@@ -55,6 +55,16 @@ def test_names_and_refusals(tmp_path: Path) -> None:
         scaffold("taken", tmp_path)
 
 
+def test_init_warns_when_the_name_is_already_registered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from envhub.cli import main
+
+    assert main(["init", "math", "--dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "the env name 'math' is already registered by envhub (env_servers.math_env.env:MathEnv)" in err
+    assert main(["init", "fresh_name_here", "--dir", str(tmp_path)]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def fresh_venv(where: Path, *packages: Path) -> Path:
     """A venv with ``packages`` installed editable and this interpreter's site-packages as a fallback."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
