@@ -1,6 +1,7 @@
 """The one episode loop of ``envhub eval``, for every chat model: messages + tools in, assistant turn out, env steps.
 
-1. open a session, ``reset(seed=..., **task)``, read the env's tools (OpenAI schemas);
+1. ``reset(seed=..., **task)`` on the worker's session (:class:`EnvConnection`, reused from episode to
+   episode), and the env's tools as OpenAI schemas;
 2. messages = [system prompt], the first observation as a user message;
 3. each turn: ``model.reply(messages, tools)`` -> an assistant message;
    - with tool calls: each call is one env step ``{"tool_name", "arguments"}``, answered by a tool message;
