@@ -13,9 +13,10 @@
 A reply cut off at the per-reply token limit is still acted on (its text, or the calls that parsed),
 as the trainer's rollout engine does. The model's own mistakes go back to it as messages and the
 episode goes on: a call that does not parse (``malformed_tool_calls``), an action the env refuses
-(``invalid_actions``). Failures of the env server (``env``), of the model endpoint or local model
-(``model``) and the episode deadline (``timeout``) end the episode with ``reward`` null: an
-infrastructure failure is never scored as 0.
+(``invalid_actions``). Failures that are not the policy's end the episode with ``reward`` null, never
+scored as 0: the env's own (``env``: it raised inside reset or step), the model's (``model``: the
+endpoint or the local model failed to answer) and the plumbing's (``infrastructure``: the env server
+unreachable, a dropped session, a step timeout, the episode deadline).
 Observation images travel as ``image_url`` content parts (PNG data URLs).
 """
 
@@ -75,9 +76,10 @@ class EpisodeRecord:
     invalid_actions: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
 
-    def fail(self, kind: str, message: str, *, stop_reason: str) -> None:
-        """End the episode on an infrastructure failure (``env``, ``model``, ``timeout``): it has no reward."""
-        self.failure = {"kind": kind, "infrastructure": True, "message": message[:2000]}
+    def fail(self, kind: str, message: str, stop_reason: str) -> None:
+        """End the episode on a failure that is not the policy's (``env``, ``model``, ``infrastructure``):
+        it has no reward."""
+        self.failure = {"kind": kind, "message": message[:2000]}
         self.stop_reason = stop_reason
         self.reward = None
 
@@ -134,21 +136,27 @@ async def play_episode(env: EnvConnection, model: ChatModel, spec: EpisodeSpec) 
     except ContextLengthError:
         record.stop_reason = "max_tokens"  # the conversation outgrew the model's context: scored, not a failure
     except ChatModelError as exc:
-        record.fail("model", str(exc), stop_reason="model_error")
-    except (EnvHubError, OSError, asyncio.TimeoutError) as exc:  # a timeout: the episode's deadline, or the env's
-        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and _past(start, limits.timeout_s):
-            record.fail("timeout", f"the episode ran past {limits.timeout_s:g} s", stop_reason="timeout")
-        else:
-            record.fail("env", f"{type(exc).__name__}: {exc}", stop_reason="env_error")
+        record.fail("model", str(exc), "model_error")
+    except (EnvHubError, OSError, asyncio.TimeoutError) as exc:
+        record.fail(*_env_failure(exc, start, limits.timeout_s))
     finally:
         record.seconds = round(time.monotonic() - start, 3)
-        if record.failure is not None and record.failure["kind"] != "model":
+        if record.failure is not None and record.failure["kind"] != "model":  # an env or infrastructure failure
             await env.drop()  # the session's state is unknown after an env failure or a cancelled step
     return record
 
 
-def _past(start: float, timeout_s: float | None) -> bool:
-    return timeout_s is not None and time.monotonic() - start >= timeout_s
+def _env_failure(exc: BaseException, start: float, timeout_s: float | None) -> tuple[str, str, str]:
+    """``(kind, message, stop_reason)`` of a failure on the env side: the plumbing (``infrastructure``:
+    unreachable, dropped, refused, timed out) or the env itself (``env``: it raised, or broke the protocol)."""
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # a server-side step timeout, or our deadline
+        if timeout_s is not None and time.monotonic() - start >= timeout_s and not isinstance(exc, EnvHubError):
+            message = f"the episode ran past --episode-timeout {timeout_s:g} s"
+        return "infrastructure", message, "timeout"
+    if isinstance(exc, OSError):  # EnvConnectionError, SessionLostError, CapacityError, AuthError, sockets
+        return "infrastructure", message, "env_error"
+    return "env", message, "env_error"
 
 
 async def _play(conn: EnvConnection, model: ChatModel, spec: EpisodeSpec, limits: EpisodeLimits,

@@ -2,8 +2,9 @@
 
 Every number is computed from the records of ``results.jsonl`` (one per episode), so an
 interrupted or resumed run is summarised the same way as one that ran straight through.
-An episode that failed for infrastructure (``reward`` null) counts under ``failures`` and is left
-out of every reward statistic: never scored as reward 0.
+An episode that failed for a reason that is not the policy's (``reward`` null: the env, the model
+endpoint, the infrastructure) counts under ``failures`` and is left out of every reward statistic:
+never scored as reward 0. The policy's own mistakes count apart, under ``policy_errors``.
 
 >>> pass_at_k(n=4, c=1, k=1), pass_at_k(n=4, c=1, k=4), pass_at_k(n=4, c=0, k=2)
 (0.25, 1.0, 0.0)
@@ -56,13 +57,20 @@ def component_means(scored: list[dict[str, Any]]) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in sorted(sums.items())}
 
 
-def failure_counts(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Infrastructure failures by kind (episodes without a reward) apart from the policy's own mistakes
-    (turns whose tool call did not parse or whose action the env refused; those episodes are scored)."""
-    infra: Counter[str] = Counter(str(r["failure"].get("kind")) for r in records if r.get("failure"))
-    policy = {key: sum(int(r.get(key) or 0) for r in records) for key in ("malformed_tool_calls", "invalid_actions")}
-    policy["episodes"] = sum(1 for r in records if any(r.get(key) for key in ("malformed_tool_calls", "invalid_actions")))
-    return {"infrastructure": dict(sorted(infra.items())), "policy": policy}
+def failure_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Episodes that failed for a reason that is not the policy's, by kind (``env``, ``model``,
+    ``infrastructure``): they have no reward and count in no reward statistic."""
+    kinds: Counter[str] = Counter(str(r["failure"].get("kind")) for r in records if r.get("failure"))
+    return dict(sorted(kinds.items()))
+
+
+def policy_errors(records: list[dict[str, Any]]) -> dict[str, int]:
+    """The policy's own mistakes: turns whose tool call did not parse or whose action the env refused (the
+    episodes go on and are scored), and how many episodes had any."""
+    keys = ("malformed_tool_calls", "invalid_actions")
+    counts = {key: sum(int(r.get(key) or 0) for r in records) for key in keys}
+    counts["episodes"] = sum(1 for r in records if any(r.get(key) for key in keys))
+    return counts
 
 
 def summarize(records: list[dict[str, Any]], *, episodes: int, samples: int, threshold: float,
@@ -83,6 +91,7 @@ def summarize(records: list[dict[str, Any]], *, episodes: int, samples: int, thr
         **pass_at_ks(records, samples, threshold),
         "reward_components": component_means(scored),
         "failures": failure_counts(records),
+        "policy_errors": policy_errors(records),
         "stop_reasons": dict(sorted(Counter(str(r.get("stop_reason")) for r in records).items())),
         "mean_turns": _mean([float(r.get("turns", 0)) for r in scored]),
         "mean_tool_calls": _mean([float(r.get("tool_calls", 0)) for r in scored]),
@@ -93,4 +102,4 @@ def summarize(records: list[dict[str, Any]], *, episodes: int, samples: int, thr
     }
 
 
-__all__ = ["pass_at_k", "pass_at_ks", "component_means", "failure_counts", "summarize"]
+__all__ = ["pass_at_k", "pass_at_ks", "component_means", "failure_counts", "policy_errors", "summarize"]

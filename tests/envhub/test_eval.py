@@ -86,6 +86,16 @@ class SlowEnv(Env):
         return "ok"
 
 
+class CrashEnv(Env):
+    """Raises on every step."""
+
+    def reset(self, seed: int | None = None) -> Observation:
+        return Observation(text="Say anything.")
+
+    def on_text(self, text: str) -> str:
+        raise RuntimeError("the env has a bug")
+
+
 class PictureEnv(Env):
     """Shows a picture, then ends on any answer."""
 
@@ -176,24 +186,30 @@ def test_model_mistakes_go_back_to_the_model_and_are_counted(tmp_path: Path, mod
                                           max_turns=2)
     assert text_records[0]["invalid_actions"] == 2 and text_records[0]["messages"][3]["role"] == "user"
     assert "expects a tool call" in text_records[0]["messages"][3]["content"]
-    assert summary["failures"] == {"infrastructure": {}, "policy": {"malformed_tool_calls": 3, "invalid_actions": 0,
-                                                                    "episodes": 1}}
-    assert summary_text["failures"]["policy"]["invalid_actions"] == 2
+    assert summary["failures"] == {} and summary["episodes_done"] == 1
+    assert summary["policy_errors"] == {"malformed_tool_calls": 3, "invalid_actions": 0, "episodes": 1}
+    assert summary_text["policy_errors"]["invalid_actions"] == 2 and summary_text["failures"] == {}
 
 
-def test_infrastructure_failures_are_counted_apart_and_never_scored(tmp_path: Path, model_url: str,
-                                                                     guess_url: str) -> None:
+def test_failures_of_the_model_and_the_env_are_counted_by_kind_and_never_scored(
+        tmp_path: Path, model_url: str, guess_url: str, serve_env) -> None:
     summary, records = evaluate(tmp_path, guess_url, model_url, model_name="broken", episodes=2)
     assert all(r["reward"] is None and r["stop_reason"] == "model_error" for r in records)
     assert all(r["failure"]["kind"] == "model" and "HTTP 200" in r["failure"]["message"] for r in records)
     assert summary["mean_reward"] is None and summary["pass_at_k"] == {"1": None}
-    assert summary["failures"]["infrastructure"] == {"model": 2} and summary["episodes_failed"] == 2
+    assert summary["failures"] == {"model": 2} and summary["episodes_failed"] == 2
     from envhub.eval.serve import free_port
 
     down, env_records = evaluate(tmp_path / "down", f"ws://127.0.0.1:{free_port()}", model_url,
                                  model_name="bisect", episodes=1)
-    assert env_records[0]["failure"]["kind"] == "env" and env_records[0]["reward"] is None
-    assert down["failures"]["infrastructure"] == {"env": 1}
+    assert env_records[0]["failure"]["kind"] == "infrastructure" and env_records[0]["reward"] is None
+    assert env_records[0]["stop_reason"] == "env_error" and "EnvConnectionError" in env_records[0]["failure"]["message"]
+    assert down["failures"] == {"infrastructure": 1}
+    crashed, crash_records = evaluate(tmp_path / "crash", serve_env(CrashEnv).url, model_url, model_name="text",
+                                      episodes=2)
+    assert all(r["failure"]["kind"] == "env" and r["stop_reason"] == "env_error" for r in crash_records)
+    assert "the env has a bug" in crash_records[0]["failure"]["message"] and crashed["failures"] == {"env": 2}
+    assert crashed["mean_reward"] is None and crashed["pass_at_k"] == {"1": None}
 
 
 def test_a_full_context_ends_the_episode_as_max_tokens_and_is_scored(tmp_path: Path, model_url: str,
@@ -201,7 +217,7 @@ def test_a_full_context_ends_the_episode_as_max_tokens_and_is_scored(tmp_path: P
     summary, (rec,) = evaluate(tmp_path, guess_url, model_url, model_name="context", episodes=1, seed=1)
     assert secret_of(1) != 50, "the first guess must not solve it for this test"
     assert rec["stop_reason"] == "max_tokens" and rec["turns"] == 1 and rec["reward"] == 0.0
-    assert rec["failure"] is None and summary["failures"]["infrastructure"] == {}
+    assert rec["failure"] is None and summary["failures"] == {}
     assert summary["pass_at_k"] == {"1": 0.0}
 
 
@@ -209,12 +225,13 @@ def test_the_episode_deadline_and_the_env_step_timeout_are_told_apart(tmp_path: 
                                                                        serve_env) -> None:
     slow = serve_env(SlowEnv).url
     summary, (rec,) = evaluate(tmp_path, slow, model_url, model_name="text", episodes=1, episode_timeout_s=1.2)
-    assert rec["failure"]["kind"] == "timeout" and rec["stop_reason"] == "timeout" and rec["reward"] is None
-    assert 1 <= rec["turns"] <= 3 and summary["failures"]["infrastructure"] == {"timeout": 1}
+    assert rec["failure"]["kind"] == "infrastructure" and rec["stop_reason"] == "timeout" and rec["reward"] is None
+    assert rec["failure"]["message"] == "the episode ran past --episode-timeout 1.2 s"
+    assert 1 <= rec["turns"] <= 3 and summary["failures"] == {"infrastructure": 1}
     strict = serve_env(SlowEnv, step_timeout_s=0.1).url
     _, (rec,) = evaluate(tmp_path / "strict", strict, model_url, model_name="text", episodes=1, episode_timeout_s=30)
-    assert rec["failure"]["kind"] == "env" and rec["stop_reason"] == "env_error"
-    assert "StepTimeoutError" in rec["failure"]["message"]
+    assert rec["failure"]["kind"] == "infrastructure" and rec["stop_reason"] == "timeout"
+    assert rec["failure"]["message"].startswith("StepTimeoutError")
 
 
 def test_image_observations_are_image_url_parts(tmp_path: Path, model_url: str, serve_env) -> None:
