@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out: skip the (task, sample) pairs results.jsonl holds; refused "
                              "when env, model, seed, limits or prompts differ from run.json")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="with --resume: also play again the episodes that failed (env, model or "
+                             "infrastructure), replacing their lines")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
                         max_tokens=args.max_tokens, temperature=args.temperature, pass_threshold=args.pass_threshold,
                         model_name=args.model_name, api_key=args.api_key, env_token=args.env_token,
                         episode_timeout_s=args.episode_timeout_s, system_prompt=args.system_prompt or None,
-                        reset_kwargs=_pairs(args.reset_kwargs), env_config=_pairs(args.env_config), resume=args.resume)
+                        reset_kwargs=_pairs(args.reset_kwargs), env_config=_pairs(args.env_config), resume=args.resume,
+                        retry_failed=args.retry_failed)
     try:
         summary = run_eval(config)
     except RuntimeError as exc:  # the env server eval started did not come up: its log is in the message

@@ -3,8 +3,9 @@
 Task ``i`` resets with seed ``seed + i`` (and ``reset_kwargs``), so its K samples face the same task
 and a rerun faces the same tasks. The run's arguments go to ``run.json`` first; ``summary.json`` is
 written at the end, also after Ctrl-C (the episodes in flight are dropped, the finished ones kept).
-``resume=True`` plays only the (task, sample) pairs ``results.jsonl`` lacks, and refuses when an
-argument that changes what an episode does differs from ``run.json``.
+``resume=True`` plays only the (task, sample) pairs ``results.jsonl`` lacks (``retry_failed``: and the
+failed ones, whose lines it removes first), and refuses when an argument that changes what an episode
+does differs from ``run.json``.
 
 >>> EvalConfig(env="math", model="tiny", episodes=2, samples=2).material()["env"]
 'math'
@@ -61,8 +62,11 @@ class EvalConfig:
     reset_kwargs: dict[str, Any] = field(default_factory=dict)
     env_config: dict[str, Any] = field(default_factory=dict)
     resume: bool = False
+    retry_failed: bool = False
 
     def __post_init__(self) -> None:
+        if self.retry_failed and not self.resume:
+            raise ValueError("--retry-failed plays the failed episodes of a run again: use it with --resume.")
         for name, low, high in (("episodes", 1, 1_000_000), ("samples", 1, 10_000), ("concurrency", 1, 4096),
                                 ("max_turns", 1, 100_000)):
             value = getattr(self, name)
@@ -107,7 +111,8 @@ class EvalRun:
         if not self.run_file.exists():
             raise ValueError(f"Nothing to resume in {self.dir}: no run.json (run without --resume first).")
         self._check_material(json.loads(self.run_file.read_text()).get("args", {}))
-        done = {(int(r["task_index"]), int(r["sample"])) for r in self.records(repair=True)}
+        kept = self.records(repair=True, drop_failed=self.config.retry_failed)
+        done = {(int(r["task_index"]), int(r["sample"])) for r in kept}
         previous = json.loads(self.summary_file.read_text()) if self.summary_file.exists() else {}
         return done, float(previous.get("wall_s") or 0.0)
 
@@ -119,9 +124,9 @@ class EvalRun:
             raise ValueError(f"Cannot resume {self.dir}: arguments differ from the recorded run ("
                              + "; ".join(diffs) + "). Use the same arguments, or another --out.")
 
-    def records(self, *, repair: bool = False) -> list[dict[str, Any]]:
+    def records(self, *, repair: bool = False, drop_failed: bool = False) -> list[dict[str, Any]]:
         """The recorded episodes, the last line of each (task, sample); a line cut by a kill is dropped
-        (``repair``: and removed from the file)."""
+        (``repair``: and removed from the file; ``drop_failed``: failed episodes too, to play them again)."""
         if not self.results.exists():
             return []
         lines = self.results.read_text().splitlines()
@@ -129,10 +134,13 @@ class EvalRun:
         for line in lines:
             try:
                 rec = json.loads(line)
-                by_pair[(int(rec["task_index"]), int(rec["sample"]))] = rec
-                good.append(line)
+                pair = (int(rec["task_index"]), int(rec["sample"]))
             except (ValueError, KeyError, TypeError):
                 continue
+            if drop_failed and rec.get("failure"):
+                continue
+            by_pair[pair] = rec
+            good.append(line)
         if repair and len(good) != len(lines):
             self.results.write_text("".join(f"{line}\n" for line in good))
         return list(by_pair.values())

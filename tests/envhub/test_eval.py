@@ -47,17 +47,19 @@ def _bisect(messages: list[dict[str, Any]]) -> dict[str, Any]:
             "tool_calls": [_call("guess", json.dumps({"number": (low + high) // 2}), f"c{len(messages)}")]}
 
 
-def scripted_model(delay_s: float = 0.0) -> FastAPI:
+def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None) -> FastAPI:
     """Scripts by request ``model``: bisect (solves the guess env), malformed (arguments that are not JSON),
-    text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400)."""
+    text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400),
+    flaky (HTTP 500 while ``outage["down"]``, else bisect)."""
     app = FastAPI()
+    outage = outage if outage is not None else {"down": False}
 
     @app.post("/v1/chat/completions")
     async def complete(request: Request) -> Any:
         body = await request.json()
         await asyncio.sleep(delay_s)
         script, messages = body["model"], body["messages"]
-        if script == "broken":
+        if script == "broken" or (script == "flaky" and outage["down"]):
             return JSONResponse({"error": "the GPU caught fire"}, status_code=500)
         if script == "context" and len(messages) > 3:
             return JSONResponse({"error": {"message": "This model's maximum context length is 64 tokens"}},
@@ -283,6 +285,24 @@ def test_a_killed_run_resumes_without_duplicates_and_ctrl_c_keeps_the_finished(t
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["complete"] and not summary["interrupted"] and summary["pass_at_k"] == {"1": 1.0, "2": 1.0}
     assert json.loads(out)["episodes_done"] == 8
+
+
+def test_resume_with_retry_failed_plays_the_failed_episodes_again(tmp_path: Path, model_url: str,
+                                                                   guess_url: str) -> None:
+    outage = {"down": True}
+    with ServerThread(scripted_model(outage=outage), log_level="warning") as flaky:
+        config = dict(env=guess_url, model=flaky.url + "/v1", model_name="flaky", episodes=2, samples=2,
+                      out=str(tmp_path / "out"))
+        assert run_eval(EvalConfig(**config))["failures"] == {"model": 4}
+        outage["down"] = False  # the endpoint is back
+        unchanged = run_eval(EvalConfig(**config, resume=True))
+        assert unchanged["failures"] == {"model": 4}, "a plain --resume keeps the failed episodes"
+        again = run_eval(EvalConfig(**config, resume=True, retry_failed=True))
+    lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4, "each failed line is replaced, none duplicated"
+    assert again["failures"] == {} and again["pass_at_k"] == {"1": 1.0, "2": 1.0}
+    with pytest.raises(ValueError, match="use it with --resume"):
+        EvalConfig(env=guess_url, model=model_url, retry_failed=True)
 
 
 def test_a_new_run_refuses_to_overwrite_results(tmp_path: Path, model_url: str, guess_url: str) -> None:
