@@ -14,6 +14,7 @@ local one (a Hugging Face model in process) in the ``envhub.chat_models`` entry-
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterable, Iterator
@@ -26,6 +27,7 @@ from envhub.errors import EnvConnectionError
 from envhub.parsers import ParseStatus
 from envhub.types import ToolCall
 
+_TRANSIENT = frozenset({429, 502, 503, 504})
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
 
 
@@ -157,10 +159,15 @@ class ChatCompletionsClient:
     ``base_url`` usually ends in ``/v1``. ``params`` (temperature, max_tokens, seed...) go into every
     request. :meth:`reply` is the :class:`ChatModel` form (token counts, finish reason) and keeps one
     connection pool until :meth:`aclose`; :meth:`complete` / :meth:`acomplete` return the message alone.
+    The async calls try ``retries`` more times, after ``backoff_s``, 2x, 4x... (or the server's
+    ``Retry-After``, up to 30 s), when the endpoint is unreachable or answers 429, 502, 503 or 504.
     """
 
     def __init__(self, base_url: str, *, model: str = "default", api_key: str | None = None,
-                 timeout_s: float = 120.0, **params: Any):
+                 timeout_s: float = 120.0, retries: int = 2, backoff_s: float = 1.0, **params: Any):
+        if retries < 0 or backoff_s < 0:
+            raise ValueError(f"Expected retries >= 0 and backoff_s >= 0, got {retries} and {backoff_s}.")
+        self.retries, self.backoff_s = retries, backoff_s
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = self.name = model
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -197,11 +204,22 @@ class ChatCompletionsClient:
 
     async def _post(self, http: httpx.AsyncClient, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None) -> ChatReply:
-        try:
-            resp = await http.post(self.url, json=self._body(messages, tools), headers=self.headers)
-        except httpx.HTTPError as exc:
-            raise ChatModelError(f"POST {self.url} failed: {type(exc).__name__}: {exc}") from exc
-        return _read_reply(self.url, resp)
+        body = self._body(messages, tools)
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                resp = await http.post(self.url, json=body, headers=self.headers)
+            except httpx.TransportError as exc:  # unreachable, reset, timed out: worth another try
+                if last:
+                    raise ChatModelError(f"POST {self.url} failed: {type(exc).__name__}: {exc}") from exc
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+                continue
+            except httpx.HTTPError as exc:
+                raise ChatModelError(f"POST {self.url} failed: {type(exc).__name__}: {exc}") from exc
+            if resp.status_code not in _TRANSIENT or last:
+                return _read_reply(self.url, resp)
+            await asyncio.sleep(_retry_after(resp, self.backoff_s * 2**attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
     async def aclose(self) -> None:
         """Close the connection pool :meth:`reply` opened."""
@@ -227,6 +245,14 @@ def _read_reply(url: str, resp: httpx.Response) -> ChatReply:
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     return ChatReply(message, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
                      str(choice.get("finish_reason") or "stop"))
+
+
+def _retry_after(resp: httpx.Response, default_s: float) -> float:
+    """The server's ``Retry-After`` in seconds (capped at 30), else ``default_s``."""
+    try:
+        return min(max(float(resp.headers.get("retry-after", "")), 0.0), 30.0)
+    except ValueError:
+        return default_s
 
 
 def _mentions_context(text: str) -> bool:

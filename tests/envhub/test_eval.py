@@ -50,15 +50,19 @@ def _bisect(messages: list[dict[str, Any]]) -> dict[str, Any]:
 def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None) -> FastAPI:
     """Scripts by request ``model``: bisect (solves the guess env), malformed (arguments that are not JSON),
     text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400),
-    flaky (HTTP 500 while ``outage["down"]``, else bisect)."""
+    flaky (HTTP 500 while ``outage["down"]``, else bisect), throttled (every other request: HTTP 429, else bisect)."""
     app = FastAPI()
     outage = outage if outage is not None else {"down": False}
+    requests = [0]
 
     @app.post("/v1/chat/completions")
     async def complete(request: Request) -> Any:
         body = await request.json()
         await asyncio.sleep(delay_s)
         script, messages = body["model"], body["messages"]
+        requests[0] += 1
+        if script == "throttled" and requests[0] % 2:
+            return JSONResponse({"error": "slow down"}, status_code=429, headers={"Retry-After": "0"})
         if script == "broken" or (script == "flaky" and outage["down"]):
             return JSONResponse({"error": "the GPU caught fire"}, status_code=500)
         if script == "context" and len(messages) > 3:
@@ -303,6 +307,11 @@ def test_resume_with_retry_failed_plays_the_failed_episodes_again(tmp_path: Path
     assert again["failures"] == {} and again["pass_at_k"] == {"1": 1.0, "2": 1.0}
     with pytest.raises(ValueError, match="use it with --resume"):
         EvalConfig(env=guess_url, model=model_url, retry_failed=True)
+
+
+def test_a_throttled_endpoint_is_retried(tmp_path: Path, model_url: str, guess_url: str) -> None:
+    summary, records = evaluate(tmp_path, guess_url, model_url, model_name="throttled", episodes=2, concurrency=1)
+    assert summary["failures"] == {} and all(r["reward"] == 1.0 for r in records)
 
 
 def test_a_new_run_refuses_to_overwrite_results(tmp_path: Path, model_url: str, guess_url: str) -> None:
