@@ -41,6 +41,10 @@ def test_each_kind_scaffolds_a_package_whose_own_tests_pass(tmp_path: Path, tool
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=root,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0 and "3 passed" in out.stdout, out.stdout + out.stderr
+    lint = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "E,W,F,I,B,UP,SIM,RUF",
+                           "--line-length", "120", "--target-version", "py310", "."], cwd=root, capture_output=True,
+                          text=True)
+    assert lint.returncode == 0, "the generated package is lint-clean:\n" + lint.stdout
 
 
 def test_names_and_refusals(tmp_path: Path) -> None:
