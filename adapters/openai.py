@@ -19,32 +19,21 @@ with httpx; the ``openai`` package is not needed::
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
-from envhub.env_tool import EnvTool, ToolManager
-from envhub.errors import EnvConnectionError
-from envhub.parsers import ParseStatus, format_tool_call
+from envhub.chat import (
+    ChatCompletionsClient,
+    assistant_message_from_text,
+    tool_call_from_openai,
+    tools_to_openai,
+)
+from envhub.env_tool import ToolManager
+from envhub.parsers import format_tool_call
 from envhub.types import ToolCall, ToolSpec
 
-# -- conversions ---------------------------------------------------------------------------------
-
-
-def tools_to_openai(tools: Iterable[ToolSpec | EnvTool | dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``tools=`` list of a chat-completions request from ToolSpecs, EnvTools or OpenAI/MCP dicts."""
-    out = []
-    for tool in tools:
-        if isinstance(tool, EnvTool):
-            tool = tool.spec
-        elif isinstance(tool, dict):
-            tool = ToolSpec.from_openai(tool)
-        out.append(tool.to_openai())
-    return out
+# The conversions and the endpoint client live in envhub.chat (envhub eval uses them too); this module
+# re-exports them next to the agent loop.
 
 
 def tool_from_openai(spec: dict[str, Any]) -> ToolSpec:
@@ -55,52 +44,6 @@ def tool_from_openai(spec: dict[str, Any]) -> ToolSpec:
 def tool_call_to_openai(call: ToolCall) -> dict[str, Any]:
     """``{"id", "type": "function", "function": {"name", "arguments": "<json>"}}``."""
     return call.to_openai()
-
-
-def tool_call_from_openai(call: Any) -> ToolCall | None:
-    """A ToolCall from an OpenAI tool call; None when it is not one (garbage from a model is data).
-
-    ``arguments`` may be a JSON string (the API's shape) or already a dict; anything that does not
-    decode to a JSON object gives None.
-    """
-    if not isinstance(call, dict):
-        return None
-    fn = call.get("function", call)
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        return None
-    raw = fn.get("arguments")
-    if raw is None or raw == "":
-        raw = {}
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            return None
-    if not isinstance(raw, dict):
-        return None
-    call_id = call.get("id")
-    return ToolCall(name=fn["name"], arguments=raw, id=call_id if isinstance(call_id, str) else None)
-
-
-def assistant_message_from_text(text: str, *, parser: Any = "hermes",
-                                tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """An OpenAI assistant message from a model's raw turn, read with a tool-call parser of
-    :mod:`envhub.tool_parsers` (``hermes``: ``<tool_call>{...}</tool_call>`` blocks; ``qwen3_coder``,
-    ``llama3_json``, ``mistral``, or a parser function).
-
-    Malformed calls are left out of ``tool_calls``; the text outside the calls is ``content``.
-    ``tools`` (OpenAI schemas) type the arguments of formats that write them as text.
-    """
-    from envhub.tool_parsers import get_tool_parser
-
-    parsed = get_tool_parser(parser)(text, tools=tools)
-    if parsed.status is ParseStatus.NO_CALL:
-        return {"role": "assistant", "content": text}
-    calls = [ToolCall(c.name, c.arguments, c.id or f"call_{uuid.uuid4().hex[:12]}") for c in parsed.calls]
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content.strip() or None}
-    if calls:
-        message["tool_calls"] = [tool_call_to_openai(c) for c in calls]
-    return message
 
 
 def assistant_message_to_text(message: dict[str, Any]) -> str:
@@ -116,63 +59,6 @@ def assistant_message_to_text(message: dict[str, Any]) -> str:
 def tool_message(call_id: str | None, name: str, content: str) -> dict[str, Any]:
     """A ``role: "tool"`` message answering one call."""
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
-
-
-# -- the endpoint ----------------------------------------------------------------------------------
-
-
-class ChatCompletionsClient:
-    """A minimal client of an OpenAI-compatible ``POST {base_url}/chat/completions`` (httpx, sync and async).
-
-    ``base_url`` usually ends in ``/v1``. ``params`` (temperature, max_tokens...) go into every request.
-    """
-
-    def __init__(self, base_url: str, *, model: str = "default", api_key: str | None = None,
-                 timeout_s: float = 120.0, **params: Any):
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.timeout_s = timeout_s
-        self.params = params
-
-    def _body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.params}
-        if tools:
-            body["tools"] = tools
-        return body
-
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The first choice's assistant message."""
-        try:
-            resp = httpx.post(self.url, json=self._body(messages, tools), headers=self.headers, timeout=self.timeout_s)
-        except httpx.HTTPError as exc:
-            raise EnvConnectionError(f"POST {self.url} failed: {exc}") from exc
-        return _first_message(self.url, resp)
-
-    async def acomplete(self, messages: list[dict[str, Any]],
-                        tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The async form of :meth:`complete`."""
-        try:
-            async with httpx.AsyncClient(timeout=self.timeout_s) as http:
-                resp = await http.post(self.url, json=self._body(messages, tools), headers=self.headers)
-        except httpx.HTTPError as exc:
-            raise EnvConnectionError(f"POST {self.url} failed: {exc}") from exc
-        return _first_message(self.url, resp)
-
-
-def _first_message(url: str, resp: httpx.Response) -> dict[str, Any]:
-    if resp.status_code != 200:
-        raise EnvConnectionError(f"Expected HTTP 200 from {url}, got {resp.status_code}: {resp.text[:500]}")
-    try:
-        message = resp.json()["choices"][0]["message"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise EnvConnectionError(f"Expected a chat completion with choices[0].message from {url}, "
-                                 f"got {resp.text[:500]!r}") from None
-    message = dict(message)
-    message.setdefault("role", "assistant")
-    if not message.get("tool_calls"):
-        message.pop("tool_calls", None)
-    return message
 
 
 # -- the agent loop --------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""The ``envhub`` command: ``serve`` an env, ``check`` an env class, run the ``fleet``.
+"""The ``envhub`` command: ``serve`` / ``check`` an env, run the ``fleet``, ``list`` / ``init`` envs, ``eval`` a model.
 
 Each subcommand is a ``(name, add_arguments, run)`` entry in :data:`COMMANDS`; adding one is
 a new entry and two small functions::
 
     envhub serve my_env:GuessEnv --port 8000 --max-sessions 64 --set difficulty='"hard"'
     envhub check my_env:GuessEnv
+    envhub serve math                       # a name an installed distribution registers (envhub list)
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from envhub import fleet
+from envhub import _init, _list, fleet
+from envhub.eval import cli as eval_cli
 from envhub.settings import Settings
 
 
@@ -48,7 +50,8 @@ def parse_set(pairs: list[str] | None) -> dict[str, Any]:
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="MODULE:CLASS", help="the env class, e.g. my_env:GuessEnv")
+    parser.add_argument("target", metavar="ENV", help="the env: a name `envhub list` shows (e.g. math), or a class "
+                        "as MODULE:CLASS (e.g. my_env:GuessEnv)")
     parser.add_argument("--set", dest="env_config", action="append", metavar="KEY=VALUE", default=[],
                         help="env constructor argument (repeatable; VALUE parsed as JSON when possible)")
 
@@ -123,16 +126,21 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 COMMANDS: list[Command] = [
-    Command("serve", "serve an env class over WebSocket and HTTP", _serve_arguments, _run_serve),
-    Command("check", "run check_env on an env class and print the results", _check_arguments, _run_check),
+    Command("serve", "serve an env (a registered name or module:Class) over WebSocket and HTTP", _serve_arguments, _run_serve),
+    Command("check", "run check_env on an env (a registered name or module:Class) and print the results", _check_arguments, _run_check),
     Command("fleet", "run the env fleet of a compose file as local processes (up, down, status, logs)",
             fleet.add_arguments, fleet.run_cli),
+    Command("list", "list the envs installed distributions register (name, class, version, tools)",
+            _list.add_arguments, _list.run),
+    Command("init", "scaffold a pip-installable env package in ./NAME", _init.add_arguments, _init.run),
+    Command("eval", "play N tasks x K samples of an env with a model; write results.jsonl and summary.json",
+            eval_cli.add_arguments, eval_cli.run),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``envhub`` argument parser with one subparser per entry of :data:`COMMANDS`."""
-    parser = argparse.ArgumentParser(prog="envhub", description="envhub: serve and check RL environments.")
+    parser = argparse.ArgumentParser(prog="envhub", description="envhub: write, serve, check and evaluate RL environments.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         child = sub.add_parser(command.name, help=command.help, description=command.help)

@@ -112,3 +112,16 @@ def test_every_env_class_is_checked() -> None:
     shipped = _env_classes_in_env_servers() | _env_classes_in_examples()
     assert shipped, "found no env classes at all"
     assert shipped <= checked, f"env classes without a check_env case: {sorted(shipped - checked)}"
+
+
+def test_every_env_server_class_is_registered_by_name() -> None:
+    """envhub's pyproject.toml registers each env class of env_servers (``envhub serve math``...)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    registered = project["entry-points"]["envhub.envs"]
+    assert set(registered.values()) == _env_classes_in_env_servers(), "register each env_servers class once"
+    assert {"math", "gomoku", "gomoku_match", "geometry", "code"} <= set(registered)

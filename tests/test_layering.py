@@ -114,3 +114,17 @@ def test_importing_envhub_does_not_load_heavy_modules() -> None:
     code = "import sys, envhub; print(sorted(m for m in ('torch', 'transformers', 'sympy', 'trainer') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", f"`import envhub` pulled in heavy modules: {out}"
+
+
+def test_eval_sits_on_top_of_the_sdk() -> None:
+    """``envhub.eval`` (models against envs) uses the SDK; only the CLI reaches it, nothing in the SDK does.
+    It finds a local model through the ``envhub.chat_models`` entry point, never by importing the trainer."""
+    violations = []
+    for path in _sources("envhub"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("envhub/eval/") or rel == "envhub/cli.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        violations += [f"{rel}:{lineno} imports {module}" for lineno, module in _module_names(tree)
+                       if module == "envhub.eval" or module.startswith("envhub.eval.")]
+    assert not violations, "the SDK must not depend on envhub.eval:\n" + "\n".join(violations)

@@ -167,13 +167,17 @@ def _bash(argv: list[str]) -> None:
     assert subprocess.run(["bash", "-n", str(ROOT / argv[0])]).returncode == 0
 
 
+def _pip(argv: list[str]) -> None:
+    assert argv[0] == "install", argv  # installing the package `envhub init` wrote: tests/envhub/test_init.py runs it
+
+
 def _docker(argv: list[str]) -> None:
     assert argv[:2] == ["compose", "-f"], argv  # the file is checked below; compose itself needs a Docker engine
 
 
 PROGRAMS: dict[str, Callable[[list[str]], None]] = {
     "envhub": _envhub, "envhub-train": _envhub_train, "envhub-sched": _envhub_sched, "python": _python,
-    "torchrun": _torchrun, "accelerate": _accelerate, "bash": _bash, "docker": _docker,
+    "torchrun": _torchrun, "accelerate": _accelerate, "bash": _bash, "docker": _docker, "pip": _pip,
 }
 
 

@@ -19,9 +19,14 @@ from envhub.settings import Settings
 
 
 def load_target(target: str | type[Env]) -> type[Env]:
-    """An env class from a class or a ``"module:Class"`` string."""
+    """An env class from a class, a ``"module:Class"`` string or a name registered in the ``envhub.envs``
+    entry-point group (:mod:`envhub.registry`)."""
     if isinstance(target, type):
         return target
+    if ":" not in str(target):
+        from envhub.registry import lookup
+
+        return lookup(str(target)).load()
     module_name, sep, attr = str(target).partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"Expected an env as 'module:Class' (e.g. my_env:GuessEnv), got {target!r}.")

@@ -1,0 +1,376 @@
+"""``envhub eval`` against an OpenAI-compatible endpoint: real envs, the real episode loop, real files.
+
+The "model" is a small chat-completions server that returns scripted assistant messages (the
+transport is all it stands in for); which script it plays is the request's ``model`` field
+(``--model-name``). Everything else is real: env servers, the episode loop, results.jsonl and
+summary.json, resume after a kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from envhub import Env, EnvRunner, Observation
+from envhub.eval.runner import EvalConfig, run_eval
+from envhub.eval.summary import pass_at_k, pass_at_ks
+from envhub.server import ServerThread
+from examples.guess_env import GuessEnv
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
+
+
+def _call(name: str, arguments: str, call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _bisect(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    low, high, last = 1, 100, None
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            last = json.loads(m["tool_calls"][0]["function"]["arguments"])["number"]
+        elif m["role"] == "tool" and last is not None:
+            low, high = (last + 1, high) if m["content"] == "Higher." else (low, last - 1)
+    return {"role": "assistant", "content": None,
+            "tool_calls": [_call("guess", json.dumps({"number": (low + high) // 2}), f"c{len(messages)}")]}
+
+
+def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None) -> FastAPI:
+    """Scripts by request ``model``: bisect (solves the guess env), malformed (arguments that are not JSON),
+    text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400),
+    flaky (HTTP 500 while ``outage["down"]``, else bisect), throttled (every other request: HTTP 429, else bisect)."""
+    app = FastAPI()
+    outage = outage if outage is not None else {"down": False}
+    requests = [0]
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request) -> Any:
+        body = await request.json()
+        await asyncio.sleep(delay_s)
+        script, messages = body["model"], body["messages"]
+        requests[0] += 1
+        if script == "throttled" and requests[0] % 2:
+            return JSONResponse({"error": "slow down"}, status_code=429, headers={"Retry-After": "0"})
+        if script == "broken" or (script == "flaky" and outage["down"]):
+            return JSONResponse({"error": "the GPU caught fire"}, status_code=500)
+        if script == "context" and len(messages) > 3:
+            return JSONResponse({"error": {"message": "This model's maximum context length is 64 tokens"}},
+                                status_code=400)
+        if script == "malformed":
+            message = {"role": "assistant", "content": None, "tool_calls": [_call("guess", "{number: fifty", "c1")]}
+        elif script == "text":
+            message = {"role": "assistant", "content": "I think it is 42."}
+        else:
+            message = _bisect(messages)
+        return {"object": "chat.completion", "model": script,
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 10 * len(messages), "completion_tokens": 7}}
+
+    return app
+
+
+class SlowEnv(Env):
+    """Every step takes half a second."""
+
+    def reset(self, seed: int | None = None) -> Observation:
+        return Observation(text="Say anything.")
+
+    def on_text(self, text: str) -> str:
+        time.sleep(0.5)
+        return "ok"
+
+
+class CrashEnv(Env):
+    """Raises on every step."""
+
+    def reset(self, seed: int | None = None) -> Observation:
+        return Observation(text="Say anything.")
+
+    def on_text(self, text: str) -> str:
+        raise RuntimeError("the env has a bug")
+
+
+class PictureEnv(Env):
+    """Shows a picture, then ends on any answer."""
+
+    def reset(self, seed: int | None = None) -> Observation:
+        return Observation(text="What is in the picture?", images=[PNG])
+
+    def on_text(self, text: str) -> Observation:
+        self.done = True
+        return Observation(text="Thanks.", images=[PNG])
+
+
+@pytest.fixture
+def model_url():
+    with ServerThread(scripted_model(), log_level="warning") as server:
+        yield server.url + "/v1"
+
+
+@pytest.fixture
+def guess_url(serve_env) -> str:
+    return serve_env(GuessEnv).url
+
+
+def evaluate(tmp_path: Path, env: str, model: str, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    config = EvalConfig(env=env, model=model, out=str(tmp_path / "out"), **kwargs)
+    summary = run_eval(config)
+    records = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert summary == json.loads((tmp_path / "out" / "summary.json").read_text())
+    return summary, records
+
+
+def secret_of(seed: int) -> int:
+    async def reset() -> int:
+        runner = EnvRunner(GuessEnv())
+        await runner.reset(seed=seed)
+        return int(runner.env.secret)
+
+    return asyncio.run(reset())
+
+
+def test_an_endpoint_that_solves_the_env_passes_every_task(tmp_path: Path, model_url: str, guess_url: str) -> None:
+    summary, records = evaluate(tmp_path, guess_url, model_url, model_name="bisect", episodes=3, samples=2,
+                                concurrency=4, seed=10, api_key="sk-do-not-write-me")
+    assert sorted((r["task_index"], r["sample"]) for r in records) == [(t, s) for t in range(3) for s in range(2)]
+    for rec in records:
+        assert rec["seed"] == 10 + rec["task_index"] and rec["reward"] == 1.0 and rec["stop_reason"] == "done"
+        assert rec["rewards"] == {"solved": 1.0} and rec["failure"] is None
+        assert rec["tool_calls"] == rec["turns"] >= 1
+        assert rec["tokens"]["completion"] == 7 * rec["turns"]
+        roles = [m["role"] for m in rec["messages"]]
+        assert roles[:2] == ["system", "user"] and roles[2:] == ["assistant", "tool"] * rec["turns"]
+        last_call = json.loads(rec["messages"][-2]["tool_calls"][0]["function"]["arguments"])["number"]
+        assert last_call == secret_of(rec["seed"]) and rec["messages"][-1]["content"] == "Correct!"
+        assert rec["messages"][-1]["tool_call_id"] == rec["messages"][-2]["tool_calls"][0]["id"]
+    assert summary["mean_reward"] == 1.0 and summary["pass_at_k"] == {"1": 1.0, "2": 1.0}
+    assert summary["episodes_done"] == 6 and summary["episodes_failed"] == 0 and summary["complete"]
+    assert summary["reward_components"] == {"solved": 1.0}
+    assert summary["args"]["model_name"] == "bisect" and summary["args"]["api_key"] == "***"
+    assert not any("sk-do-not-write-me" in p.read_text() for p in (tmp_path / "out").iterdir())
+
+
+def test_eval_serves_a_module_class_itself_with_reset_arguments(tmp_path: Path, model_url: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the served module is imported from the working directory, as `envhub serve` does
+    summary, records = evaluate(tmp_path, "examples.guess_env:GuessEnv", model_url, model_name="bisect", episodes=3,
+                                reset_kwargs={"high": 4})
+    for rec in records:
+        assert rec["messages"][1]["content"].startswith("I picked a number between 1 and 4.")
+        assert rec["reward"] == 1.0 and rec["stop_reason"] == "done"
+    assert summary["args"]["reset_kwargs"] == {"high": 4} and summary["env"] == "examples.guess_env:GuessEnv"
+
+
+def test_the_turn_limit_stops_unsolved_episodes_with_reward_0(tmp_path: Path, model_url: str, guess_url: str) -> None:
+    # bisection finds the secret in two guesses only when it is 50, 25 or 75
+    summary, records = evaluate(tmp_path, guess_url, model_url, model_name="bisect", episodes=4, max_turns=2)
+    for rec in records:
+        solved = secret_of(rec["seed"]) in (50, 25, 75)
+        assert rec["reward"] == (1.0 if solved else 0.0)
+        assert rec["stop_reason"] == ("done" if solved else "max_turns") and rec["turns"] <= 2
+    assert summary["pass_at_k"]["1"] == sum(r["reward"] for r in records) / 4
+
+
+def test_model_mistakes_go_back_to_the_model_and_are_counted(tmp_path: Path, model_url: str, guess_url: str) -> None:
+    summary, records = evaluate(tmp_path, guess_url, model_url, model_name="malformed", episodes=1, max_turns=3)
+    (rec,) = records
+    assert rec["malformed_tool_calls"] == 3 and rec["reward"] == 0.0 and rec["failure"] is None
+    assert rec["messages"][3]["role"] == "tool" and "not a JSON object" in rec["messages"][3]["content"]
+    summary_text, text_records = evaluate(tmp_path / "text", guess_url, model_url, model_name="text", episodes=1,
+                                          max_turns=2)
+    assert text_records[0]["invalid_actions"] == 2 and text_records[0]["messages"][3]["role"] == "user"
+    assert "expects a tool call" in text_records[0]["messages"][3]["content"]
+    assert summary["failures"] == {} and summary["episodes_done"] == 1
+    assert summary["policy_errors"] == {"malformed_tool_calls": 3, "invalid_actions": 0, "episodes": 1}
+    assert summary_text["policy_errors"]["invalid_actions"] == 2 and summary_text["failures"] == {}
+
+
+def test_failures_of_the_model_and_the_env_are_counted_by_kind_and_never_scored(
+        tmp_path: Path, model_url: str, guess_url: str, serve_env) -> None:
+    summary, records = evaluate(tmp_path, guess_url, model_url, model_name="broken", episodes=2)
+    assert all(r["reward"] is None and r["stop_reason"] == "model_error" for r in records)
+    assert all(r["failure"]["kind"] == "model" and "HTTP 200" in r["failure"]["message"] for r in records)
+    assert summary["mean_reward"] is None and summary["pass_at_k"] == {"1": None}
+    assert summary["failures"] == {"model": 2} and summary["episodes_failed"] == 2
+    from envhub.eval.serve import free_port
+
+    down, env_records = evaluate(tmp_path / "down", f"ws://127.0.0.1:{free_port()}", model_url,
+                                 model_name="bisect", episodes=1)
+    assert env_records[0]["failure"]["kind"] == "infrastructure" and env_records[0]["reward"] is None
+    assert env_records[0]["stop_reason"] == "env_error" and "EnvConnectionError" in env_records[0]["failure"]["message"]
+    assert down["failures"] == {"infrastructure": 1}
+    crashed, crash_records = evaluate(tmp_path / "crash", serve_env(CrashEnv).url, model_url, model_name="text",
+                                      episodes=2)
+    assert all(r["failure"]["kind"] == "env" and r["stop_reason"] == "env_error" for r in crash_records)
+    assert "the env has a bug" in crash_records[0]["failure"]["message"] and crashed["failures"] == {"env": 2}
+    assert crashed["mean_reward"] is None and crashed["pass_at_k"] == {"1": None}
+
+
+def test_a_full_context_ends_the_episode_as_max_tokens_and_is_scored(tmp_path: Path, model_url: str,
+                                                                     guess_url: str) -> None:
+    summary, (rec,) = evaluate(tmp_path, guess_url, model_url, model_name="context", episodes=1, seed=1)
+    assert secret_of(1) != 50, "the first guess must not solve it for this test"
+    assert rec["stop_reason"] == "max_tokens" and rec["turns"] == 1 and rec["reward"] == 0.0
+    assert rec["failure"] is None and summary["failures"] == {}
+    assert summary["pass_at_k"] == {"1": 0.0}
+
+
+def test_the_episode_deadline_and_the_env_step_timeout_are_told_apart(tmp_path: Path, model_url: str,
+                                                                       serve_env) -> None:
+    slow = serve_env(SlowEnv).url
+    summary, (rec,) = evaluate(tmp_path, slow, model_url, model_name="text", episodes=1, episode_timeout_s=1.2)
+    assert rec["failure"]["kind"] == "infrastructure" and rec["stop_reason"] == "timeout" and rec["reward"] is None
+    assert rec["failure"]["message"] == "the episode ran past --episode-timeout 1.2 s"
+    assert 1 <= rec["turns"] <= 3 and summary["failures"] == {"infrastructure": 1}
+    strict = serve_env(SlowEnv, step_timeout_s=0.1).url
+    _, (rec,) = evaluate(tmp_path / "strict", strict, model_url, model_name="text", episodes=1, episode_timeout_s=30)
+    assert rec["failure"]["kind"] == "infrastructure" and rec["stop_reason"] == "timeout"
+    assert rec["failure"]["message"].startswith("StepTimeoutError")
+
+
+def test_image_observations_are_image_url_parts(tmp_path: Path, model_url: str, serve_env) -> None:
+    _, (rec,) = evaluate(tmp_path, serve_env(PictureEnv).url, model_url, model_name="text", episodes=1)
+    first, last = rec["messages"][1], rec["messages"][-1]
+    for message in (first, last):
+        image, text = message["content"]
+        assert image["type"] == "image_url" and image["image_url"]["url"].startswith("data:image/png;base64,")
+        assert text["type"] == "text"
+    assert rec["stop_reason"] == "done"
+
+
+def _run_cli(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "envhub", "eval", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_without_duplicates_and_ctrl_c_keeps_the_finished(tmp_path: Path, guess_url: str) -> None:
+    with ServerThread(scripted_model(delay_s=0.15), log_level="warning") as slow_model:
+        args = ["--env", guess_url, "--model", slow_model.url + "/v1", "--model-name", "bisect", "--episodes", "4",
+                "--samples", "2", "--concurrency", "1", "--out", "out", "--seed", "3"]
+        results = tmp_path / "out" / "results.jsonl"
+        for sig in (signal.SIGKILL, signal.SIGINT):
+            proc = _run_cli(tmp_path, *args, *(["--resume"] if sig == signal.SIGINT else []))
+            target = _lines(results) + 2
+            deadline = time.monotonic() + 120
+            while _lines(results) < target and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=60)
+            if sig == signal.SIGINT:
+                assert proc.returncode == 130, err
+                summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+                assert summary["interrupted"] and summary["episodes_recorded"] == _lines(results) < 8
+        changed = _run_cli(tmp_path, *args, "--resume", "--max-turns", "3")
+        _, err = changed.communicate(timeout=60)
+        assert changed.returncode == 2 and "max_turns: 10 in run.json, 3 now" in err
+        final = _run_cli(tmp_path, *args, "--resume")
+        out, err = final.communicate(timeout=120)
+        assert final.returncode == 0, err
+    pairs = [(r["task_index"], r["sample"]) for r in map(json.loads, results.read_text().splitlines())]
+    assert sorted(pairs) == [(t, s) for t in range(4) for s in range(2)], "every pair once: none lost, none twice"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["complete"] and not summary["interrupted"] and summary["pass_at_k"] == {"1": 1.0, "2": 1.0}
+    assert json.loads(out)["episodes_done"] == 8
+
+
+def test_resume_with_retry_failed_plays_the_failed_episodes_again(tmp_path: Path, model_url: str,
+                                                                   guess_url: str) -> None:
+    outage = {"down": True}
+    with ServerThread(scripted_model(outage=outage), log_level="warning") as flaky:
+        config = dict(env=guess_url, model=flaky.url + "/v1", model_name="flaky", episodes=2, samples=2,
+                      out=str(tmp_path / "out"))
+        assert run_eval(EvalConfig(**config))["failures"] == {"model": 4}
+        outage["down"] = False  # the endpoint is back
+        unchanged = run_eval(EvalConfig(**config, resume=True))
+        assert unchanged["failures"] == {"model": 4}, "a plain --resume keeps the failed episodes"
+        again = run_eval(EvalConfig(**config, resume=True, retry_failed=True))
+    lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4, "each failed line is replaced, none duplicated"
+    assert again["failures"] == {} and again["pass_at_k"] == {"1": 1.0, "2": 1.0}
+    with pytest.raises(ValueError, match="use it with --resume"):
+        EvalConfig(env=guess_url, model=model_url, retry_failed=True)
+
+
+def test_a_throttled_endpoint_is_retried(tmp_path: Path, model_url: str, guess_url: str) -> None:
+    summary, records = evaluate(tmp_path, guess_url, model_url, model_name="throttled", episodes=2, concurrency=1)
+    assert summary["failures"] == {} and all(r["reward"] == 1.0 for r in records)
+
+
+def test_a_new_run_refuses_to_overwrite_results(tmp_path: Path, model_url: str, guess_url: str) -> None:
+    evaluate(tmp_path, guess_url, model_url, model_name="bisect", episodes=1)
+    with pytest.raises(ValueError, match="already holds results; pass --resume"):
+        evaluate(tmp_path, guess_url, model_url, model_name="bisect", episodes=1)
+
+
+# -- pass@k ------------------------------------------------------------------------------------------
+
+
+def _brute_force_pass_at_k(n: int, c: int, k: int) -> float:
+    """The fraction of k-subsets of n samples (c passing) that hold at least one pass."""
+    from itertools import combinations
+
+    subsets = list(combinations([i < c for i in range(n)], k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+def test_pass_at_k_is_the_unbiased_estimator(n: int) -> None:
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(_brute_force_pass_at_k(n, c, k))
+    assert pass_at_k(n, 1, 1) == pytest.approx(1 / n)
+
+
+def test_pass_at_k_refuses_impossible_counts() -> None:
+    with pytest.raises(ValueError, match="Expected 0 <= c <= n and 1 <= k <= n"):
+        pass_at_k(2, 3, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_pass_at_ks_uses_the_threshold_and_leaves_failed_samples_out() -> None:
+    records = [{"task_index": 0, "reward": 1.0}, {"task_index": 0, "reward": 0.5},
+               {"task_index": 1, "reward": 0.5}, {"task_index": 1, "reward": None}]
+    strict = pass_at_ks(records, 2, threshold=1.0)
+    assert strict["pass_at_k"] == {"1": 0.25, "2": 1.0} and strict["pass_at_k_tasks"] == {"1": 2, "2": 1}
+    assert pass_at_ks(records, 2, threshold=0.5)["pass_at_k"] == {"1": 1.0, "2": 1.0}
+
+
+def test_picture_env_is_a_valid_env() -> None:
+    from envhub.testing import check_env
+
+    check_env(PictureEnv)
+
+
+
+def test_without_tqdm_progress_is_one_line_rewritten_on_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from envhub.eval.episode import EpisodeRecord
+    from envhub.eval.runner import Progress
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` raises ImportError, as where it is not installed
+    stream = io.StringIO()
+    progress = Progress(total=3, done=1, stream=stream)
+    progress.update(EpisodeRecord(task_index=0, seed=0, sample=1, reward=1.0))
+    progress.update(EpisodeRecord(task_index=1, seed=1, sample=0, reward=None))
+    progress.close()
+    assert stream.getvalue() == "\reval 2/3 failed=0 reward=1.000\reval 3/3 failed=1 reward=1.000\n"
