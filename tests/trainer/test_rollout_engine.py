@@ -7,8 +7,9 @@ import torch
 from rollout_fakes import AddEnv, CalcEnv, CountdownEnv, CrashEnv, ScriptedSampler, SlowEnv, add_answer
 
 from trainer.model import ModelConfig, load_policy
-from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, StopReason, build_groups, make_tasks
+from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, StopReason, build_groups, make_tasks
 from trainer.rollout.types import Task, Trajectory
+from trainer.sampling import HFSampler
 from trainer.tokenizer import build_tiny_tokenizer
 
 
