@@ -57,7 +57,7 @@ class ConfigCommand(Command):
     ``execute(cfg) -> summary`` (printed as JSON). ``kind`` is the scheduler job kind for ``--scheduler``."""
 
     def __init__(self, name: str, help: str, *, load: Callable[[str | None, list[str]], Any],
-                 execute: Callable[[Any], dict], check: Callable[[Any], str | None] = lambda cfg: None,
+                 execute: Callable[[Any], dict[str, Any]], check: Callable[[Any], str | None] = lambda cfg: None,
                  kind: str = "rl"):
         super().__init__(name, help, self._configure, self._run)
         self.load, self.execute, self.check, self.kind = load, execute, check, kind
@@ -133,13 +133,13 @@ def _rl_env(cfg: Any) -> str | None:
             "run one in process).")
 
 
-def _run_rl(cfg: Any) -> dict:
+def _run_rl(cfg: Any) -> dict[str, Any]:
     from trainer.recipes.rl import train
 
     return train(cfg)
 
 
-def _run_sft(cfg: Any) -> dict:
+def _run_sft(cfg: Any) -> dict[str, Any]:
     from trainer.recipes.sft import train_sft
 
     return train_sft(cfg)
@@ -158,7 +158,7 @@ def _match_env(cfg: Any) -> str | None:
             "--two-agent) or env.env_class='pkg.mod:Cls'.")
 
 
-def _run_two_agent(cfg: Any) -> dict:
+def _run_two_agent(cfg: Any) -> dict[str, Any]:
     from trainer.multiagent.two_agent import train_two_agents
 
     return train_two_agents(cfg)

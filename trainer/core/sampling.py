@@ -12,6 +12,7 @@ does. The decode loop only picks the ids.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -138,7 +139,8 @@ class _seeded:
     """Fork the torch RNG (CPU and this CUDA device) and seed it, when a seed is given."""
 
     def __init__(self, seed: int | None, device: torch.device):
-        self.seed, self.device, self.fork = seed, device, None
+        self.seed, self.device = seed, device
+        self.fork: contextlib.AbstractContextManager[Any] | None = None
 
     def __enter__(self) -> None:
         if self.seed is not None:

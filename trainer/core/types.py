@@ -64,7 +64,7 @@ class Datum:
                                  f"model_input token), got {tensor.numel()}.")
 
     def __len__(self) -> int:
-        return int(self.model_input.numel())
+        return len(self.model_input)  # a 1-D tensor after __post_init__
 
     @classmethod
     def from_sequence(cls, tokens: Sequence[int], **per_token: Sequence[float]) -> Datum:

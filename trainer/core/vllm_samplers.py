@@ -30,7 +30,7 @@ DEFAULT_MAX_LORA_RANK = 64
 class VLLMView:
     """One sampler on the shared engine: ``sample`` like :class:`~trainer.core.sampling.SamplingClient`."""
 
-    def __init__(self, engine: Any, lora_request: Any = None):
+    def __init__(self, engine: VLLMSampler, lora_request: Any = None):
         self.engine, self.lora_request = engine, lora_request
 
     def sample(self, prompt_tokens: Sequence[int], num_samples: int = 1, sampling_params: SamplingParams | None = None,

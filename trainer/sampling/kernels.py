@@ -28,7 +28,8 @@ class HFKernel:
         out = self.model(input_ids=ids_BT, attention_mask=attn_BT, position_ids=pos_BT, use_cache=True,
                          logits_to_keep=1, **kwargs)
         self.cache = out.past_key_values
-        return out.logits[:, -1]
+        logits_BTV: Tensor = out.logits
+        return logits_BTV[:, -1]
 
     def expand(self, index_B: Tensor) -> bool:
         """Row ``i`` of the cache becomes a copy of row ``index_B[i]`` (after a prefill of unique prompts); False
@@ -43,7 +44,8 @@ class HFKernel:
         out = self.model(input_ids=tok_B[:, None], attention_mask=attn_BS, position_ids=pos_B[:, None],
                          past_key_values=self.cache, use_cache=True, **kwargs)
         self.cache = out.past_key_values
-        return out.logits[:, -1]
+        logits_B1V: Tensor = out.logits
+        return logits_B1V[:, -1]
 
 
 #: decoder families whose layers are pre-norm RMSNorm -> attention (RoPE, grouped KV heads, optional q/k norm)
@@ -161,12 +163,14 @@ class LlamaKernel:
                     swapped.view(B, T, H + Hk, D).transpose(1, 2), sin)
             else:
                 q, k, v = block.qkv(h)
-                if block.q_norm is not None:
-                    q, k = block.q_norm(q.view(B, T, H, D)), block.k_norm(k.view(B, T, Hk, D))
+                if block.qk_norms is not None:
+                    q_norm, k_norm = block.qk_norms
+                    q, k = q_norm(q.view(B, T, H, D)), k_norm(k.view(B, T, Hk, D))
                 qk = _rope(torch.cat([q.view(B, T, H, D), k.view(B, T, Hk, D)], dim=2).transpose(1, 2), cos, sin)
             k_cache[:, :, start:end] = qk[:, H:]
             v_cache[:, :, start:end] = v.view(B, T, Hk, D).transpose(1, 2)
             if T == 1:
+                assert mask is not None  # a decode step always has its additive key mask
                 o = _attend_one(qk[:, :H], k_cache[:, :, :end], v_cache[:, :, :end], mask, self.scaling)
             else:
                 o = F.scaled_dot_product_attention(qk[:, :H], k_cache[:, :, :end], v_cache[:, :, :end],
@@ -185,8 +189,8 @@ class _Block:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm1, self.norm2 = _rms_norm_rows(layer.input_layernorm), _rms_norm_rows(layer.post_attention_layernorm)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        self.q_norm = _rms_norm(q_norm) if q_norm is not None else None
-        self.k_norm = _rms_norm(k_norm) if k_norm is not None else None
+        # Qwen3's per-head q/k RMSNorms (a model has both or neither)
+        self.qk_norms = None if q_norm is None else (_rms_norm(q_norm), _rms_norm(k_norm))
         self.qkv = _projections([attn.q_proj, attn.k_proj, attn.v_proj])
         self.qk_swapped_v = None if q_norm is not None else _swapped_projection(attn.q_proj, attn.k_proj, attn.v_proj,
                                                                                 head_dim)
@@ -246,7 +250,7 @@ def _swapped_projection(q_proj: Any, k_proj: Any, v_proj: Any,
 def _residual(module: Any) -> Callable[[Tensor, Tensor], Tensor]:
     """``residual + module(x)`` on rows [N, features]: one ``addmm`` for a plain bias-free ``nn.Linear``, else the
     module and an add."""
-    if type(module) is not torch.nn.Linear or module.bias is not None:
+    if type(module) is not torch.nn.Linear or getattr(module, "bias", None) is not None:
         return lambda x, residual: residual + module(x)
     weight_t = module.weight.t()
     return lambda x, residual: torch.addmm(residual, x, weight_t)
@@ -282,7 +286,8 @@ def _projections(modules: list[Any]) -> Callable[[Tensor], tuple[Tensor, ...]]:
 
 def _rms_norm(module: Any) -> Callable[[Tensor], Tensor]:
     """The Hugging Face RMSNorm arithmetic (in float32, scaled in the input dtype) on the module's weight."""
-    eps, weight = _epsilon(module), module.weight
+    eps = _epsilon(module)
+    weight: Tensor = module.weight
 
     def norm(x: Tensor) -> Tensor:
         if x.dtype == torch.float32:
@@ -296,7 +301,7 @@ def _rms_norm(module: Any) -> Callable[[Tensor], Tensor]:
 def _rms_norm_rows(module: Any) -> Callable[[Tensor], Tensor]:
     """:func:`_rms_norm` for rows [N, features], its mean of squares and epsilon one ``addmm`` (mean and a scalar
     add cost several times a small matmul in dispatch; the sum differs from ``mean``'s by float rounding)."""
-    weight = module.weight
+    weight: Tensor = module.weight
     features = weight.shape[-1]
     eps_1 = torch.tensor([_epsilon(module)], dtype=torch.float32, device=weight.device)
     mean_F1 = torch.full((features, 1), 1.0 / features, dtype=torch.float32, device=weight.device)

@@ -82,7 +82,7 @@ class VLLMSampler(BatchingSampler):
         self.lora = lora
         self.eos_id = int(tokenizer.eos_token_id)
         self.on_gpu = torch.cuda.is_available()
-        base = unwrap(model)
+        base: Any = unwrap(model)  # a Hugging Face model: save_pretrained, config
         _check_shape(base.config, self.on_gpu)
         self._dir = tempfile.mkdtemp(prefix="envhub-vllm-")
         self._adapter_dir = tempfile.mkdtemp(prefix="envhub-vllm-lora-", dir=memory_dir())
