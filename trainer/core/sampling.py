@@ -13,7 +13,7 @@ does. The decode loop only picks the ids.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -102,11 +102,11 @@ class SamplingClient:
             out = decode(model, ids_BT, torch.ones_like(ids_BT), max_new_tokens=params.max_tokens, eos_ids=stop_ids,
                          temperature=1.0 if greedy else params.temperature, greedy=greedy,
                          top_k=max(params.top_k, 0), top_p=params.top_p,
-                         stop_check=_stop_strings(params.stop_strings, self.tokenizer), **kwargs)
+                         stop_check=_stop_string_check(params.stop_strings, self.tokenizer), **kwargs)
         return list(zip(out.token_ids, out.finish_reasons))
 
 
-def _stop_strings(stop_strings: list[str], tokenizer: Any) -> Any:
+def _stop_string_check(stop_strings: list[str], tokenizer: Any) -> Callable[[list[int]], bool] | None:
     """A :func:`~trainer.sampling.decode` stop check: does the newest text of a row hold one of ``stop_strings``?
 
     Only the row's last few ids are decoded (a stop string ends within them: every id decodes to at least

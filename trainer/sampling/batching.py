@@ -64,7 +64,7 @@ class BatchingSampler:
             self._worker = asyncio.create_task(self._drain())
         return await fut
 
-    def _locked_batch(self, requests: list[GenRequest]) -> list[SampledSequence]:
+    def _generate_locked(self, requests: list[GenRequest]) -> list[SampledSequence]:
         with self.weights_lock:
             version = self.version
             results = self.generate_batch(requests)
@@ -95,7 +95,7 @@ class BatchingSampler:
 
     async def _answer(self, part: list[tuple[GenRequest, asyncio.Future[SampledSequence]]]) -> None:
         try:
-            results = await asyncio.to_thread(self._locked_batch, [r for r, _ in part])
+            results = await asyncio.to_thread(self._generate_locked, [r for r, _ in part])
         except BaseException as exc:  # the episodes waiting on this batch see the error
             for _, f in part:
                 if not f.done():

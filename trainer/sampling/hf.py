@@ -107,10 +107,11 @@ class HFSampler(BatchingSampler):
         new_BN = gen.sequences[:, ids_BT.shape[1]:].cpu()
         logits_BNV = torch.stack(gen.logits, dim=1).float().cpu() / temperature
         logprobs_BN = torch.log_softmax(logits_BNV, dim=-1).gather(-1, new_BN.unsqueeze(-1)).squeeze(-1)
-        return [self._cut(new_BN[i].tolist(), logprobs_BN[i].tolist(), r.max_new_tokens)
+        return [self._until_eos(new_BN[i].tolist(), logprobs_BN[i].tolist(), r.max_new_tokens)
                 for i, r in enumerate(requests)]
 
-    def _cut(self, ids: list[int], logprobs: list[float], cap: int) -> SampledSequence:
+    def _until_eos(self, ids: list[int], logprobs: list[float], cap: int) -> SampledSequence:
+        """A row of ``generate``'s output as a sequence: at most ``cap`` ids, ending at the first EOS if any."""
         ids, logprobs = ids[:cap], logprobs[:cap]
         if self.eos_id in ids:
             end = ids.index(self.eos_id) + 1

@@ -176,7 +176,7 @@ class VLLMSampler(BatchingSampler):
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         outputs = on_vllm_thread(self.llm.generate, prompts, params, lora_request=self._lora_request,
                                   use_tqdm=False)
-        return [self._result(out.outputs[0]) for out in outputs]
+        return [self._sequence(out.outputs[0]) for out in outputs]
 
     # -- sampling with the core's SamplingParams (where a trainer.core SamplingClient would stand) ---
     def sample(self, prompt_tokens: Sequence[int], num_samples: int = 1, sampling_params: SamplingParams | None = None,
@@ -213,7 +213,8 @@ class VLLMSampler(BatchingSampler):
             prompt_lps = [None] + [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], prompt[1:])]
         return SampleResponse(seqs, prompt_lps)
 
-    def _result(self, completion: Any) -> SampledSequence:
+    def _sequence(self, completion: Any) -> SampledSequence:
+        """A vLLM completion as a sequence whose stop token is part of the record."""
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
         finish = "stop" if completion.finish_reason == "stop" else "length"
