@@ -231,3 +231,16 @@ def test_the_scheduler_imports_neither_torch_nor_the_rest_of_trainer() -> None:
             if top == "torch" or (top == "trainer" and not module.startswith("trainer.scheduler")):
                 violations.append(f"{path.relative_to(ROOT)}:{lineno} imports {module}")
     assert not violations, "trainer.scheduler must stand alone:\n" + "\n".join(violations)
+
+
+def test_trainer_packages_use_each_others_public_names_only() -> None:
+    """``from trainer.core._x import y`` or ``from trainer.core.x import _y`` in another package: private to core."""
+    violations = []
+    for name, path in _trainer_modules().items():
+        package = ".".join(name.split(".")[:2])
+        for lineno, module in _module_names(ast.parse(path.read_text(), filename=str(path))):
+            parts = module.split(".")
+            private = any(p.startswith("_") and not p.startswith("__") for p in parts)
+            if parts[0] == "trainer" and private and ".".join(parts[:2]) != package:
+                violations.append(f"{path.relative_to(ROOT)}:{lineno} imports {module}")
+    assert not violations, "private names used across trainer packages (export a public one):\n" + "\n".join(violations)
