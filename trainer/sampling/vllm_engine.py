@@ -88,18 +88,10 @@ class VLLMSampler(BatchingSampler):
         self._adapter_dir = tempfile.mkdtemp(prefix="envhub-vllm-lora-", dir=memory_dir())
         base.save_pretrained(os.path.join(self._dir, "base"), state_dict=base_state_dict(base))
         tokenizer.save_pretrained(os.path.join(self._dir, "base"))
-        kwargs: dict[str, Any] = dict(
-            model=os.path.join(self._dir, "base"), seed=seed,
-            max_model_len=min(max_model_len, int(getattr(base.config, "max_position_embeddings", max_model_len))),
-            enable_prefix_caching=True,
-            dtype=self.config.vllm_dtype if self.config.vllm_dtype != "auto" else _dtype_name(next(base.parameters()).dtype),
-            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", enforce_eager=not self.on_gpu)
         if compile_model is None:
             compile_model = self.config.vllm_compile == "on" or (self.config.vllm_compile == "auto" and self.on_gpu)
-        if not compile_model:  # eager: no torch.compile at start-up (tens of seconds on a CPU)
-            kwargs["compilation_config"] = 0
-        if self.on_gpu:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs = self._engine_kwargs(base, seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                     compile_model=compile_model, gpu_memory_utilization=gpu_memory_utilization)
         if lora:
             peft_config = getattr(model, "peft_config", None) or getattr(unwrap_peft(model), "peft_config", None)
             rank = max_lora_rank or (peft_config["default"].r if peft_config else 64)
@@ -109,19 +101,29 @@ class VLLMSampler(BatchingSampler):
             _LIVE.add(id(self.llm))
         except Exception as exc:  # engine start-up failures surface deep inside vLLM: say what to do
             shutil.rmtree(self._dir, ignore_errors=True)
-            raise VLLMUnavailable(
-                f"The vLLM engine could not start ({type(exc).__name__}: {exc}). "
-                + ("Lower sampling memory (gpu_memory_utilization) or max_model_len, or check the CUDA build "
-                   "matches the driver." if self.on_gpu else
-                   "On the CPU: check VLLM_CPU_KVCACHE_SPACE (GiB of RAM for the KV cache, now "
-                   f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}) fits in memory and max_model_len is not larger "
-                   f"than it needs; reinstall with `{INSTALL_HINT}` if vLLM itself is broken.")) from exc
+            raise _start_failure(exc, self.on_gpu) from exc
         finally:
             torch.set_num_threads = set_threads
             set_threads(threads)
         self._lora_request = None
         if lora and _has_adapter(model):
             self.update_weights(model, 0)
+
+    def _engine_kwargs(self, base: Any, *, seed: int, max_model_len: int, max_num_seqs: int, compile_model: bool,
+                       gpu_memory_utilization: float) -> dict[str, Any]:
+        """``vllm.LLM``'s arguments for the exported ``base`` weights (LoRA slots are added by the caller)."""
+        dtype = self.config.vllm_dtype
+        kwargs: dict[str, Any] = dict(
+            model=os.path.join(self._dir, "base"), seed=seed,
+            max_model_len=min(max_model_len, int(getattr(base.config, "max_position_embeddings", max_model_len))),
+            enable_prefix_caching=True,
+            dtype=dtype if dtype != "auto" else _dtype_name(next(base.parameters()).dtype),
+            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", enforce_eager=not self.on_gpu)
+        if not compile_model:  # eager: no torch.compile at start-up (tens of seconds on a CPU)
+            kwargs["compilation_config"] = 0
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        return kwargs
 
     # -- weights ---------------------------------------------------------------------------------
     def update_weights(self, model: Any, version: int) -> None:
@@ -265,6 +267,16 @@ def _check_shape(config: Any, on_gpu: bool) -> None:
             f"{config.hidden_size} / {heads} heads); it supports {list(VLLM_HEAD_SIZES)}. For the tiny model set "
             f"model.num_heads so that hidden_size / num_heads is one of them (e.g. model.hidden_size=128 "
             f"model.num_heads=2 model.num_kv_heads=1), or use sampling.backend = 'hf'.")
+
+
+def _start_failure(exc: Exception, on_gpu: bool) -> VLLMUnavailable:
+    """The error for an engine that failed to start, with what to change on this platform."""
+    fix = ("Lower sampling memory (gpu_memory_utilization) or max_model_len, or check the CUDA build matches the "
+           "driver." if on_gpu else
+           "On the CPU: check VLLM_CPU_KVCACHE_SPACE (GiB of RAM for the KV cache, now "
+           f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}) fits in memory and max_model_len is not larger than it "
+           f"needs; reinstall with `{INSTALL_HINT}` if vLLM itself is broken.")
+    return VLLMUnavailable(f"The vLLM engine could not start ({type(exc).__name__}: {exc}). {fix}")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
