@@ -25,8 +25,8 @@ import torch
 from env_servers.math_env.env import MathEnv
 from trainer.model import ModelConfig, load_policy
 from trainer.quickstart import SYSTEM_PROMPT, free_port, math_server, parse_args, task_of
-from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, make_tasks
-from trainer.rollout.types import GenRequest, GenResult
+from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, make_tasks
+from trainer.sampling import GenRequest, HFSampler, SampledSequence
 
 
 class InProcessMath(MathEnv):
@@ -47,9 +47,9 @@ class ScriptedPolicy:
     def update_weights(self, model, version: int) -> None:
         self.version = version
 
-    async def generate(self, request: GenRequest) -> GenResult:
+    async def generate(self, request: GenRequest) -> SampledSequence:
         await asyncio.sleep(0)
-        return GenResult(list(self.ids), [0.0] * len(self.ids), "stop")
+        return SampledSequence(list(self.ids), [0.0] * len(self.ids), "stop")
 
 
 def run_once(engine: RolloutEngine, episodes: int, seed: int) -> tuple[float, float]:

@@ -3,7 +3,7 @@
 Part 1 times generation alone on the same random-weight model and the same batch (``--batch`` prompts
 of ``--prompt-len`` token ids, ``--new-tokens`` new tokens each, sampled at temperature 1): Hugging Face
 ``generate`` itself, then the trainer's own samplers, ``HFSampler.generate_batch`` (the lean decode loop
-of ``trainer.decode``) and ``VLLMSampler.generate_batch``, vLLM twice: in the trainer's fp32 (log-probs equal
+of ``trainer.sampling.decode``) and ``VLLMSampler.generate_batch``, vLLM twice: in the trainer's fp32 (log-probs equal
 the trainer's) and with bf16 weights (``sampling.vllm_dtype = "bfloat16"``). Two model
 shapes: the quick start's tiny Qwen2 (hidden 64, 2 layers, heads of 32 as with vLLM) and a
 Qwen2.5-0.5B-shaped one (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864) cut to ``--layers-05b``
@@ -41,7 +41,7 @@ def shapes(args) -> dict[str, dict]:
 
 
 def requests(args, vocab: int):
-    from trainer.rollout.types import GenRequest
+    from trainer.sampling import GenRequest
 
     gen = torch.Generator().manual_seed(0)
     return [GenRequest(torch.randint(3, vocab - 1, (args.prompt_len,), generator=gen).tolist(), args.new_tokens)
@@ -54,7 +54,7 @@ def tokens_per_s(sampler, reqs, repeats: int) -> float:
     for _ in range(repeats):
         start = time.perf_counter()
         results = sampler.generate_batch(reqs)
-        rates.append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - start))
+        rates.append(sum(len(r.tokens) for r in results) / (time.perf_counter() - start))
     return statistics.median(rates)
 
 
@@ -65,7 +65,7 @@ class GenerateBaseline:
         self.model, self.pad, self.eos = model.eval(), tok.pad_token_id, tok.eos_token_id
 
     def generate_batch(self, reqs):
-        from trainer.rollout.types import GenResult
+        from trainer.sampling import SampledSequence
 
         width = max(len(r.prompt_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad)
@@ -76,13 +76,13 @@ class GenerateBaseline:
             out = self.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=reqs[0].max_new_tokens,
                                       do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=self.eos,
                                       pad_token_id=self.pad, return_dict_in_generate=True, output_logits=True)
-        return [GenResult(row.tolist(), [], "length") for row in out.sequences[:, width:]]
+        return [SampledSequence(row.tolist(), [], "length") for row in out.sequences[:, width:]]
 
 
 def part_generation(args) -> list[list]:
     """Per model: name, generate tok/s, HF sampler tok/s, then vLLM fp32 and bf16 tok/s when vLLM is here."""
     from trainer.model import ModelConfig, load_policy
-    from trainer.rollout import HFSampler, SamplingConfig
+    from trainer.sampling import HFSampler, SamplingConfig
 
     try:
         import vllm  # noqa: F401
@@ -106,7 +106,7 @@ def part_generation(args) -> list[list]:
             rates["sampler"].append(tokens_per_s(hf, reqs, 1))
         rows.append([name, statistics.median(rates["generate"]), statistics.median(rates["sampler"])])
     if have_vllm:
-        from trainer.rollout.vllm_sampler import VLLMSampler
+        from trainer.sampling.vllm_engine import VLLMSampler
 
         for row in rows:
             model, tok, reqs = built[row[0]]

@@ -13,7 +13,7 @@ Whole steps (``--whole-steps``, 15 by default): each side samples ``--group`` co
 ``--completion-len`` tokens), scores them with a random reward, computes GRPO advantages and takes its
 training step. TRL's is its own ``_prepare_inputs`` (generation with ``transformers`` ``generate``,
 rewards, advantages) + ``compute_loss`` + backward + optimizer; ours is ``HFSampler.generate_batch`` (the
-lean decode loop of ``trainer.decode`` on the same model) + the RL recipe's ``compute_advantages``,
+lean decode loop of ``trainer.sampling.decode`` on the same model) + the RL recipe's ``compute_advantages``,
 ``pack`` and ``policy_update`` over the training core (the code ``envhub-train`` runs each step,
 ``seq_mean_token_mean`` as TRL's ``loss_type="grpo"``). Machine speed drifts on shared hosts: the two
 sides alternate step by step and the medians are compared.
@@ -165,8 +165,8 @@ def envhub_whole_step_fn(args, model, tokenizer, prompt_ids: list[list[int]]):
     from trainer.core import TrainingClient
     from trainer.recipes.batch import pack
     from trainer.recipes.update import adam_params, compute_advantages, policy_update
-    from trainer.rollout import HFSampler, SamplingConfig, Task, Trajectory
-    from trainer.rollout.types import GenRequest
+    from trainer.rollout import Task, Trajectory
+    from trainer.sampling import GenRequest, HFSampler, SamplingConfig
 
     cfg = load_config(None, ["algo.name='grpo'", "algo.aggregation='seq_mean_token_mean'", "optim.lr=1e-5",
                              f"optim.micro_batch_size={args.prompts * args.group}", "sampling.temperature=1.0"])
@@ -180,7 +180,7 @@ def envhub_whole_step_fn(args, model, tokenizer, prompt_ids: list[list[int]]):
         for i, res in enumerate(sampler.generate_batch(reqs)):
             traj = Trajectory(task=Task({}, group_id=i // args.group), reward=rng.random())
             traj.append(reqs[i].prompt_ids, policy=False)
-            traj.append(res.token_ids, policy=True, logprobs=res.logprobs)
+            traj.append(res.tokens, policy=True, logprobs=res.logprobs)
             if i % args.group == 0:
                 groups.append([])
             groups[-1].append(traj)

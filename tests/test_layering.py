@@ -1,10 +1,12 @@
-"""The import rules of DESIGN.md, checked on the source: imports point only downstream.
+"""The import rules of the repository, checked on the source: imports point only downstream.
 
 - ``envhub`` never imports torch, trainer, adapters or env_servers;
 - ``env_servers`` import envhub and their own domain deps, never trainer or adapters; an env server
   (``env_servers/<name>_env``) never imports another one: shared domain code lives in the shared
   modules beside them (``math_grading``, ``sandbox``, ``datasets``, ``serve_cli``), which import no env;
-- ``trainer`` imports envhub but never env_servers;
+- ``trainer`` imports envhub but never env_servers, and inside it each layer of :data:`TRAINER_RANKS`
+  imports only its own layer and the ones below (lazy imports inside functions count too), with no
+  import cycle between its modules; ``trainer.scheduler`` imports neither torch nor the rest of trainer;
 - ``adapters`` import what they adapt (openenv, gymnasium, openai, trl, torch...) lazily, inside functions.
 """
 
@@ -128,3 +130,131 @@ def test_eval_sits_on_top_of_the_sdk() -> None:
         violations += [f"{rel}:{lineno} imports {module}" for lineno, module in _module_names(tree)
                        if module == "envhub.eval" or module.startswith("envhub.eval.")]
     assert not violations, "the SDK must not depend on envhub.eval:\n" + "\n".join(violations)
+
+
+# -- inside trainer: ranked layers, no cycles ------------------------------------------------------
+
+#: trainer's layers, lowest first: a module imports only modules of its own rank or lower. The most
+#: specific row (longest prefix) holds; every module needs one (a new package gets its row here).
+TRAINER_RANKS: dict[str, int] = {
+    # 0: the foundation: the policy model, its tokenizer and vision inputs, torch.distributed, metrics,
+    #    checkpoints, and the GPU scheduler (which imports nothing else of trainer: see the test below)
+    "trainer": 0, "trainer.model": 0, "trainer.vision": 0, "trainer.tokenizer": 0, "trainer.distributed": 0,
+    "trainer.metrics": 0, "trainer.checkpoint": 0, "trainer.scheduler": 0,
+    "trainer.sampling": 1,                      # decode loop, HF and vLLM samplers, the one result type
+    "trainer.algos": 2,                         # advantages, value head: pure tensors
+    "trainer.core": 3,                          # the training core: forward_backward, optim_step, sample
+    "trainer.rollout": 4,                       # episode engine, agents, env sessions
+    "trainer.update": 5, "trainer.config": 5,   # the RL update; the run's config
+    "trainer.recipes": 6, "trainer.multiagent": 6, "trainer.quickstart": 6,  # readable loops over the core
+    "trainer.cli": 7, "trainer.service": 7, "trainer.multiagent.__main__": 7,  # entry points
+}
+
+
+def _trainer_modules() -> dict[str, Path]:
+    modules = {}
+    for path in _sources("trainer"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _trainer_imports(name: str, source: str, modules: dict[str, Path]) -> dict[str, int]:
+    """The trainer modules ``name`` imports (anywhere in the file), with a line of each: ``from a.b import c``
+    imports ``a.b.c`` when that is a module, and every package on the way (``a``, ``a.b``) that does not
+    contain ``name`` itself (importing a module runs its packages' ``__init__`` first)."""
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+    found: dict[str, int] = {}
+    for lineno, module in _module_names(ast.parse(source)):
+        parts = module.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in modules and prefix not in own:
+                found.setdefault(prefix, lineno)
+    return found
+
+
+def _trainer_graph() -> dict[str, dict[str, int]]:
+    modules = _trainer_modules()
+    return {name: _trainer_imports(name, path.read_text(), modules) for name, path in modules.items()}
+
+
+def _rank(module: str) -> int | None:
+    rows = [prefix for prefix in TRAINER_RANKS if module == prefix or module.startswith(prefix + ".")]
+    return TRAINER_RANKS[max(rows, key=len)] if rows else None
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One import cycle of ``graph`` (``[a, b, ..., a]``), or None when it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_find_cycle_sees_a_cycle_through_a_lazy_import_and_none_in_a_chain() -> None:
+    assert find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {}}) is None
+    assert find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 9}}) == ["a", "b", "c", "a"]
+    lazy = "import os\n\ndef f():\n    from trainer.core import TrainingClient\n"
+    modules = {"trainer.core": ROOT / "trainer" / "core" / "__init__.py"}
+    assert _trainer_imports("trainer.sampling.x", lazy, modules) == {"trainer.core": 4}
+
+
+def test_trainer_modules_import_each_other_without_cycles() -> None:
+    cycle = find_cycle(_trainer_graph())
+    assert cycle is None, "an import cycle among trainer modules (lazy imports count): " + " -> ".join(cycle or [])
+
+
+def test_every_trainer_module_has_a_rank() -> None:
+    missing = sorted(name for name in _trainer_modules() if _rank(name) is None)
+    assert not missing, f"trainer modules without a row in TRAINER_RANKS (give their layer a rank): {missing}"
+
+
+def test_trainer_layers_import_only_their_own_layer_and_the_ones_below() -> None:
+    modules = _trainer_modules()
+    violations = []
+    for name, imported in _trainer_graph().items():
+        for other, lineno in sorted(imported.items()):
+            mine, theirs = _rank(name), _rank(other)
+            if mine is not None and theirs is not None and theirs > mine:
+                violations.append(f"{modules[name].relative_to(ROOT)}:{lineno} ({name}, rank {mine}) imports "
+                                  f"{other} (rank {theirs})")
+    assert not violations, "upward imports inside trainer:\n" + "\n".join(violations)
+
+
+def test_the_scheduler_imports_neither_torch_nor_the_rest_of_trainer() -> None:
+    violations = []
+    for path in _sources("trainer/scheduler"):
+        for lineno, module in _module_names(ast.parse(path.read_text(), filename=str(path))):
+            top = module.split(".")[0]
+            if top == "torch" or (top == "trainer" and not module.startswith("trainer.scheduler")):
+                violations.append(f"{path.relative_to(ROOT)}:{lineno} imports {module}")
+    assert not violations, "trainer.scheduler must stand alone:\n" + "\n".join(violations)
+
+
+def test_trainer_packages_use_each_others_public_names_only() -> None:
+    """``from trainer.core._x import y`` or ``from trainer.core.x import _y`` in another package: private to core."""
+    violations = []
+    for name, path in _trainer_modules().items():
+        package = ".".join(name.split(".")[:2])
+        for lineno, module in _module_names(ast.parse(path.read_text(), filename=str(path))):
+            parts = module.split(".")
+            private = any(p.startswith("_") and not p.startswith("__") for p in parts)
+            if parts[0] == "trainer" and private and ".".join(parts[:2]) != package:
+                violations.append(f"{path.relative_to(ROOT)}:{lineno} imports {module}")
+    assert not violations, "private names used across trainer packages (export a public one):\n" + "\n".join(violations)

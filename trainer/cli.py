@@ -9,8 +9,8 @@
     envhub-train COMMAND --help                      # a command's own options
     envhub-train --config examples/configs/openenv_shout_grpo.toml env.action_mapper=message  # any OpenEnv server
 
-The command comes first; without one, ``rl`` runs. Under ``torchrun`` every rank runs its share of the
-rollouts and the gradients are averaged.
+The command comes first; without one, ``rl`` runs; an unknown one is an error (exit 2) that lists them.
+Under ``torchrun`` every rank runs its share of the rollouts and the gradients are averaged.
 
 A command is a :class:`Command` (name, help, ``configure(parser)``, ``run(args) -> exit status``) added
 with :func:`register`; :class:`ConfigCommand` is the shape every training mode shares (``--config``,
@@ -57,7 +57,7 @@ class ConfigCommand(Command):
     ``execute(cfg) -> summary`` (printed as JSON). ``kind`` is the scheduler job kind for ``--scheduler``."""
 
     def __init__(self, name: str, help: str, *, load: Callable[[str | None, list[str]], Any],
-                 execute: Callable[[Any], dict], check: Callable[[Any], str | None] = lambda cfg: None,
+                 execute: Callable[[Any], dict[str, Any]], check: Callable[[Any], str | None] = lambda cfg: None,
                  kind: str = "rl"):
         super().__init__(name, help, self._configure, self._run)
         self.load, self.execute, self.check, self.kind = load, execute, check, kind
@@ -133,13 +133,13 @@ def _rl_env(cfg: Any) -> str | None:
             "run one in process).")
 
 
-def _run_rl(cfg: Any) -> dict:
+def _run_rl(cfg: Any) -> dict[str, Any]:
     from trainer.recipes.rl import train
 
     return train(cfg)
 
 
-def _run_sft(cfg: Any) -> dict:
+def _run_sft(cfg: Any) -> dict[str, Any]:
     from trainer.recipes.sft import train_sft
 
     return train_sft(cfg)
@@ -158,7 +158,7 @@ def _match_env(cfg: Any) -> str | None:
             "--two-agent) or env.env_class='pkg.mod:Cls'.")
 
 
-def _run_two_agent(cfg: Any) -> dict:
+def _run_two_agent(cfg: Any) -> dict[str, Any]:
     from trainer.multiagent.two_agent import train_two_agents
 
     return train_two_agents(cfg)
@@ -204,7 +204,17 @@ def _dispatch(argv: list[str]) -> int:
         return 0
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]].main(argv[1:])
+    if argv and _names_a_command(argv[0]):
+        print(f"{PROG}: unknown command {argv[0]!r}; the commands are {', '.join(COMMANDS)} (without one, "
+              f"{DEFAULT_COMMAND} runs).\n\n{usage()}", file=sys.stderr)
+        return 2
     return COMMANDS[DEFAULT_COMMAND].main(argv)
+
+
+def _names_a_command(word: str) -> bool:
+    """Whether ``word``, first on the command line, can only be a command's name: neither an option nor a
+    ``key=value`` override of the default command."""
+    return not word.startswith("-") and "=" not in word
 
 
 def _rank_of_a_process_group() -> bool:

@@ -21,7 +21,7 @@ from trainer.distributed import MIXED_PRECISIONS, STRATEGIES
 from trainer.model import ModelConfig, for_vllm
 from trainer.rollout.actions import load_action_mapper
 from trainer.rollout.engine import RolloutConfig
-from trainer.rollout.sampler import SamplingConfig
+from trainer.sampling import SamplingConfig
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

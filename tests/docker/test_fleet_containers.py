@@ -99,7 +99,7 @@ def test_the_code_server_runs_model_code_in_sandbox_containers(fleet: ComposePro
 
 def test_a_short_rollout_through_the_published_ports(fleet: ComposeProject) -> None:
     from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, StopReason, make_tasks
-    from trainer.rollout.types import GenResult
+    from trainer.sampling import SampledSequence
     from trainer.tokenizer import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
@@ -115,7 +115,7 @@ def test_a_short_rollout_through_the_published_ports(fleet: ComposeProject) -> N
 
             a, b = re.findall(r"(\d+) \+ (\d+)", tok.decode(request.prompt_ids))[-1]
             ids = tok.encode(f"\\boxed{{{int(a) + int(b)}}}", add_special_tokens=False) + [tok.eos_token_id]
-            return GenResult(ids, [-0.5] * len(ids), "stop")
+            return SampledSequence(ids, [-0.5] * len(ids), "stop")
 
     urls = [fleet.url("math", "ws")]
     tasks = make_tasks([{"problem": f"{a} + {a + 1}", "answer": str(2 * a + 1)} for a in range(3)], 2, urls)

@@ -134,7 +134,7 @@ def test_a_resume_after_its_replica_died_is_refused_with_a_clear_error(replicas:
 def test_trainer_env_urls_spread_episodes_over_the_servers(replicas: ComposeProject) -> None:
     from trainer.config import load_config
     from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, StopReason, make_tasks
-    from trainer.rollout.types import GenResult
+    from trainer.sampling import SampledSequence
     from trainer.tokenizer import build_tiny_tokenizer
 
     wait_for(lambda: all(health(u) for u in _replica_urls(replicas)), 120, "both replicas healthy")
@@ -151,7 +151,7 @@ def test_trainer_env_urls_spread_episodes_over_the_servers(replicas: ComposeProj
 
         async def generate(self, request):
             ids = tok.encode("\\boxed{3}", add_special_tokens=False) + [tok.eos_token_id]
-            return GenResult(ids, [-0.5] * len(ids), "stop")
+            return SampledSequence(ids, [-0.5] * len(ids), "stop")
 
     before = [_metric(u, "envhub_sessions_total") for u in replica_urls]
     tasks = make_tasks([{"problem": "1 + 2", "answer": "3"}] * 4, 2, cfg.env.all_urls())

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 from envhub import Env, Observation, StepResult, tool
-from trainer.rollout.types import GenRequest, GenResult
+from trainer.sampling import GenRequest, SampledSequence
 
 
 class AddEnv(Env):
@@ -86,7 +86,7 @@ class ScriptedSampler:
     def update_weights(self, model, version: int) -> None:
         self.version = version
 
-    async def generate(self, request: GenRequest) -> GenResult:
+    async def generate(self, request: GenRequest) -> SampledSequence:
         self.requests.append(request)
         await asyncio.sleep(0)
         text = self.respond(self.tok.decode(request.prompt_ids))
@@ -94,7 +94,7 @@ class ScriptedSampler:
         finish = "stop"
         if len(ids) > request.max_new_tokens:
             ids, finish = ids[:request.max_new_tokens], "length"
-        return GenResult(ids, [-0.5] * len(ids), finish)
+        return SampledSequence(ids, [-0.5] * len(ids), finish)
 
 
 def add_answer(prompt: str) -> str:

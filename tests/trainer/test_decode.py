@@ -1,4 +1,4 @@
-"""trainer.decode: the samplers' decode loop agrees with the model's own forward pass, for every kernel.
+"""trainer.sampling.decode: the samplers' decode loop agrees with the model's own forward pass, for every kernel.
 
 What matters for RL is that the log-prob reported for each sampled id is the one the trainer computes
 for it afterwards (the importance ratio starts at 1), and that a left-padded row decodes as it would alone.
@@ -10,7 +10,8 @@ import pytest
 import torch
 import transformers
 
-from trainer.decode import HFKernel, LlamaKernel, _sample, decode
+from trainer.sampling.decode import _sample, decode
+from trainer.sampling.kernels import HFKernel, LlamaKernel
 
 VOCAB, PAD, EOS = 50, 0, 1
 

@@ -9,8 +9,9 @@ import torch
 from rollout_fakes import AddEnv, CalcEnv, CountdownEnv, CrashEnv, ScriptedSampler, SlowEnv, add_answer
 
 from trainer.model import ModelConfig, load_policy
-from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, StopReason, build_groups, make_tasks
-from trainer.rollout.types import GenResult, Task, Trajectory
+from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, StopReason, build_groups, make_tasks
+from trainer.rollout.types import Task, Trajectory
+from trainer.sampling import HFSampler, SampledSequence
 from trainer.tokenizer import build_tiny_tokenizer
 
 
@@ -120,8 +121,8 @@ async def test_episodes_run_without_a_key_each_count_as_live_and_are_forgotten(t
                 seen.append(eng.live_episodes())
             while len(self.requests) < 3:
                 await asyncio.sleep(0.01)
-            return GenResult(self.tok.encode(add_answer(self.tok.decode(request.prompt_ids)),
-                                             add_special_tokens=False) + [self.tok.eos_token_id], [-0.5] * 2, "stop")
+            return SampledSequence(self.tok.encode(add_answer(self.tok.decode(request.prompt_ids)),
+                                                   add_special_tokens=False) + [self.tok.eos_token_id], [-0.5] * 2, "stop")
 
     eng = engine(AddEnv, AllAtOnce(tok, add_answer), tok)
     trajs = await asyncio.gather(*(eng.run_bounded(Task({"a": 1, "b": i})) for i in range(3)))

@@ -11,9 +11,9 @@ import torch
 from rollout_fakes import AddEnv, CountdownEnv, ScriptedSampler, add_answer
 
 from trainer.model import ModelConfig, load_policy
-from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, make_tasks
+from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, make_tasks
 from trainer.rollout.stream import RolloutStream
-from trainer.rollout.types import GenRequest
+from trainer.sampling import GenRequest, HFSampler
 from trainer.tokenizer import build_tiny_tokenizer
 
 

@@ -25,9 +25,8 @@ def policy():
 
 
 def test_vllm_greedy_matches_hf_and_follows_weight_updates(policy) -> None:
-    from trainer.rollout.sampler import HFSampler
-    from trainer.rollout.types import GenRequest
-    from trainer.rollout.vllm_sampler import VLLMSampler
+    from trainer.sampling import GenRequest, HFSampler
+    from trainer.sampling.vllm_engine import VLLMSampler
 
     model, tok = policy
     prompt = tok.encode("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)

@@ -25,7 +25,7 @@ from trainer.multiagent import (
 )
 from trainer.multiagent.opponents import RandomMoveSampler, empty_cells
 from trainer.multiagent.two_agent import build_pool, evaluate
-from trainer.rollout import GenRequest
+from trainer.sampling import GenRequest
 from trainer.tokenizer import build_tiny_tokenizer
 
 TINY = ["name='tiny'", "hidden_size=32", "num_layers=1", "num_heads=2", "num_kv_heads=1", "intermediate_size=64"]

@@ -22,8 +22,8 @@ from trainer.recipes.sft import encode_image_demo
 from trainer.recipes.update import forward_values
 from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, StopReason, make_tasks
 from trainer.rollout.render import ChatRenderer
-from trainer.rollout.sampler import HFSampler
-from trainer.rollout.types import GenRequest, Task, Trajectory
+from trainer.rollout.types import Task, Trajectory
+from trainer.sampling import GenRequest, HFSampler
 from trainer.tokenizer import VISION_TOKENS, build_tiny_tokenizer
 from trainer.vision import VisionProcessor, build_image_processor, load_vision_processor, suppress_tokens
 

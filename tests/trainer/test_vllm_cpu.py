@@ -22,9 +22,8 @@ from trainer.config import load_config  # noqa: E402
 from trainer.core.forward import run_model, target_logprobs  # noqa: E402
 from trainer.model import ModelConfig, for_vllm, load_policy  # noqa: E402
 from trainer.recipes.rl import train  # noqa: E402
-from trainer.rollout import HFSampler, SamplingConfig  # noqa: E402
-from trainer.rollout.types import GenRequest  # noqa: E402
-from trainer.rollout.vllm_sampler import VLLMSampler, VLLMUnavailable  # noqa: E402
+from trainer.sampling import GenRequest, HFSampler, SamplingConfig  # noqa: E402
+from trainer.sampling.vllm_engine import VLLMSampler, VLLMUnavailable  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)

@@ -12,7 +12,7 @@ Passes run with dropout off (the model stays in eval mode): peft refuses mixed b
 mode, and the tiny and common chat models use no dropout anyway. A full-parameter tenant trains the
 base weights themselves, so it is the only tenant while it lives; removing it restores the base.
 
-Samplers come from Hugging Face ``generate`` on the host's model (``sampler="hf"``) or from one vLLM
+Samplers come from the decode loop of :mod:`trainer.sampling` on the host's model (``sampler="hf"``) or from one vLLM
 engine built with the host (``sampler="vllm"``, :mod:`trainer.core.vllm_samplers`): the same methods give
 either kind, so callers ask the host and never build samplers themselves.
 """

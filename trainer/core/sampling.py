@@ -1,4 +1,4 @@
-"""Sampling from a policy with :func:`trainer.decode.decode`: n samples, stop strings and stop ids, log-probs.
+"""Sampling from a policy with :func:`trainer.sampling.decode`: n samples, stop strings and stop ids, log-probs.
 
 The log-prob of each sampled id is recomputed with the trainer's own forward pass
 (:func:`~trainer.core.forward.target_logprobs` over prompt + completion at the sampling temperature),
@@ -12,15 +12,15 @@ does. The decode loop only picks the ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from trainer.core.forward import BASE_ADAPTER, model_device, run_model, target_logprobs
-from trainer.core.types import SampledSequence, SampleResponse, SamplingParams
-from trainer.decode import decode
+from trainer.sampling import SampledSequence, SampleResponse, SamplingParams, decode, generation_model
 
 
 class SamplingClient:
@@ -90,7 +90,7 @@ class SamplingClient:
 
     @torch.no_grad()
     def _generate(self, prompt: list[int], n: int, params: SamplingParams) -> list[tuple[list[int], str]]:
-        model = _generation_model(self.model)
+        model = generation_model(self.model)
         device = model_device(model)
         stop_ids = set(params.stop_token_ids) if params.stop is not None else {self.eos_id}
         greedy = params.temperature == 0
@@ -102,12 +102,12 @@ class SamplingClient:
             out = decode(model, ids_BT, torch.ones_like(ids_BT), max_new_tokens=params.max_tokens, eos_ids=stop_ids,
                          temperature=1.0 if greedy else params.temperature, greedy=greedy,
                          top_k=max(params.top_k, 0), top_p=params.top_p,
-                         stop_check=_stop_strings(params.stop_strings, self.tokenizer), **kwargs)
+                         stop_check=_stop_string_check(params.stop_strings, self.tokenizer), **kwargs)
         return list(zip(out.token_ids, out.finish_reasons))
 
 
-def _stop_strings(stop_strings: list[str], tokenizer: Any) -> Any:
-    """A :func:`~trainer.decode.decode` stop check: does the newest text of a row hold one of ``stop_strings``?
+def _stop_string_check(stop_strings: list[str], tokenizer: Any) -> Callable[[list[int]], bool] | None:
+    """A :func:`~trainer.sampling.decode` stop check: does the newest text of a row hold one of ``stop_strings``?
 
     Only the row's last few ids are decoded (a stop string ends within them: every id decodes to at least
     one byte), so a long generation costs linear time."""
@@ -139,7 +139,8 @@ class _seeded:
     """Fork the torch RNG (CPU and this CUDA device) and seed it, when a seed is given."""
 
     def __init__(self, seed: int | None, device: torch.device):
-        self.seed, self.device, self.fork = seed, device, None
+        self.seed, self.device = seed, device
+        self.fork: contextlib.AbstractContextManager[Any] | None = None
 
     def __enter__(self) -> None:
         if self.seed is not None:
@@ -153,15 +154,8 @@ class _seeded:
             self.fork.__exit__(*exc)
 
 
-def _generation_model(model: Any) -> Any:
-    # DDP wrappers do not expose generate(); peft models do
-    while not hasattr(model, "generate") and hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 def _vocab_size(model: Any) -> int:
-    return int(_generation_model(model).get_output_embeddings().weight.shape[0])
+    return int(generation_model(model).get_output_embeddings().weight.shape[0])
 
 
 __all__ = ["SamplingClient", "BASE_ADAPTER"]

@@ -1,5 +1,8 @@
 """The training core's data types, mirroring the Tinker API's so a wire format maps onto them one to one.
 
+The sampling types (:class:`SamplingParams`, :class:`SampleResponse`, :class:`SampledSequence`) live in
+:mod:`trainer.sampling.types`, under the core; they are re-exported here with the rest of the API.
+
 A :class:`Datum` is one sequence: ``model_input`` (N token ids) and ``loss_fn_inputs``, each a
 length-N tensor in the same frame: position ``i`` of ``model_input`` predicts ``target_tokens[i]``.
 """
@@ -12,6 +15,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from trainer.sampling.types import SampledSequence, SampleResponse, SamplingParams
 
 #: loss_fn_inputs read as integer ids; every other input is float32
 INT_INPUTS = ("target_tokens",)
@@ -59,7 +64,7 @@ class Datum:
                                  f"model_input token), got {tensor.numel()}.")
 
     def __len__(self) -> int:
-        return int(self.model_input.numel())
+        return len(self.model_input)  # a 1-D tensor after __post_init__
 
     @classmethod
     def from_sequence(cls, tokens: Sequence[int], **per_token: Sequence[float]) -> Datum:
@@ -99,42 +104,6 @@ class AdamParams:
 
 
 @dataclass
-class SamplingParams:
-    """How to sample: ``stop`` is None (stop at EOS), strings, or token ids; ``[]`` disables EOS too.
-
-    ``temperature`` 0 is greedy; ``top_k`` -1 and ``top_p`` 1 are off; ``seed`` makes a call reproducible.
-    """
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: str | list[str] | list[int] | None = None
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_tokens is None or self.max_tokens < 1:
-            raise ValueError(f"Expected max_tokens >= 1, got {self.max_tokens}.")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or (self.top_k < 1 and self.top_k != -1):
-            raise ValueError(f"Expected temperature >= 0, 0 < top_p <= 1 and top_k >= 1 or -1, got "
-                             f"{self.temperature}, {self.top_p}, {self.top_k}.")
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if self.stop is not None:
-            kinds = {type(s) for s in self.stop}
-            if len(kinds) > 1 or not kinds <= {str, int}:
-                raise ValueError(f"Expected stop to be strings or token ids, not a mix, got {self.stop!r}.")
-
-    @property
-    def stop_strings(self) -> list[str]:
-        return [s for s in self.stop or [] if isinstance(s, str)]
-
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return [s for s in self.stop or [] if isinstance(s, int)]
-
-
-@dataclass
 class ForwardBackwardOutput:
     """What forward_backward and forward return.
 
@@ -148,24 +117,6 @@ class ForwardBackwardOutput:
     loss_fn_outputs: list[dict[str, Tensor]]
     metrics: dict[str, float]
     loss_fn_output_type: str = "TensorData"
-
-
-@dataclass
-class SampledSequence:
-    """One completion: its ids (ending with the stop token or string when ``stop_reason == "stop"``)
-    and the log-prob of each id, computed by the trainer's own forward at the sampling temperature."""
-
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str  # "stop" | "length"
-
-
-@dataclass
-class SampleResponse:
-    """``num_samples`` sequences, plus the prompt's log-probs when asked (None at position 0)."""
-
-    sequences: list[SampledSequence]
-    prompt_logprobs: list[float | None] | None = None
 
 
 __all__ = ["Datum", "AdamParams", "SamplingParams", "ForwardBackwardOutput", "SampledSequence", "SampleResponse"]

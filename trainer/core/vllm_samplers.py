@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from trainer.core.types import SampleResponse, SamplingParams
+from trainer.sampling import SampleResponse, SamplingConfig, SamplingParams
+from trainer.sampling.vllm_engine import VLLMSampler, memory_dir, on_vllm_thread
 
 #: the largest LoRA rank the engine holds unless the host asks for more (slots are allocated at this rank)
 DEFAULT_MAX_LORA_RANK = 64
@@ -29,7 +30,7 @@ DEFAULT_MAX_LORA_RANK = 64
 class VLLMView:
     """One sampler on the shared engine: ``sample`` like :class:`~trainer.core.sampling.SamplingClient`."""
 
-    def __init__(self, engine: Any, lora_request: Any = None):
+    def __init__(self, engine: VLLMSampler, lora_request: Any = None):
         self.engine, self.lora_request = engine, lora_request
 
     def sample(self, prompt_tokens: Sequence[int], num_samples: int = 1, sampling_params: SamplingParams | None = None,
@@ -48,13 +49,10 @@ class VLLMSamplers:
 
     def __init__(self, base: Any, tokenizer: Any, *, max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
                  max_loras: int = 2, max_model_len: int = 4096):
-        from trainer.rollout.sampler import SamplingConfig
-        from trainer.rollout.vllm_sampler import VLLMSampler
-
         self.max_lora_rank = max_lora_rank
         self.engine = VLLMSampler(base, tokenizer, SamplingConfig(backend="vllm"), lora=True, lora_slots=max_loras,
                                   max_lora_rank=max_lora_rank, max_model_len=max_model_len)
-        self._dir = tempfile.mkdtemp(prefix="envhub-vllm-adapters-", dir=_memory_dir())
+        self._dir = tempfile.mkdtemp(prefix="envhub-vllm-adapters-", dir=memory_dir())
         self._requests: dict[str, Any] = {}
         self._ids = 0
         self._synced: tuple[str, int] | None = None  # (full tenant, generation) whose weights the engine holds
@@ -67,8 +65,6 @@ class VLLMSamplers:
         """Register LoRA ``weights`` (peft state-dict keys, as ``weights_state`` gives them) as sampler ``name``."""
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
-
-        from trainer.rollout.vllm_sampler import on_vllm_thread
 
         if rank > self.max_lora_rank:
             raise ValueError(f"Expected a LoRA rank <= {self.max_lora_rank} (the vLLM engine's LoRA slots), got {rank}.")
@@ -94,8 +90,6 @@ class VLLMSamplers:
         return VLLMView(self.engine, request)
 
     def remove(self, name: str) -> None:
-        from trainer.rollout.vllm_sampler import on_vllm_thread
-
         request = self._requests.pop(name)
         with self.engine.weights_lock:
             on_vllm_thread(self.engine.llm.llm_engine.remove_lora, request.lora_int_id)
@@ -117,10 +111,6 @@ class VLLMSamplers:
     def close(self) -> None:
         self.engine.close()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _memory_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 __all__ = ["DEFAULT_MAX_LORA_RANK", "VLLMSamplers", "VLLMView"]

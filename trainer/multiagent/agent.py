@@ -24,7 +24,8 @@ from trainer.model import hidden_size_of, load_policy
 from trainer.multiagent.config import AgentConfig, TwoAgentConfig
 from trainer.recipes.batch import pack
 from trainer.recipes.update import adam_params, compute_advantages, policy_update, ppo_advantages, rollout_metrics
-from trainer.rollout import Trajectory, build_groups, make_sampler
+from trainer.rollout import Trajectory, build_groups
+from trainer.sampling import make_sampler
 
 
 class Agent:

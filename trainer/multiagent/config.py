@@ -16,7 +16,7 @@ from typing import Any
 from trainer.config import AlgoConfig, EnvConfig, OptimConfig, RunConfig, apply_overrides, from_dict, read_toml
 from trainer.model import ModelConfig, for_vllm
 from trainer.rollout.engine import RolloutConfig
-from trainer.rollout.sampler import SamplingConfig
+from trainer.sampling import SamplingConfig
 
 #: the seat name a scripted opponent takes in validation (not allowed as an agent name)
 RANDOM_OPPONENT = "random"

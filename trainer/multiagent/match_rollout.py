@@ -24,8 +24,8 @@ from envhub.errors import EnvConnectionError
 from envhub.types import Outcome, StepResult
 from trainer.rollout.engine import RolloutConfig, RolloutEngine
 from trainer.rollout.envs import EnvPool, EnvSession
-from trainer.rollout.sampler import Sampler
 from trainer.rollout.types import EpisodeState, StopReason, Task, Trajectory
+from trainer.sampling import Sampler
 
 #: outcomes that say the match ended for a reason outside the game (not a loss), as a stop reason
 INFRA_OUTCOMES: dict[Outcome, StopReason] = {Outcome.DISCONNECTED: StopReason.ENV_ERROR,

@@ -13,7 +13,7 @@ import random
 import re
 from typing import Any
 
-from trainer.rollout.types import GenRequest, GenResult
+from trainer.sampling import GenRequest, SampledSequence
 
 _ROW = re.compile(r"^\s*(\d+)((?:\s+[.XO])+)\s*$")
 
@@ -51,7 +51,7 @@ class RandomMoveSampler:
     def update_weights(self, model: Any, version: int) -> None:
         """Scripted: nothing to update."""
 
-    async def generate(self, request: GenRequest) -> GenResult:
+    async def generate(self, request: GenRequest) -> SampledSequence:
         await asyncio.sleep(0)
         cells = empty_cells(self.tokenizer.decode(request.prompt_ids, skip_special_tokens=True))
         r, c = self.rng.choice(cells) if cells else (0, 0)
@@ -59,7 +59,7 @@ class RandomMoveSampler:
                int(self.tokenizer.eos_token_id)]
         finish = "stop" if len(ids) <= request.max_new_tokens else "length"
         ids = ids[:request.max_new_tokens]
-        return GenResult(ids, [0.0] * len(ids), finish)
+        return SampledSequence(ids, [0.0] * len(ids), finish)
 
 
 __all__ = ["RandomMoveSampler", "empty_cells"]

@@ -67,10 +67,10 @@ from trainer.rollout import (
     Task,
     build_groups,
     load_env_class,
-    make_sampler,
     make_tasks,
 )
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
+from trainer.sampling import make_sampler
 from trainer.vision import load_vision_processor
 
 

@@ -6,13 +6,11 @@ from trainer.rollout.engine import RolloutConfig, RolloutEngine
 from trainer.rollout.envs import EnvPool, EnvSession, InProcessSession, load_env_class
 from trainer.rollout.groups import GroupedBatch, build_groups, make_tasks
 from trainer.rollout.render import ChatRenderer
-from trainer.rollout.sampler import BatchingSampler, HFSampler, Sampler, SamplingConfig, make_sampler
 from trainer.rollout.stream import RolloutStream
-from trainer.rollout.types import EpisodeState, GenRequest, GenResult, StopReason, Task, Trajectory
+from trainer.rollout.types import EpisodeState, StopReason, Task, Trajectory
 
 __all__ = ["Agent", "AnswerAgent", "ToolCallingAgent", "Decision", "ToolResult", "load_agent_class",
            "MappedSession", "load_action_mapper", "RolloutConfig", "RolloutEngine", "EnvPool", "EnvSession",
            "InProcessSession", "load_env_class",
-           "GroupedBatch", "build_groups", "make_tasks", "ChatRenderer", "BatchingSampler", "HFSampler", "Sampler",
-           "SamplingConfig", "make_sampler", "RolloutStream",
-           "EpisodeState", "GenRequest", "GenResult", "StopReason", "Task", "Trajectory"]
+           "GroupedBatch", "build_groups", "make_tasks", "ChatRenderer", "RolloutStream",
+           "EpisodeState", "StopReason", "Task", "Trajectory"]

@@ -42,8 +42,8 @@ from envhub.types import StepResult, ToolCall
 from trainer.rollout.agents import Agent, Decision, ToolResult, load_agent_class
 from trainer.rollout.envs import EnvPool, EnvSession
 from trainer.rollout.render import ChatRenderer
-from trainer.rollout.sampler import Sampler
-from trainer.rollout.types import EpisodeState, GenRequest, StopReason, Task, Trajectory
+from trainer.rollout.types import EpisodeState, StopReason, Task, Trajectory
+from trainer.sampling import GenRequest, Sampler
 from trainer.vision import VisionProcessor
 
 _T = TypeVar("_T")
@@ -295,14 +295,14 @@ class RolloutEngine:
             self.states[key] = EpisodeState.GENERATING
             gen = await self.sampler.generate(GenRequest(list(traj.tokens), budget, greedy=greedy,
                                                          images=list(traj.images)))
-            traj.append(gen.token_ids, policy=True, logprobs=gen.logprobs)
+            traj.append(gen.tokens, policy=True, logprobs=gen.logprobs)
             traj.turn_ends.append(len(traj.tokens) - 1)
             traj.turn_versions.append(gen.version)
             traj.num_turns += 1
             self.states[key] = EpisodeState.INTERACTING
-            reply = self._decode(gen.token_ids, getattr(agent.parse_tool_calls, "markers", ()))
+            reply = self._decode(gen.tokens, getattr(agent.parse_tool_calls, "markers", ()))
             agent.history.append({"role": "assistant", "content": reply})
-            decision = agent.decide(reply, truncated=gen.finish_reason == "length")
+            decision = agent.decide(reply, truncated=gen.stop_reason == "length")
             if not isinstance(decision, Decision):
                 raise TypeError(f"Expected {type(agent).__name__}.decide() to return a Decision, got "
                                 f"{type(decision).__name__}.")
@@ -314,11 +314,11 @@ class RolloutEngine:
                 return StopReason.DONE
             if result.truncated:
                 return StopReason.TURN_LIMIT
-            if gen.finish_reason == "length" and traj.num_policy_tokens >= cfg.max_total_tokens:
+            if gen.stop_reason == "length" and traj.num_policy_tokens >= cfg.max_total_tokens:
                 return StopReason.TOKEN_LIMIT
             if traj.num_turns >= cfg.max_turns:
                 return StopReason.TURN_LIMIT
-            ids, images = self.renderer.observation(new_messages, tools, after_eos=gen.finish_reason == "stop")
+            ids, images = self.renderer.observation(new_messages, tools, after_eos=gen.stop_reason == "stop")
             traj.append(ids, policy=False, images=images)
 
     def _decode(self, ids: list[int], markers: tuple[str, ...]) -> str:

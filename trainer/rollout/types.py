@@ -33,30 +33,6 @@ class StopReason(str, enum.Enum):
 
 
 @dataclass
-class GenRequest:
-    """One generation: continue ``prompt_ids`` for at most ``max_new_tokens`` tokens.
-
-    ``images``: the :class:`~trainer.vision.ImageFeatures` behind the prompt's image placeholders, in order.
-    """
-
-    prompt_ids: list[int]
-    max_new_tokens: int
-    greedy: bool = False
-    images: list[Any] = field(default_factory=list)
-
-
-@dataclass
-class GenResult:
-    """Sampled ids (ending with EOS when ``finish_reason == "stop"``) and their log-probs under the sampler,
-    with the policy version whose weights sampled them."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
-    version: int = 0
-
-
-@dataclass
 class Task:
     """One episode to run: the env's reset arguments and the group it belongs to."""
 
@@ -166,4 +142,4 @@ class Trajectory:
         return rec
 
 
-__all__ = ["EpisodeState", "StopReason", "GenRequest", "GenResult", "Task", "Trajectory"]
+__all__ = ["EpisodeState", "StopReason", "Task", "Trajectory"]

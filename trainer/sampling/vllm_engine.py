@@ -24,16 +24,15 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from trainer.model import unwrap
-from trainer.rollout.sampler import BatchingSampler, SamplingConfig
-from trainer.rollout.types import GenRequest, GenResult
+from trainer.model import VLLM_HEAD_SIZES, unwrap
+from trainer.sampling.batching import BatchingSampler
+from trainer.sampling.types import GenRequest, SampledSequence, SampleResponse, SamplingConfig, SamplingParams
 
-#: head sizes the CPU attention kernel of vLLM 0.32 accepts (the tiny model's default 16 is not one)
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 INSTALL_HINT = "ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,vllm"
 #: vLLM engines in one process must not run at the same time (its forward context is process-global):
 #: every VLLMSampler holds this one lock, as its weights lock, around each generate call and weight update
@@ -46,11 +45,12 @@ _VLLM_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_
 
 _LIVE: set[int] = set()  # engines built and not closed
 _PARKED: list[Any] = []  # engines closed while others were live
-
-
-def on_vllm_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return _VLLM_THREAD.submit(fn, *args, **kwargs).result()
 _POLICY = object()  # sample()'s default adapter: the run's own
+
+
+def on_vllm_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` run on the one thread every vLLM call of this process runs on; its result."""
+    return _VLLM_THREAD.submit(fn, *args, **kwargs).result()
 
 
 class VLLMUnavailable(RuntimeError):
@@ -82,24 +82,16 @@ class VLLMSampler(BatchingSampler):
         self.lora = lora
         self.eos_id = int(tokenizer.eos_token_id)
         self.on_gpu = torch.cuda.is_available()
-        base = unwrap(model)
+        base: Any = unwrap(model)  # a Hugging Face model: save_pretrained, config
         _check_shape(base.config, self.on_gpu)
         self._dir = tempfile.mkdtemp(prefix="envhub-vllm-")
-        self._adapter_dir = tempfile.mkdtemp(prefix="envhub-vllm-lora-", dir=_memory_dir())
+        self._adapter_dir = tempfile.mkdtemp(prefix="envhub-vllm-lora-", dir=memory_dir())
         base.save_pretrained(os.path.join(self._dir, "base"), state_dict=base_state_dict(base))
         tokenizer.save_pretrained(os.path.join(self._dir, "base"))
-        kwargs: dict[str, Any] = dict(
-            model=os.path.join(self._dir, "base"), seed=seed,
-            max_model_len=min(max_model_len, int(getattr(base.config, "max_position_embeddings", max_model_len))),
-            enable_prefix_caching=True,
-            dtype=self.config.vllm_dtype if self.config.vllm_dtype != "auto" else _dtype_name(next(base.parameters()).dtype),
-            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", enforce_eager=not self.on_gpu)
         if compile_model is None:
             compile_model = self.config.vllm_compile == "on" or (self.config.vllm_compile == "auto" and self.on_gpu)
-        if not compile_model:  # eager: no torch.compile at start-up (tens of seconds on a CPU)
-            kwargs["compilation_config"] = 0
-        if self.on_gpu:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs = self._engine_kwargs(base, seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                     compile_model=compile_model, gpu_memory_utilization=gpu_memory_utilization)
         if lora:
             peft_config = getattr(model, "peft_config", None) or getattr(unwrap_peft(model), "peft_config", None)
             rank = max_lora_rank or (peft_config["default"].r if peft_config else 64)
@@ -109,19 +101,29 @@ class VLLMSampler(BatchingSampler):
             _LIVE.add(id(self.llm))
         except Exception as exc:  # engine start-up failures surface deep inside vLLM: say what to do
             shutil.rmtree(self._dir, ignore_errors=True)
-            raise VLLMUnavailable(
-                f"The vLLM engine could not start ({type(exc).__name__}: {exc}). "
-                + ("Lower sampling memory (gpu_memory_utilization) or max_model_len, or check the CUDA build "
-                   "matches the driver." if self.on_gpu else
-                   "On the CPU: check VLLM_CPU_KVCACHE_SPACE (GiB of RAM for the KV cache, now "
-                   f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}) fits in memory and max_model_len is not larger "
-                   f"than it needs; reinstall with `{INSTALL_HINT}` if vLLM itself is broken.")) from exc
+            raise _start_failure(exc, self.on_gpu) from exc
         finally:
             torch.set_num_threads = set_threads
             set_threads(threads)
         self._lora_request = None
         if lora and _has_adapter(model):
             self.update_weights(model, 0)
+
+    def _engine_kwargs(self, base: Any, *, seed: int, max_model_len: int, max_num_seqs: int, compile_model: bool,
+                       gpu_memory_utilization: float) -> dict[str, Any]:
+        """``vllm.LLM``'s arguments for the exported ``base`` weights (LoRA slots are added by the caller)."""
+        dtype = self.config.vllm_dtype
+        kwargs: dict[str, Any] = dict(
+            model=os.path.join(self._dir, "base"), seed=seed,
+            max_model_len=min(max_model_len, int(getattr(base.config, "max_position_embeddings", max_model_len))),
+            enable_prefix_caching=True,
+            dtype=dtype if dtype != "auto" else _dtype_name(next(base.parameters()).dtype),
+            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", enforce_eager=not self.on_gpu)
+        if not compile_model:  # eager: no torch.compile at start-up (tens of seconds on a CPU)
+            kwargs["compilation_config"] = 0
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        return kwargs
 
     # -- weights ---------------------------------------------------------------------------------
     def update_weights(self, model: Any, version: int) -> None:
@@ -164,7 +166,7 @@ class VLLMSampler(BatchingSampler):
                 _PARKED.clear()
 
     # -- generation ------------------------------------------------------------------------------
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+    def generate_batch(self, requests: list[GenRequest]) -> list[SampledSequence]:
         """One ``LLM.generate`` over token-id prompts; per-request caps and greedy flags via SamplingParams."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -176,19 +178,17 @@ class VLLMSampler(BatchingSampler):
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         outputs = on_vllm_thread(self.llm.generate, prompts, params, lora_request=self._lora_request,
                                   use_tqdm=False)
-        return [self._result(out.outputs[0]) for out in outputs]
+        return [self._sequence(out.outputs[0]) for out in outputs]
 
-    # -- the training core's sampling interface (trainer.core.SamplingClient) ------------------------
-    def sample(self, prompt_tokens: Any, num_samples: int = 1, sampling_params: Any = None, *,
-               include_prompt_logprobs: bool = False, lora_request: Any = _POLICY) -> Any:
+    # -- sampling with the core's SamplingParams (where a trainer.core SamplingClient would stand) ---
+    def sample(self, prompt_tokens: Sequence[int], num_samples: int = 1, sampling_params: SamplingParams | None = None,
+               *, include_prompt_logprobs: bool = False, lora_request: Any = _POLICY) -> SampleResponse:
         """``num_samples`` completions of ``prompt_tokens`` with the core's ``SamplingParams`` semantics (stop at
         EOS, at stop strings or at stop ids; ``seed``; ``top_k``), so vLLM can stand where a core
         ``SamplingClient`` does. Log-probs are vLLM's, after temperature (greedy ids at temperature 1).
         ``lora_request`` picks another adapter registered in the engine (None: the base weights)."""
         from vllm import SamplingParams as VParams
         from vllm.inputs import TokensPrompt
-
-        from trainer.core.types import SampledSequence, SampleResponse, SamplingParams
 
         p = sampling_params or SamplingParams()
         prompt = [int(t) for t in prompt_tokens]
@@ -215,14 +215,15 @@ class VLLMSampler(BatchingSampler):
             prompt_lps = [None] + [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], prompt[1:])]
         return SampleResponse(seqs, prompt_lps)
 
-    def _result(self, completion: Any) -> GenResult:
+    def _sequence(self, completion: Any) -> SampledSequence:
+        """A vLLM completion as a sequence whose stop token is part of the record."""
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
         finish = "stop" if completion.finish_reason == "stop" else "length"
         if finish == "stop" and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)  # the stop token is part of the record: the policy must learn to end turns
             logprobs.append(0.0)
-        return GenResult(ids, logprobs, finish)
+        return SampledSequence(ids, logprobs, finish)
 
 
 def base_state_dict(base: Any) -> dict[str, torch.Tensor]:
@@ -260,12 +261,22 @@ def _import_vllm() -> Any:
 def _check_shape(config: Any, on_gpu: bool) -> None:
     heads = int(config.num_attention_heads)
     head_size = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    if not on_gpu and head_size not in CPU_HEAD_SIZES:
+    if not on_gpu and head_size not in VLLM_HEAD_SIZES:
         raise VLLMUnavailable(
             f"vLLM's CPU attention kernel does not support head size {head_size} (hidden_size "
-            f"{config.hidden_size} / {heads} heads); it supports {list(CPU_HEAD_SIZES)}. For the tiny model set "
+            f"{config.hidden_size} / {heads} heads); it supports {list(VLLM_HEAD_SIZES)}. For the tiny model set "
             f"model.num_heads so that hidden_size / num_heads is one of them (e.g. model.hidden_size=128 "
             f"model.num_heads=2 model.num_kv_heads=1), or use sampling.backend = 'hf'.")
+
+
+def _start_failure(exc: Exception, on_gpu: bool) -> VLLMUnavailable:
+    """The error for an engine that failed to start, with what to change on this platform."""
+    fix = ("Lower sampling memory (gpu_memory_utilization) or max_model_len, or check the CUDA build matches the "
+           "driver." if on_gpu else
+           "On the CPU: check VLLM_CPU_KVCACHE_SPACE (GiB of RAM for the KV cache, now "
+           f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}) fits in memory and max_model_len is not larger than it "
+           f"needs; reinstall with `{INSTALL_HINT}` if vLLM itself is broken.")
+    return VLLMUnavailable(f"The vLLM engine could not start ({type(exc).__name__}: {exc}). {fix}")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -280,9 +291,9 @@ def _lora_rank_slot(rank: int) -> int:
     raise VLLMUnavailable(f"vLLM holds LoRA ranks up to 512, got model.lora_rank = {rank}.")
 
 
-def _memory_dir() -> str | None:
+def memory_dir() -> str | None:
     """``/dev/shm`` when it is writable (adapter saves stay in RAM), else the default temp dir."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
-__all__ = ["VLLMSampler", "VLLMUnavailable", "CPU_HEAD_SIZES"]
+__all__ = ["VLLMSampler", "VLLMUnavailable", "base_state_dict", "memory_dir", "on_vllm_thread", "unwrap_peft"]

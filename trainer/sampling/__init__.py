@@ -1,0 +1,57 @@
+"""trainer.sampling: token-id prompts -> sampled sequences with log-probs; the layer under core and rollout.
+
+The training core (``trainer.core.SamplingClient``) and the rollout engine both sample through this
+package and nothing else; it imports neither of them. Its parts:
+
+- :mod:`~trainer.sampling.types`: :class:`GenRequest`, the ONE result type :class:`SampledSequence`
+  (token ids, log-probs, stop reason, the policy version that sampled it), the core's
+  :class:`SamplingParams` / :class:`SampleResponse`, and the batch samplers' :class:`SamplingConfig`;
+- :mod:`~trainer.sampling.decode`: the batched decode loop, on the model arithmetic of
+  :mod:`~trainer.sampling.kernels` (a lean Llama-family kernel, or any Hugging Face model's own forward);
+- :mod:`~trainer.sampling.batching`: :class:`BatchingSampler`, the queue that answers many awaiting
+  callers with one batched call, under a weights lock;
+- :mod:`~trainer.sampling.hf`: :class:`HFSampler`, the policy model itself through the decode loop;
+- :mod:`~trainer.sampling.vllm_engine`: :class:`VLLMSampler`, a vLLM engine (its GPU or CPU build) on one
+  dedicated thread, with in-memory weight sync, ``generate_batch`` and Tinker-style ``sample``.
+
+The interface, :class:`Sampler` (:mod:`~trainer.sampling.protocol`)::
+
+    version: int                                               # policy version of the loaded weights
+    async generate(GenRequest) -> SampledSequence              # batched with other waiting callers
+    generate_batch(list[GenRequest]) -> list[SampledSequence]  # one blocking call, one greedy flag
+    update_weights(model, version) -> None                     # sample model's current weights from now on
+    close() -> None                                            # free the engine / files; idempotent
+
+A sampler behind an HTTP server fits the same interface on both sides: the server holds an
+``HFSampler`` or ``VLLMSampler`` and answers ``generate_batch`` requests (its ``BatchingSampler`` queue
+gathers concurrent clients into one call); the trainer's client subclasses :class:`BatchingSampler`,
+sends token ids in ``generate_batch`` and pushes weights (with their version) in ``update_weights``.
+Results carry the version that produced them, so a trainer can bound how stale its rollouts are.
+
+>>> sampler = make_sampler(model, tokenizer, SamplingConfig(temperature=0.8))            # doctest: +SKIP
+>>> [seq] = sampler.generate_batch([GenRequest(prompt_ids, max_new_tokens=16)])          # doctest: +SKIP
+>>> seq.tokens, seq.logprobs, seq.stop_reason, seq.version                               # doctest: +SKIP
+"""
+
+from trainer.sampling.batching import BatchingSampler
+from trainer.sampling.decode import Decoded, decode, supports_decode
+from trainer.sampling.factory import make_sampler
+from trainer.sampling.hf import HFSampler, generation_model
+from trainer.sampling.protocol import Sampler
+from trainer.sampling.types import GenRequest, SampledSequence, SampleResponse, SamplingConfig, SamplingParams
+
+__all__ = [
+    "BatchingSampler",
+    "Decoded",
+    "GenRequest",
+    "HFSampler",
+    "SampleResponse",
+    "SampledSequence",
+    "Sampler",
+    "SamplingConfig",
+    "SamplingParams",
+    "decode",
+    "generation_model",
+    "make_sampler",
+    "supports_decode",
+]
