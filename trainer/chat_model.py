@@ -3,7 +3,7 @@
 Registered in the ``envhub.chat_models`` entry-point group as ``local``, so envhub finds it without
 importing the trainer. Each turn renders the OpenAI chat messages and tool schemas with the model's
 chat template (:class:`~trainer.rollout.render.ChatRenderer`), samples with the trainer's HF sampler
-(concurrent episodes share one batched call, :class:`~trainer.rollout.sampler.HFSampler`), and reads
+(concurrent episodes share one batched call, :class:`~trainer.sampling.HFSampler`), and reads
 tool calls from the reply with the model family's parser (:mod:`envhub.tool_parsers`).
 
 >>> model = LocalChatModel("tiny", max_tokens=8, hidden_size=32, num_layers=1, num_heads=2)  # doctest: +SKIP
@@ -24,8 +24,7 @@ from envhub.chat import ChatModelError, ChatReply, ContextLengthError, parse_ass
 from envhub.tool_parsers import get_tool_parser
 from trainer.model import ModelConfig, load_policy
 from trainer.rollout.render import ChatRenderer
-from trainer.rollout.sampler import HFSampler, SamplingConfig
-from trainer.rollout.types import GenRequest
+from trainer.sampling import GenRequest, HFSampler, SamplingConfig
 
 
 class LocalChatModel:

@@ -25,13 +25,9 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from envhub.errors import ActionValidationError
-from envhub.types import StepResult, ToolSpec
-
-if TYPE_CHECKING:
-    from trainer.rollout.envs import EnvSession
+from envhub.types import ToolSpec
 
 ActionMapper = Callable[[dict[str, Any]], dict[str, Any]]
 _DEFAULT_FIELDS = {"text", "tool_name", "arguments"}
@@ -136,37 +132,5 @@ def _snake(title: str) -> str:
     return name if name not in ("reset", "step", "state", "close") else f"{name}_action"
 
 
-class MappedSession:
-    """An env session whose actions go through a mapper and whose tools may come from elsewhere."""
-
-    def __init__(self, session: EnvSession, mapper: ActionMapper, tools: list[ToolSpec] | None = None):
-        self.session = session
-        self.mapper = mapper
-        self.tool_specs = tools
-
-    @property
-    def connected(self) -> bool:
-        return bool(getattr(self.session, "connected", False))
-
-    async def reset(self, **kwargs: Any) -> StepResult:
-        return await self.session.reset(**kwargs)
-
-    async def step(self, action: dict[str, Any]) -> StepResult:
-        try:
-            mapped = self.mapper(action)
-        except ValueError as exc:
-            raise ActionValidationError(f"action mapper {getattr(self.mapper, '__name__', self.mapper)!r}: {exc}") \
-                from exc
-        if not isinstance(mapped, dict):
-            raise TypeError(f"Expected the action mapper to return a dict, got {type(mapped).__name__} for {action!r}.")
-        return await self.session.step(mapped)
-
-    async def tools(self) -> list[ToolSpec]:
-        return list(self.tool_specs) if self.tool_specs is not None else await self.session.tools()
-
-    async def close(self) -> None:
-        await self.session.close()
-
-
-__all__ = ["ActionMapper", "BUILTIN_MAPPERS", "MappedSession", "load_action_mapper", "from_action_schema",
+__all__ = ["ActionMapper", "BUILTIN_MAPPERS", "load_action_mapper", "from_action_schema",
            "field_mapper", "identity", "arguments", "arguments_with_name", "call_tool"]

@@ -19,8 +19,8 @@ import time
 from typing import Any, Protocol
 
 from envhub import Env, EnvRunner, StepResult, ToolSpec
-from envhub.errors import AuthError, EnvConnectionError
-from trainer.rollout.actions import ActionMapper, MappedSession, from_action_schema, identity, load_action_mapper
+from envhub.errors import ActionValidationError, AuthError, EnvConnectionError
+from trainer.rollout.actions import ActionMapper, from_action_schema, identity, load_action_mapper
 
 
 class EnvSession(Protocol):
@@ -181,4 +181,36 @@ class EnvPool:
             return client
 
 
-__all__ = ["EnvSession", "InProcessSession", "EnvPool", "load_env_class"]
+
+class MappedSession:
+    """An env session whose actions go through a mapper and whose tools may come from elsewhere."""
+
+    def __init__(self, session: EnvSession, mapper: ActionMapper, tools: list[ToolSpec] | None = None):
+        self.session = session
+        self.mapper = mapper
+        self.tool_specs = tools
+
+    @property
+    def connected(self) -> bool:
+        return bool(getattr(self.session, "connected", False))
+
+    async def reset(self, **kwargs: Any) -> StepResult:
+        return await self.session.reset(**kwargs)
+
+    async def step(self, action: dict[str, Any]) -> StepResult:
+        try:
+            mapped = self.mapper(action)
+        except ValueError as exc:
+            raise ActionValidationError(f"action mapper {getattr(self.mapper, '__name__', self.mapper)!r}: {exc}") \
+                from exc
+        if not isinstance(mapped, dict):
+            raise TypeError(f"Expected the action mapper to return a dict, got {type(mapped).__name__} for {action!r}.")
+        return await self.session.step(mapped)
+
+    async def tools(self) -> list[ToolSpec]:
+        return list(self.tool_specs) if self.tool_specs is not None else await self.session.tools()
+
+    async def close(self) -> None:
+        await self.session.close()
+
+__all__ = ["EnvSession", "InProcessSession", "EnvPool", "MappedSession", "load_env_class"]
