@@ -29,7 +29,8 @@ from envhub.eval.episode import EpisodeLimits, EpisodeSpec
 from envhub.eval.runner import Progress, play_all
 from trainer.chat_model import LocalChatModel
 from trainer.quickstart import free_port, math_server, parse_args, task_of
-from trainer.rollout import EnvPool, HFSampler, RolloutConfig, RolloutEngine, make_tasks
+from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, make_tasks
+from trainer.sampling import HFSampler
 
 
 def run_engine(engine: RolloutEngine, task: dict, episodes: int) -> float:
