@@ -21,6 +21,7 @@ win/loss/draw rates) is logged in its own ``metrics.jsonl`` under ``run.output_d
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -43,11 +44,11 @@ from trainer.rollout.failures import FailureWatch, RolloutFailureError
 def build_pool(cfg: TwoAgentConfig) -> EnvPool:
     """Sessions to the match env: its server URLs, or the env class in process."""
     urls = cfg.env.all_urls()
-    if not urls and not cfg.env.env_class:
-        raise ValueError("Expected a match env: set env.url=ws://host:port (e.g. a GomokuMatchEnv server) or "
-                         "env.env_class='env_servers.gomoku_env:GomokuMatchEnv' to run it in process.")
     env_cls = None
     if not urls:
+        if not cfg.env.env_class:
+            raise ValueError("Expected a match env: set env.url=ws://host:port (e.g. a GomokuMatchEnv server) or "
+                             "env.env_class='env_servers.gomoku_env:GomokuMatchEnv' to run it in process.")
         base, kwargs = load_env_class(cfg.env.env_class), dict(cfg.env.env_kwargs)
         env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
     return EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
@@ -81,7 +82,7 @@ def eval_matches(cfg: TwoAgentConfig, pairs: list[tuple[str, str]], run_id: str,
     return specs
 
 
-def evaluate(cfg: TwoAgentConfig, agents: dict[str, Agent], pool: EnvPool, run_id: str, tag: str) -> dict[str, dict]:
+def evaluate(cfg: TwoAgentConfig, agents: dict[str, Agent], pool: EnvPool, run_id: str, tag: str) -> dict[str, dict[str, float]]:
     """Each agent's validation metrics (``eval/reward_mean``, win/loss/draw rates) on held-out seeds."""
     names = list(agents)
     policies: dict[str, tuple[Any, Any]] = {n: (a.sampler, a.tokenizer) for n, a in agents.items()}
@@ -93,7 +94,7 @@ def evaluate(cfg: TwoAgentConfig, agents: dict[str, Agent], pool: EnvPool, run_i
             results += rollout.run_sync(eval_matches(cfg, [(n, RANDOM_OPPONENT)], run_id, f"{tag}-{n}"),
                                         greedy=cfg.match.eval_greedy)
     else:
-        results = _rollout(cfg, pool, policies).run_sync(eval_matches(cfg, [tuple(names)], run_id, tag),
+        results = _rollout(cfg, pool, policies).run_sync(eval_matches(cfg, [(names[0], names[1])], run_id, tag),
                                                          greedy=cfg.match.eval_greedy)
     trajs = by_agent(results)
     return {n: outcome_metrics(trajs.get(n, []), "eval") for n in names}
@@ -115,7 +116,7 @@ def _rollout(cfg: TwoAgentConfig, pool: EnvPool, policies: dict[str, tuple[Any, 
 
 
 def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = None,
-                     on_step: Callable[[int, dict[str, dict]], None] | None = None,
+                     on_step: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``cfg``; returns ``{"agents": {name: {"val_reward_before", "val_reward_after", ...}}, "steps", ...}``.
 
@@ -155,7 +156,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
                 agent.close()
             raise
         # each() calls these before the loop moves on, so trajs and step are this iteration's
-        updates = barrier.each("update", step, {n: (lambda a=a: a.update(trajs.get(a.name, []), step))  # noqa: B023
+        updates = barrier.each("update", step, {n: functools.partial(a.update, trajs.get(a.name, []), step)
                                                 for n, a in agents.items()})
         shared = {**match_metrics(results), **failures, "time/rollout_s": t1 - t0,
                   "time/step_s": time.monotonic() - t0}
@@ -212,7 +213,7 @@ def _maybe_resume(cfg: TwoAgentConfig, agents: dict[str, Agent], barrier: PhaseB
     return step
 
 
-def _fmt_rewards(evals: dict[str, dict]) -> str:
+def _fmt_rewards(evals: dict[str, dict[str, float]]) -> str:
     return ", ".join(f"{n}={m['eval/reward_mean']:.3f} (win {m['eval/win_rate']:.2f}, "
                      f"{m['eval/episodes']:.0f} games)" for n, m in evals.items())
 

@@ -26,7 +26,7 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
    pass; with asynchronous rollouts the behaviour policy: the sampler's own log-probs), log-probs of
    ``logits / temperature``; optional ``kl_coef`` * k3 KL to the frozen initial policy; per-token
    weights make the core's sum the ``algo.aggregation`` mean (default: token mean over all policy
-   tokens of the batch; mask 1: only sampled ids count). See :mod:`trainer.recipes.update`.
+   tokens of the batch; mask 1: only sampled ids count). See :mod:`trainer.update`.
 5. ``optim_step`` (AdamW, clipped to ``optim.grad_clip``, the learning rate of this step's schedule),
    ``algo.epochs`` x ``algo.minibatches`` times, each after a ``forward_backward`` over the minibatch in
    micro-batches of ``optim.micro_batch_size`` sequences; then ``save_weights_for_sampler`` hands the
@@ -58,8 +58,7 @@ from trainer.core import TrainingClient
 from trainer.distributed import init_distributed, max_over_ranks, rank, rank_seed, seed_rngs, shard, wrap_model
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy
-from trainer.recipes.batch import PackedBatch, pack
-from trainer.recipes.update import adam_params, compute_advantages, policy_update, ppo_advantages, rollout_metrics
+from trainer.recipes.checkpoints import load_client, save_client
 from trainer.rollout import (
     EnvPool,
     RolloutEngine,
@@ -71,6 +70,15 @@ from trainer.rollout import (
 )
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
 from trainer.sampling import make_sampler
+from trainer.update import (
+    adam_params,
+    compute_advantages,
+    gae_advantages,
+    pack,
+    pad_to_rows,
+    policy_update,
+    rollout_metrics,
+)
 from trainer.vision import load_vision_processor
 
 
@@ -124,7 +132,7 @@ def evaluate(engine: RolloutEngine, cfg: TrainConfig, logger: MetricsLogger | No
 
 
 # -- the loop ----------------------------------------------------------------------------------
-def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step: Callable | None = None,
+def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
           log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``cfg``; returns ``{"val_reward_before", "val_reward_after", "steps", "seconds", ...}``.
 
@@ -189,12 +197,14 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         rows = max_over_ranks(len(kept), device) if info.distributed else len(kept)
         if rows:
             # 3. advantages (PPO: GAE from the value head's forward-only pass)
-            batch = pack(kept, compute_advantages(cfg, grouped.groups), tokenizer.pad_token_id) if kept else None
-            if rows > len(kept):
-                batch = _pad_rows(batch, rows, tokenizer.pad_token_id)
-            old_values = ppo_advantages(cfg, policy, batch) if policy.value_head is not None else None
+            batch = pack(kept, compute_advantages(cfg.algo, grouped.groups), tokenizer.pad_token_id) if kept else None
+            if rows > len(kept) or batch is None:
+                batch = pad_to_rows(batch, rows, tokenizer.pad_token_id)
+            old_values = gae_advantages(cfg.algo, policy, batch) if policy.value_head is not None else None
             # 4. forward_backward + optim_step, epochs x minibatches of them
-            metrics.update(policy_update(cfg, policy, batch, adam, reference=reference, old_values_BS=old_values))
+            metrics.update(policy_update(policy, batch, adam, cfg.algo, temperature=cfg.sampling.temperature,
+                                         seed=cfg.run.seed, off_policy=stream is not None, reference=reference,
+                                         old_values_BS=old_values))
             # 5. the sampler gets the new weights
             policy.save_weights_for_sampler(engine.sampler, version=step + 1)
         elif stream is not None:  # no update, but the version moves on so the staleness bound does too
@@ -210,7 +220,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         logger.log_trajectories(step + 1, [t.to_record(tokenizer) for t in trajs[:cfg.run.log_trajectories]])
         progress.update(1, reward=round(metrics["train/reward_mean"], 3), kept=int(metrics["rollout/groups_kept"]))
         if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0:
-            _save(cfg, out, policy, step + 1)
+            save_client(out / "checkpoints", policy, step + 1, keep_last=cfg.run.keep_last)
         if on_step is not None:
             on_step(step + 1, metrics)
     progress.close()
@@ -221,7 +231,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     logger.log(last_step, after)
     log(f"validation reward after: {after['eval/reward_mean']:.3f} on {after['eval/episodes']:.0f} episodes")
     if cfg.run.steps > first_step:
-        _save(cfg, out, policy, cfg.run.steps)
+        save_client(out / "checkpoints", policy, cfg.run.steps, keep_last=cfg.run.keep_last)
     logger.close()
     engine.close()
     if hasattr(engine.sampler, "close"):  # vLLM: free the engine and its files
@@ -252,19 +262,6 @@ def _policy(cfg: TrainConfig, info: Any, device: torch.device, model: Any,
     return policy, (_reference(policy) if cfg.algo.kl_coef > 0 else None)
 
 
-def _pad_rows(batch: PackedBatch | None, rows: int, pad_id: int) -> PackedBatch:
-    """``batch`` (or nothing) with rows appended up to ``rows``: two attended pad tokens, mask 0, so no loss."""
-    have = 0 if batch is None else len(batch)
-    width = 2 if batch is None else batch.tokens_BT.shape[1]
-    tokens = torch.full((rows - have, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((rows - have, width), dtype=torch.long)
-    attn[:, :2] = 1
-    pad = PackedBatch(tokens, attn, *(torch.zeros((rows - have, width - 1)) for _ in range(4)))
-    if batch is None:
-        return pad
-    return batch.cat(pad)
-
-
 def _reference(policy: TrainingClient) -> TrainingClient:
     """A forward-only client over a frozen copy of the initial policy, for the KL term (of the inner model
     under DDP: it is never trained)."""
@@ -277,28 +274,13 @@ def _reference(policy: TrainingClient) -> TrainingClient:
     return TrainingClient(ref, policy.tokenizer, params=[], micro_batch_size=policy.micro_batch_size)
 
 
-def _extra_modules(policy: TrainingClient) -> dict[str, Any]:
-    """Trained modules outside the policy that a checkpoint carries: PPO's value head."""
-    return {"value_head": policy.value_head} if policy.value_head is not None else {}
-
-
-def _save(cfg: TrainConfig, out: Path, policy: TrainingClient, step: int) -> None:
-    from trainer.checkpoint import save_checkpoint
-
-    save_checkpoint(out / "checkpoints", model=policy.model, optimizer=policy.optimizer, step=step,
-                    data_cursor={"step": step}, keep_last=cfg.run.keep_last, modules=_extra_modules(policy))
-
-
 def _maybe_resume(cfg: TrainConfig, out: Path, policy: TrainingClient, log: Callable[[str], None]) -> int:
     if not cfg.run.resume or not (out / "checkpoints").exists():
         return 0
-    from trainer.checkpoint import load_checkpoint
-
     # the learning rate is a function of the step (adam_params), so the step is all the schedule needs
-    state = load_checkpoint(out / "checkpoints", model=policy.model, optimizer=policy.optimizer,
-                            modules=_extra_modules(policy))
-    log(f"resumed from step {state['step']}")
-    return int(state["data_cursor"]["step"])
+    step, _ = load_client(out / "checkpoints", policy)
+    log(f"resumed from step {step}")
+    return step
 
 
 __all__ = ["train", "evaluate", "build_engine", "train_tasks"]
