@@ -9,7 +9,6 @@ seats produced. An update is the same :func:`~trainer.update.policy_update` over
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,15 @@ from trainer.multiagent.config import AgentConfig, TwoAgentConfig
 from trainer.recipes.checkpoints import has_checkpoint, load_client, save_client, trained_optimizer
 from trainer.rollout import Trajectory, build_groups
 from trainer.sampling import make_sampler
-from trainer.update import adam_params, compute_advantages, gae_advantages, pack, policy_update, rollout_metrics
+from trainer.update import (
+    adam_params,
+    compute_advantages,
+    frozen_reference,
+    gae_advantages,
+    pack,
+    policy_update,
+    rollout_metrics,
+)
 
 
 class Agent:
@@ -46,9 +53,7 @@ class Agent:
         value_head = algos.ValueHead(hidden_size_of(model)).to(self.device) if cfg.algo.name == "ppo" else None
         self.policy = TrainingClient(model, tokenizer, value_head=value_head,
                                      micro_batch_size=cfg.optim.micro_batch_size)
-        self.reference = (TrainingClient(_frozen_copy(model), tokenizer, params=[],
-                                         micro_batch_size=cfg.optim.micro_batch_size)
-                          if cfg.algo.kl_coef > 0 else None)
+        self.reference = frozen_reference(self.policy) if cfg.algo.kl_coef > 0 else None
         self.model, self.tokenizer, self.value_head = model, tokenizer, value_head
         self.sampler = make_sampler(self.model, self.tokenizer, shared.sampling, lora=cfg.model.lora_rank > 0,
                                     seed=shared.run.seed)
@@ -124,13 +129,6 @@ def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, fl
             f"{prefix}/draw_rate": outcomes.count(Outcome.DRAW) / n,
             f"{prefix}/episodes": float(len(ok)),
             f"{prefix}/infra_failures": float(len(trajectories) - len(ok))}
-
-
-def _frozen_copy(model: Any) -> Any:
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
 
 
 __all__ = ["Agent", "outcome_metrics"]

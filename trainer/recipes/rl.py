@@ -42,7 +42,6 @@ sample different completions, and a rerun samples the same ones. Task seeds are
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import time
@@ -73,6 +72,7 @@ from trainer.sampling import make_sampler
 from trainer.update import (
     adam_params,
     compute_advantages,
+    frozen_reference,
     gae_advantages,
     pack,
     pad_to_rows,
@@ -259,19 +259,7 @@ def _policy(cfg: TrainConfig, info: Any, device: torch.device, model: Any,
         value_head = wrap_model(algos.ValueHead(hidden_size_of(model)).to(device), "ddp", info,
                                 mixed_precision=cfg.run.mixed_precision)
     policy = TrainingClient(model, tokenizer, value_head=value_head, micro_batch_size=cfg.optim.micro_batch_size)
-    return policy, (_reference(policy) if cfg.algo.kl_coef > 0 else None)
-
-
-def _reference(policy: TrainingClient) -> TrainingClient:
-    """A forward-only client over a frozen copy of the initial policy, for the KL term (of the inner model
-    under DDP: it is never trained)."""
-    model = policy.model
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return TrainingClient(ref, policy.tokenizer, params=[], micro_batch_size=policy.micro_batch_size)
+    return policy, (frozen_reference(policy) if cfg.algo.kl_coef > 0 else None)
 
 
 def _maybe_resume(cfg: TrainConfig, out: Path, policy: TrainingClient, log: Callable[[str], None]) -> int:
