@@ -122,17 +122,18 @@ def test_logged_loss_metrics_are_token_means_that_loss_free_padding_rows_leave_a
     import copy
 
     from trainer.core import TrainingClient
-    from trainer.update import PackedBatch, adam_params, pad_to_rows, policy_update
+    from trainer.rollout.types import Task, Trajectory
+    from trainer.update import PackedBatch, adam_params, pack, padding_row, policy_update
 
     # rows of 10, 7 and 4 tokens, the first 3 of each a prompt (mask 0); sampler log-probs off the policy's
     gen = torch.Generator().manual_seed(0)
-    lengths, T = [10, 7, 4], 10
-    tokens = torch.randint(3, 200, (3, T), generator=gen)
-    attn = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
-    mask = torch.tensor([[0.0] * 3 + [1.0] * (n - 3) + [0.0] * (T - n) for n in lengths])
-    adv = torch.randn(3, 1, generator=gen) * mask
-    batch = PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], torch.zeros(3, T - 1),
-                        -torch.rand(3, T - 1, generator=gen) * mask[:, 1:])
+    trajs, advs = [], []
+    for n in [10, 7, 4]:
+        mask = [0] * 3 + [1] * (n - 3)
+        adv = float(torch.randn(1, generator=gen))
+        trajs.append(Trajectory(task=Task(reset_kwargs={}), tokens=torch.randint(3, 200, (n,), generator=gen).tolist(),
+                                mask=mask, logprobs=[-float(torch.rand(1, generator=gen)) * m for m in mask]))
+        advs.append([adv * m for m in mask])
     model, tok = load_policy(config(tmp_path).model)
 
     def run(b: PackedBatch, micro_batch_size: int) -> dict[str, float]:
@@ -142,9 +143,10 @@ def test_logged_loss_metrics_are_token_means_that_loss_free_padding_rows_leave_a
         return policy_update(policy, b, adam_params(cfg.optim, 0, cfg.run.steps), cfg.algo,
                              temperature=cfg.sampling.temperature, seed=cfg.run.seed)
 
-    whole = run(batch, 16)
+    whole = run(pack(trajs, advs, tok.pad_token_id), 16)
     # a torchrun rank that kept 3 rows while another kept 5 pads with 2 loss-free rows; micro-batches of 1
-    padded = run(pad_to_rows(batch, 5, tok.pad_token_id), 1)
+    pad_traj, pad_adv = padding_row(tok.pad_token_id)
+    padded = run(pack([*trajs, pad_traj, pad_traj], [*advs, pad_adv, pad_adv], tok.pad_token_id), 1)
     assert whole["train/approx_kl"] > 0 and whole["train/ratio_mean"] != 1.0
     for key in ("train/loss", "train/clip_frac", "train/approx_kl", "train/ratio_mean", "train/kl",
                 "train/logprob_mismatch"):

@@ -6,12 +6,12 @@ Every setting is an explicit, typed parameter: no recipe's whole config is neede
 """
 
 from trainer.update.advantages import compute_advantages, gae_advantages
-from trainer.update.batch import PackedBatch, pack, pad_to_rows, padding_rows, token_advantages
+from trainer.update.batch import PackedBatch, pack, padding_row, token_advantages
 from trainer.update.datums import datums, forward_values
 from trainer.update.policy import METRIC_NAMES, adam_params, loss_config, policy_update
 from trainer.update.reference import frozen_reference
 from trainer.update.stats import rollout_metrics
 
 __all__ = ["METRIC_NAMES", "PackedBatch", "adam_params", "compute_advantages", "datums", "forward_values",
-           "frozen_reference", "gae_advantages", "loss_config", "pack", "pad_to_rows", "padding_rows", "policy_update",
+           "frozen_reference", "gae_advantages", "loss_config", "pack", "padding_row", "policy_update",
            "rollout_metrics", "token_advantages"]

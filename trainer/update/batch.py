@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from trainer.rollout import Trajectory
+from trainer.rollout import Task, Trajectory
 
 
 @dataclass
@@ -34,32 +34,12 @@ class PackedBatch:
     def __len__(self) -> int:
         return int(self.tokens_BT.shape[0])
 
-    def cat(self, other: PackedBatch) -> PackedBatch:
-        """Rows of ``self`` then rows of ``other`` (same width)."""
-        cat = {f.name: torch.cat([getattr(self, f.name), getattr(other, f.name)])
-               for f in fields(self) if f.name != "images_B"}
-        return PackedBatch(**cat, images_B=self.images_B + other.images_B)
 
-
-def padding_rows(rows: int, width: int, pad_id: int) -> PackedBatch:
-    """``rows`` rows that train nothing: two attended pad tokens each (a forward pass needs one input and
-    one target), mask 0 everywhere, so no loss and no gradient; ``width`` matches the batch they extend."""
-    if rows < 0 or width < 2:
-        raise ValueError(f"Expected rows >= 0 and width >= 2, got {rows}, {width}.")
-    tokens = torch.full((rows, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((rows, width), dtype=torch.long)
-    attn[:, :2] = 1
-    mask, adv, rew, lps = (torch.zeros((rows, width - 1)) for _ in range(4))
-    return PackedBatch(tokens, attn, mask, adv, rew, lps)
-
-
-def pad_to_rows(batch: PackedBatch | None, rows: int, pad_id: int) -> PackedBatch:
-    """``batch`` (or nothing: a rank that kept no group) extended with :func:`padding_rows` up to ``rows``."""
-    if batch is None:
-        return padding_rows(rows, 2, pad_id)
-    if rows < len(batch):
-        raise ValueError(f"Expected at least the batch's {len(batch)} rows, got {rows}.")
-    return batch.cat(padding_rows(rows - len(batch), int(batch.tokens_BT.shape[1]), pad_id))
+def padding_row(pad_id: int) -> tuple[Trajectory, list[float]]:
+    """A row that trains nothing, with its advantages: two pad tokens (a forward pass needs one input and one
+    target), mask 0, so no loss and no gradient; what a torchrun rank that kept fewer rows trains on
+    (:func:`trainer.distributed.pad_to_ranks`)."""
+    return Trajectory(task=Task(reset_kwargs={}), tokens=[pad_id, pad_id], mask=[0, 0], logprobs=[0.0, 0.0]), [0.0, 0.0]
 
 
 def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
@@ -76,8 +56,9 @@ def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
 
 def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: int) -> PackedBatch:
     """Pad ``trajectories`` (with per-token ``advantages``) into a :class:`PackedBatch`; turn rewards sit on turn ends."""
-    if not trajectories:
-        raise ValueError("Expected at least one trajectory to pack, got none.")
+    if not trajectories or len(advantages) != len(trajectories):
+        raise ValueError(f"Expected at least one trajectory and one advantage list for each, got "
+                         f"{len(trajectories)} and {len(advantages)}.")
     B, T = len(trajectories), max(len(t.tokens) for t in trajectories)
     tokens = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, T), dtype=torch.long)
@@ -95,4 +76,4 @@ def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: 
                        [list(t.images) for t in trajectories])
 
 
-__all__ = ["PackedBatch", "pack", "pad_to_rows", "padding_rows", "token_advantages"]
+__all__ = ["PackedBatch", "pack", "padding_row", "token_advantages"]
