@@ -10,7 +10,7 @@ Per step, between phase barriers (:class:`PhaseBarrier`):
    earned (zero-sum for decisive games).
 2. **update** (each agent on its own): an agent's trajectories of one opening form its GRPO
    group; groups with an infrastructure end (a disconnected or timed-out opponent, an env outage)
-   are left out; then the agent's own loss and optimizer step (:meth:`Agent.update`). The two
+   are left out; then the agent's own loss and optimizer step (:meth:`Player.update`). The two
    updates may run in parallel threads; neither agent starts the next rollout before both are done.
 
 Validation, before and after training (and every ``run.eval_every`` steps): matches on held-out
@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from trainer.multiagent.agent import Agent, outcome_metrics
-from trainer.multiagent.config import RANDOM_OPPONENT, TwoAgentConfig
-from trainer.multiagent.match_rollout import SEATS, MatchResult, MatchRollout, MatchSpec, by_agent
-from trainer.multiagent.opponents import RandomMoveSampler
-from trainer.multiagent.phases import PhaseBarrier
+from trainer.recipes.matches import SEATS, MatchResult, MatchRollout, MatchSpec, by_agent
+from trainer.recipes.opponents import RandomMoveSampler
+from trainer.recipes.phases import PhaseBarrier
+from trainer.recipes.players import Player, outcome_metrics
+from trainer.recipes.two_agent_config import RANDOM_OPPONENT, TwoAgentConfig
 from trainer.rollout import EnvPool, load_env_class
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
 
@@ -82,7 +82,7 @@ def eval_matches(cfg: TwoAgentConfig, pairs: list[tuple[str, str]], run_id: str,
     return specs
 
 
-def evaluate(cfg: TwoAgentConfig, agents: dict[str, Agent], pool: EnvPool, run_id: str, tag: str) -> dict[str, dict[str, float]]:
+def evaluate(cfg: TwoAgentConfig, agents: dict[str, Player], pool: EnvPool, run_id: str, tag: str) -> dict[str, dict[str, float]]:
     """Each agent's validation metrics (``eval/reward_mean``, win/loss/draw rates) on held-out seeds."""
     names = list(agents)
     policies: dict[str, tuple[Any, Any]] = {n: (a.sampler, a.tokenizer) for n, a in agents.items()}
@@ -115,7 +115,7 @@ def _rollout(cfg: TwoAgentConfig, pool: EnvPool, policies: dict[str, tuple[Any, 
                         partner_grace_s=cfg.match.partner_grace_s)
 
 
-def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = None,
+def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = None,
                      on_step: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``cfg``; returns ``{"agents": {name: {"val_reward_before", "val_reward_after", ...}}, "steps", ...}``.
@@ -131,7 +131,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
     (out / "config.json").write_text(cfg.to_json())
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if cfg.run.device == "auto" else cfg.run.device)
-    agents = agents or {name: Agent(name, a, cfg, out / name, device=device) for name, a in cfg.agents.items()}
+    agents = agents or {name: Player(name, a, cfg, out / name, device=device) for name, a in cfg.agents.items()}
     names = list(agents)
     pool = build_pool(cfg)
     rollout = _rollout(cfg, pool, {n: (a.sampler, a.tokenizer) for n, a in agents.items()})
@@ -198,7 +198,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
     return summary
 
 
-def _maybe_resume(cfg: TwoAgentConfig, agents: dict[str, Agent], barrier: PhaseBarrier,
+def _maybe_resume(cfg: TwoAgentConfig, agents: dict[str, Player], barrier: PhaseBarrier,
                   log: Callable[[str], None]) -> int:
     if not cfg.run.resume:
         return 0

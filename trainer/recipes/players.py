@@ -1,4 +1,6 @@
-"""One agent of a two-agent run: its own policy, optimizer, sampler, metrics and checkpoints.
+"""One player of a two-agent run: its own policy, optimizer, sampler, metrics and checkpoints.
+
+(A player, not a :class:`trainer.rollout.Agent`: that is a conversation strategy the rollout engine runs.)
 
 Nothing is shared between agents: each loads its own model (full parameters or its own LoRA
 adapter on its own copy of the base) behind its own training-core client (its own AdamW state over
@@ -19,8 +21,8 @@ from trainer import algos
 from trainer.core import TrainingClient
 from trainer.metrics import MetricsLogger
 from trainer.model import hidden_size_of, load_policy
-from trainer.multiagent.config import AgentConfig, TwoAgentConfig
 from trainer.recipes.checkpoints import has_checkpoint, load_client, save_client, trained_optimizer
+from trainer.recipes.two_agent_config import PlayerConfig, TwoAgentConfig
 from trainer.rollout import Trajectory, build_groups
 from trainer.sampling import make_sampler
 from trainer.update import (
@@ -34,14 +36,14 @@ from trainer.update import (
 )
 
 
-class Agent:
-    """A player with an independent policy: ``agent.update(its_trajectories)`` is one optimisation step.
+class Player:
+    """A player with an independent policy: ``player.update(its_trajectories)`` is one optimisation step.
 
     ``model``/``tokenizer`` may be passed in (e.g. a warmed-up model); otherwise they are loaded from
     ``cfg.model``. Metrics and checkpoints go to ``out_dir``.
     """
 
-    def __init__(self, name: str, cfg: AgentConfig, shared: TwoAgentConfig, out_dir: str | Path, *,
+    def __init__(self, name: str, cfg: PlayerConfig, shared: TwoAgentConfig, out_dir: str | Path, *,
                  device: torch.device | str = "cpu", model: Any = None, tokenizer: Any = None):
         self.name = name
         self.device = torch.device(device)
@@ -131,4 +133,4 @@ def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, fl
             f"{prefix}/infra_failures": float(len(trajectories) - len(ok))}
 
 
-__all__ = ["Agent", "outcome_metrics"]
+__all__ = ["Player", "outcome_metrics"]

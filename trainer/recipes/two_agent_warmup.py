@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from trainer.core import AdamParams, TrainingClient
-from trainer.multiagent.match_rollout import SEATS, MatchRollout, MatchSpec
-from trainer.multiagent.opponents import RandomMoveSampler
+from trainer.recipes.matches import SEATS, MatchRollout, MatchSpec
+from trainer.recipes.opponents import RandomMoveSampler
 from trainer.recipes.sft import sft_step
 from trainer.rollout import EnvPool, RolloutConfig, Trajectory
 from trainer.sampling import Sampler
