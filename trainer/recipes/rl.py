@@ -46,7 +46,6 @@ sample different completions, and a rerun samples the same ones. Task seeds are
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,13 +71,13 @@ from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy
 from trainer.recipes.batches import BatchSource, SampledBatches, StreamedBatches
 from trainer.recipes.checkpoints import load_client, save_client
+from trainer.recipes.setup import in_process_env, start_run
 from trainer.rollout import (
     EnvPool,
     RolloutEngine,
     Task,
     Trajectory,
     build_groups,
-    load_env_class,
     make_tasks,
 )
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
@@ -100,12 +99,7 @@ from trainer.vision import load_vision_processor
 def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
     """Sampler + env pool + engine for ``cfg`` (vLLM when ``sampling.backend == "vllm"``); a vision-language
     policy gets its image processor, so observation images reach it."""
-    urls = cfg.env.all_urls()
-    env_cls = load_env_class(cfg.env.env_class) if cfg.env.env_class and not urls else None
-    if env_cls is not None and cfg.env.env_kwargs:
-        base, kwargs = env_cls, dict(cfg.env.env_kwargs)
-        env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
-    pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
+    pool = EnvPool(cfg.env.all_urls() or None, in_process_env(cfg.env), connect_retry_s=cfg.env.connect_retry_s,
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token,
                    action_mapper=cfg.env.action_mapper, tools=cfg.env.tools)
     vision = load_vision_processor(cfg.model, tok)
@@ -154,11 +148,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
     Pass ``model``/``tokenizer`` to continue from a model in memory (the quick start's SFT warm-up).
     """
     start = time.monotonic()
-    random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
-    out = Path(cfg.run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.to_json())
+    out = start_run(cfg.run.seed, cfg.run.output_dir, cfg.to_json())
     log(f"config:\n{cfg.to_json()}")
     info = init_distributed()
     device = info.device if info.distributed or cfg.run.device == "auto" else torch.device(cfg.run.device)

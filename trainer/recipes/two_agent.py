@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import functools
 import json
-import random
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,22 +34,19 @@ from trainer.recipes.matches import SEATS, MatchResult, MatchRollout, MatchSpec,
 from trainer.recipes.opponents import RandomMoveSampler
 from trainer.recipes.phases import PhaseBarrier
 from trainer.recipes.players import Player, outcome_metrics
+from trainer.recipes.setup import in_process_env, start_run
 from trainer.recipes.two_agent_config import RANDOM_OPPONENT, TwoAgentConfig
-from trainer.rollout import EnvPool, load_env_class
+from trainer.rollout import EnvPool
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
 
 
 def build_pool(cfg: TwoAgentConfig) -> EnvPool:
     """Sessions to the match env: its server URLs, or the env class in process."""
     urls = cfg.env.all_urls()
-    env_cls = None
-    if not urls:
-        if not cfg.env.env_class:
-            raise ValueError("Expected a match env: set env.url=ws://host:port (e.g. a GomokuMatchEnv server) or "
-                             "env.env_class='env_servers.gomoku_env:GomokuMatchEnv' to run it in process.")
-        base, kwargs = load_env_class(cfg.env.env_class), dict(cfg.env.env_kwargs)
-        env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
-    return EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
+    if not urls and not cfg.env.env_class:
+        raise ValueError("Expected a match env: set env.url=ws://host:port (e.g. a GomokuMatchEnv server) or "
+                         "env.env_class='env_servers.gomoku_env:GomokuMatchEnv' to run it in process.")
+    return EnvPool(urls or None, in_process_env(cfg.env), connect_retry_s=cfg.env.connect_retry_s,
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
 
 
@@ -124,11 +119,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
     gets each agent's metrics after every step.
     """
     start = time.monotonic()
-    random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
-    out = Path(cfg.run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.to_json())
+    out = start_run(cfg.run.seed, cfg.run.output_dir, cfg.to_json())
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if cfg.run.device == "auto" else cfg.run.device)
     agents = agents or {name: Player(name, a, cfg, out / name, device=device) for name, a in cfg.agents.items()}
