@@ -13,7 +13,7 @@ Whole steps (``--whole-steps``, 15 by default): each side samples ``--group`` co
 ``--completion-len`` tokens), scores them with a random reward, computes GRPO advantages and takes its
 training step. TRL's is its own ``_prepare_inputs`` (generation with ``transformers`` ``generate``,
 rewards, advantages) + ``compute_loss`` + backward + optimizer; ours is ``HFSampler.generate_batch`` (the
-lean decode loop of ``trainer.sampling.decode`` on the same model) + the RL recipe's ``compute_advantages``,
+lean decode loop of ``trainer.sampling.decode`` on the same model) + the RL update's ``compute_advantages``,
 ``pack`` and ``policy_update`` over the training core (the code ``envhub-train`` runs each step,
 ``seq_mean_token_mean`` as TRL's ``loss_type="grpo"``). Machine speed drifts on shared hosts: the two
 sides alternate step by step and the medians are compared.
@@ -163,10 +163,9 @@ def envhub_whole_step_fn(args, model, tokenizer, prompt_ids: list[list[int]]):
     """Sample, score, advantages, pack, optimise: one step of the RL recipe on a fixed-length workload."""
     from trainer.config import load_config
     from trainer.core import TrainingClient
-    from trainer.recipes.batch import pack
-    from trainer.recipes.update import adam_params, compute_advantages, policy_update
     from trainer.rollout import Task, Trajectory
     from trainer.sampling import GenRequest, HFSampler, SamplingConfig
+    from trainer.update import adam_params, compute_advantages, pack, policy_update
 
     cfg = load_config(None, ["algo.name='grpo'", "algo.aggregation='seq_mean_token_mean'", "optim.lr=1e-5",
                              f"optim.micro_batch_size={args.prompts * args.group}", "sampling.temperature=1.0"])
@@ -184,8 +183,9 @@ def envhub_whole_step_fn(args, model, tokenizer, prompt_ids: list[list[int]]):
             if i % args.group == 0:
                 groups.append([])
             groups[-1].append(traj)
-        batch = pack([t for g in groups for t in g], compute_advantages(cfg, groups), tokenizer.pad_token_id)
-        policy_update(cfg, policy, batch, adam_params(cfg.optim, 0, 1))
+        batch = pack([t for g in groups for t in g], compute_advantages(cfg.algo, groups), tokenizer.pad_token_id)
+        policy_update(policy, batch, adam_params(cfg.optim, 0, 1), cfg.algo, temperature=cfg.sampling.temperature,
+                      seed=cfg.run.seed)
         policy.save_weights_for_sampler(sampler)
 
     return step

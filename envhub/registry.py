@@ -29,6 +29,25 @@ GROUP = "envhub.envs"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
+def import_target(target: str, *, expected: str) -> Any:
+    """The object a ``"package.module:attr"`` string names (``attr`` may be dotted: ``Outer.Inner``).
+
+    ``expected`` says what the caller wants, for the error (``"an env like 'my_env:GuessEnv'"``): a string
+    of any other shape, or an attribute the module lacks, raises ValueError naming it; the module's own
+    import errors propagate unchanged.
+    """
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"Expected {expected}, got {target!r}.")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"Module {module_name!r} has no attribute {attr!r}; expected {expected}.") from None
+    return obj
+
+
 class EnvNameConflictError(EnvHubError, ValueError):
     """Two installed distributions register the same env name."""
 
@@ -50,11 +69,8 @@ class EnvEntry:
         """The env class; a failure raises :class:`EnvEntryImportError` naming the distribution."""
         from envhub.env import Env
 
-        module_name, _, attr = self.target.partition(":")
         try:
-            obj: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
+            obj = import_target(self.target, expected="an entry point like 'my_env:GuessEnv'")
         except Exception as exc:  # any error while importing a third-party module is that entry's failure
             raise EnvEntryImportError(
                 f"env {self.name!r} = {self.target!r} (registered by {self.distribution} {self.version}) failed to "
@@ -155,5 +171,5 @@ def describe(entry: EnvEntry) -> EnvDescription:
     return EnvDescription(entry, tools=tools, summary=doc[0].strip() if doc else "")
 
 
-__all__ = ["GROUP", "installed_distributions", "group_entry_points", "EnvEntry", "EnvDescription",
+__all__ = ["GROUP", "import_target", "installed_distributions", "group_entry_points", "EnvEntry", "EnvDescription",
            "EnvNameConflictError", "EnvEntryImportError", "registered", "lookup", "resolve", "describe"]

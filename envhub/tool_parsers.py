@@ -101,10 +101,9 @@ def get_tool_parser(name: str | Callable[..., ToolCallParse], *, model_name: str
     if name == "auto":
         name = parser_name_for_model(model_name)
     if ":" in name:
-        import importlib
+        from envhub.registry import import_target
 
-        module, _, attr = name.partition(":")
-        fn = getattr(importlib.import_module(module), attr, None)
+        fn = import_target(name, expected="a tool parser as 'module:function'")
         if not callable(fn):
             raise ValueError(f"Expected {name!r} to name a parser function, got {fn!r}.")
         return _takes_tools(fn)

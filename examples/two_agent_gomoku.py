@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from trainer.metrics import plot_rewards
-    from trainer.multiagent import Agent, load_two_agent_config, train_two_agents
-    from trainer.multiagent.two_agent import build_pool
-    from trainer.multiagent.warmup import demos_from, imitation_warmup, scripted_games
+    from trainer.recipes.players import Player
+    from trainer.recipes.two_agent import build_pool, train_two_agents
+    from trainer.recipes.two_agent_config import load_two_agent_config
+    from trainer.recipes.two_agent_warmup import demos_from, imitation_warmup, scripted_games
 
     torch.set_num_threads(args.threads)
     cfg = load_two_agent_config(args.config, args.overrides)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
     server = match_server(out / "server.log", int(cfg.env.train_task.get("board_size", 9))) if not given_url else None
     with server or _as_is(cfg.env.url) as url:
         cfg.env.url = url
-        agents = {n: Agent(n, a, cfg, out / n) for n, a in cfg.agents.items()}
+        agents = {n: Player(n, a, cfg, out / n) for n, a in cfg.agents.items()}
         if args.warmup_steps:
             pool = build_pool(cfg)
             for name, agent in agents.items():

@@ -146,8 +146,8 @@ TRAINER_RANKS: dict[str, int] = {
     "trainer.core": 3,                          # the training core: forward_backward, optim_step, sample
     "trainer.rollout": 4,                       # episode engine, agents, env sessions
     "trainer.update": 5, "trainer.config": 5,   # the RL update; the run's config
-    "trainer.recipes": 6, "trainer.multiagent": 6, "trainer.quickstart": 6, "trainer.chat_model": 6,  # readable loops over the core
-    "trainer.cli": 7, "trainer.service": 7, "trainer.multiagent.__main__": 7,  # entry points
+    "trainer.recipes": 6, "trainer.quickstart": 6, "trainer.chat_model": 6,  # readable loops: RL, SFT, two-agent
+    "trainer.cli": 7, "trainer.service": 7, "trainer.multiagent": 7,  # entry points (multiagent: an alias)
 }
 
 

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainer.model import unwrap
+
 LATEST = "latest"
 
 
@@ -120,7 +122,8 @@ def load_checkpoint(
             raise FileNotFoundError(f"Expected {ckpt / 'scheduler.pt'}: this checkpoint was saved without a scheduler.")
         scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
     for name, module in modules.items():
-        _unwrap(module).load_state_dict(torch.load(ckpt / f"{name}.pt", map_location="cpu", weights_only=True))
+        state = torch.load(ckpt / f"{name}.pt", map_location="cpu", weights_only=True)
+        unwrap(module, peft=False).load_state_dict(state)
     rng_file = ckpt / f"rng_rank{rank}.pt"
     # Resuming on more ranks than were saved: a new rank keeps its own streams (rank 0's would make it
     # sample exactly what rank 0 samples).
@@ -157,18 +160,13 @@ def export_hf(model: nn.Module, tokenizer: Any, path: str | os.PathLike, *, merg
         )
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    model = _unwrap(model)
+    model = unwrap(model, peft=False)
     if _is_peft(model) and merge_lora:
         model = copy.deepcopy(model).merge_and_unload()
     model.save_pretrained(out)
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(out)
     return out
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    # DistributedDataParallel keeps the real model in .module
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 def _is_peft(model: nn.Module) -> bool:
@@ -216,7 +214,7 @@ def _check_module_names(modules: dict[str, nn.Module] | None) -> dict[str, nn.Mo
 
 def _plain_state(module: nn.Module) -> dict:
     """A small unsharded module's state dict (DDP unwrapped), on CPU."""
-    return {k: v.detach().cpu().clone() for k, v in _unwrap(module).state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in unwrap(module, peft=False).state_dict().items()}
 
 
 def _model_state(model: nn.Module) -> dict:
@@ -225,7 +223,7 @@ def _model_state(model: nn.Module) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         return get_model_state_dict(model, options=_full_state_options())
-    model = _unwrap(model)
+    model = unwrap(model, peft=False)
     if _is_peft(model):
         from peft import get_peft_model_state_dict
 
@@ -239,7 +237,7 @@ def _load_model_state(model: nn.Module, state: dict) -> None:
 
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
         return
-    model = _unwrap(model)
+    model = unwrap(model, peft=False)
     if _is_peft(model):
         from peft import set_peft_model_state_dict
 

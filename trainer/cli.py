@@ -146,7 +146,7 @@ def _run_sft(cfg: Any) -> dict[str, Any]:
 
 
 def _load_two_agent(path: str | None, overrides: list[str]) -> Any:
-    from trainer.multiagent.config import load_two_agent_config
+    from trainer.recipes.two_agent_config import load_two_agent_config
 
     return load_two_agent_config(path, overrides)
 
@@ -159,7 +159,7 @@ def _match_env(cfg: Any) -> str | None:
 
 
 def _run_two_agent(cfg: Any) -> dict[str, Any]:
-    from trainer.multiagent.two_agent import train_two_agents
+    from trainer.recipes.two_agent import train_two_agents
 
     return train_two_agents(cfg)
 

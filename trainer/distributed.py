@@ -206,6 +206,17 @@ def max_over_ranks(value: int, device: torch.device | str = "cpu") -> int:
     return int(t.item())
 
 
+def pad_to_ranks(rows: list[T], pad: T, device: torch.device | str = "cpu") -> list[T]:
+    """``rows`` plus copies of ``pad`` up to the most rows any rank holds (``rows`` itself on one process).
+
+    Under torchrun every rank must run the same forward/backward passes (DDP and FSDP communicate in
+    them): a rank that kept fewer rows this step trains on ``pad`` rows, which carry no loss. Every rank
+    must call this at the same point (it is a collective).
+    """
+    target = max_over_ranks(len(rows), device)
+    return list(rows) + [pad] * (target - len(rows))
+
+
 def barrier() -> None:
     """Wait for every rank; a no-op on a single rank."""
     if dist.is_available() and dist.is_initialized():

@@ -15,6 +15,7 @@ shipped tokenizer plus the vision tokens (:mod:`trainer.vision`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -197,12 +198,23 @@ def hidden_size_of(model: nn.Module) -> int:
     return int(config.get_text_config().hidden_size)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The underlying HF model under DDP/FSDP/peft wrappers."""
+def unwrap(model: nn.Module, *, peft: bool = True) -> nn.Module:
+    """``model`` under its DDP wrapper (the model in ``.module``) and, with ``peft`` (the default), under its
+    peft wrapper too: the Hugging Face base model. ``peft=False`` keeps a peft model, which knows its
+    adapters (what a checkpoint saves, what a sampler merges)."""
     while hasattr(model, "module") and isinstance(model.module, nn.Module):
         model = model.module
-    get_base = getattr(model, "get_base_model", None)
+    get_base = getattr(model, "get_base_model", None) if peft else None
     return get_base() if callable(get_base) else model
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` (under DDP: of the model it wraps; peft kept) in eval mode with every parameter
+    frozen: a KL reference, or a sampler's own weights while the trainer updates the original."""
+    copy_ = copy.deepcopy(unwrap(model, peft=False)).eval()
+    for p in copy_.parameters():
+        p.requires_grad_(False)
+    return copy_
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -211,4 +223,5 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 __all__ = ["ModelConfig", "load_policy", "load_tokenizer", "build_tiny_model", "apply_lora",
-           "resolve_dtype", "for_vllm", "VLLM_HEAD_SIZES", "unwrap", "hidden_size_of", "trainable_parameters", "TINY", "TINY_VL"]
+           "resolve_dtype", "for_vllm", "VLLM_HEAD_SIZES", "unwrap", "frozen_copy", "hidden_size_of",
+           "trainable_parameters", "TINY", "TINY_VL"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -13,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from envhub.env import Env
+from envhub.registry import import_target, lookup
 from envhub.server.app import create_app
 from envhub.server.transport import WS_IMPLEMENTATION, install_log_redaction
 from envhub.settings import Settings
@@ -24,19 +24,8 @@ def load_target(target: str | type[Env]) -> type[Env]:
     if isinstance(target, type):
         return target
     if ":" not in str(target):
-        from envhub.registry import lookup
-
         return lookup(str(target)).load()
-    module_name, sep, attr = str(target).partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"Expected an env as 'module:Class' (e.g. my_env:GuessEnv), got {target!r}.")
-    module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"Module {module_name!r} has no attribute {attr!r}; expected an env class.") from None
+    obj = import_target(str(target), expected="an env as 'module:Class' (e.g. my_env:GuessEnv)")
     if not (isinstance(obj, type) and issubclass(obj, Env)):
         raise ValueError(f"Expected {target!r} to name an envhub.Env subclass, got {obj!r}.")
     return obj

@@ -122,30 +122,31 @@ def test_logged_loss_metrics_are_token_means_that_loss_free_padding_rows_leave_a
     import copy
 
     from trainer.core import TrainingClient
-    from trainer.recipes.batch import PackedBatch
-    from trainer.recipes.rl import _pad_rows
-    from trainer.recipes.update import adam_params, policy_update
+    from trainer.rollout.types import Task, Trajectory
+    from trainer.update import PackedBatch, adam_params, pack, padding_row, policy_update
 
     # rows of 10, 7 and 4 tokens, the first 3 of each a prompt (mask 0); sampler log-probs off the policy's
     gen = torch.Generator().manual_seed(0)
-    lengths, T = [10, 7, 4], 10
-    tokens = torch.randint(3, 200, (3, T), generator=gen)
-    attn = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
-    mask = torch.tensor([[0.0] * 3 + [1.0] * (n - 3) + [0.0] * (T - n) for n in lengths])
-    adv = torch.randn(3, 1, generator=gen) * mask
-    batch = PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], torch.zeros(3, T - 1),
-                        -torch.rand(3, T - 1, generator=gen) * mask[:, 1:])
+    trajs, advs = [], []
+    for n in [10, 7, 4]:
+        mask = [0] * 3 + [1] * (n - 3)
+        adv = float(torch.randn(1, generator=gen))
+        trajs.append(Trajectory(task=Task(reset_kwargs={}), tokens=torch.randint(3, 200, (n,), generator=gen).tolist(),
+                                mask=mask, logprobs=[-float(torch.rand(1, generator=gen)) * m for m in mask]))
+        advs.append([adv * m for m in mask])
     model, tok = load_policy(config(tmp_path).model)
 
     def run(b: PackedBatch, micro_batch_size: int) -> dict[str, float]:
         # two epochs: the second sees ratios away from 1, so clip_frac/approx_kl/ratio_mean carry information
         cfg = config(tmp_path, "algo.epochs=2", "optim.lr=1e-1", f"optim.micro_batch_size={micro_batch_size}")
         policy = TrainingClient(copy.deepcopy(model), tok, micro_batch_size=cfg.optim.micro_batch_size)
-        return policy_update(cfg, policy, b, adam_params(cfg.optim, 0, cfg.run.steps))
+        return policy_update(policy, b, adam_params(cfg.optim, 0, cfg.run.steps), cfg.algo,
+                             temperature=cfg.sampling.temperature, seed=cfg.run.seed)
 
-    whole = run(batch, 16)
+    whole = run(pack(trajs, advs, tok.pad_token_id), 16)
     # a torchrun rank that kept 3 rows while another kept 5 pads with 2 loss-free rows; micro-batches of 1
-    padded = run(_pad_rows(batch, 5, tok.pad_token_id), 1)
+    pad_traj, pad_adv = padding_row(tok.pad_token_id)
+    padded = run(pack([*trajs, pad_traj, pad_traj], [*advs, pad_adv, pad_adv], tok.pad_token_id), 1)
     assert whole["train/approx_kl"] > 0 and whole["train/ratio_mean"] != 1.0
     for key in ("train/loss", "train/clip_frac", "train/approx_kl", "train/ratio_mean", "train/kl",
                 "train/logprob_mismatch"):
@@ -204,8 +205,9 @@ def test_sft_epochs_limit_ends_after_that_many_passes_whichever_comes_first(monk
 
 
 def test_negative_weight_reaches_every_algorithm_and_is_validated() -> None:
-    from trainer.recipes.update import compute_advantages
+    from trainer.config import AlgoConfig
     from trainer.rollout.types import Task, Trajectory
+    from trainer.update import compute_advantages
 
     def traj(reward: float, gid: int) -> Trajectory:
         # prompt token (mask 0) then two policy tokens, one turn ending at the last token
@@ -214,8 +216,8 @@ def test_negative_weight_reaches_every_algorithm_and_is_validated() -> None:
 
     groups = [[traj(1.0, 0), traj(0.0, 0)]]
     for name in ("grpo", "grpo_per_turn", "rloo", "reinforce_pp"):
-        full = compute_advantages(load_config(None, [f"algo.name='{name}'"]), groups)
-        none = compute_advantages(load_config(None, [f"algo.name='{name}'", "algo.negative_weight=0.0"]), groups)
+        full = compute_advantages(AlgoConfig(name=name), groups)
+        none = compute_advantages(AlgoConfig(name=name, negative_weight=0.0), groups)
         assert full[1][1] < 0, name                       # the worse sample is pushed down by default
         assert none[1] == [0.0, 0.0, 0.0], name           # and not at all with weight 0
         assert none[0] == full[0] and none[0][1] > 0, name  # the better one keeps its full push
@@ -244,8 +246,7 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch_for_every_aggregatio
     import copy
 
     from trainer.core import AdamParams, TrainingClient
-    from trainer.recipes.batch import PackedBatch
-    from trainer.recipes.update import policy_update
+    from trainer.update import PackedBatch, policy_update
 
     # rows of 10, 7 and 4 tokens (the first 3 a prompt): micro-batches of one row each must add up
     # to the loss of the whole batch, whether it averages over tokens or over sequences
@@ -269,7 +270,7 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch_for_every_aggregatio
             return step(adam)
 
         policy.optim_step = recording_step
-        policy_update(cfg, policy, batch, AdamParams(learning_rate=0.0))
+        policy_update(policy, batch, AdamParams(learning_rate=0.0), cfg.algo, temperature=1.0, seed=0)
         return seen[0]
 
     whole, split = grads(16), grads(1)

@@ -8,7 +8,7 @@ import pytest
 from rollout_fakes import ScriptedSampler
 
 from env_servers.gomoku_env import GomokuMatchEnv
-from trainer.multiagent import MatchRollout, MatchSpec, by_agent
+from trainer.recipes.matches import MatchRollout, MatchSpec, by_agent
 from trainer.rollout import EnvPool, RolloutConfig, StopReason
 from trainer.tokenizer import build_tiny_tokenizer
 
@@ -145,7 +145,7 @@ async def test_a_seat_that_cannot_connect_stops_the_match_before_the_other_plays
 
 
 async def test_the_scripted_random_player_only_makes_legal_moves_over_a_whole_game(tok) -> None:
-    from trainer.multiagent import RandomMoveSampler
+    from trainer.recipes.opponents import RandomMoveSampler
 
     players = {"r1": (RandomMoveSampler(tok, seed=1), tok), "r2": (RandomMoveSampler(tok, seed=2), tok)}
     rollout = MatchRollout(EnvPool(env_cls=GomokuMatchEnv), players,
@@ -162,7 +162,7 @@ async def test_the_scripted_random_player_only_makes_legal_moves_over_a_whole_ga
 
 def test_outcome_metrics_count_the_envs_outcome_not_its_end_reasons() -> None:
     from envhub.types import Outcome
-    from trainer.multiagent.agent import outcome_metrics
+    from trainer.recipes.players import outcome_metrics
     from trainer.rollout.types import Task, Trajectory
 
     def played(outcome, end_reason="an env's own words", stop=StopReason.DONE):

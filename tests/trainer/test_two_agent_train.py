@@ -14,17 +14,12 @@ from rollout_fakes import ScriptedSampler
 
 from env_servers.gomoku_env import GomokuMatchEnv
 from trainer.metrics import read_metrics
-from trainer.multiagent import (
-    Agent,
-    MatchRollout,
-    MatchSpec,
-    PhaseBarrier,
-    by_agent,
-    load_two_agent_config,
-    train_two_agents,
-)
-from trainer.multiagent.opponents import RandomMoveSampler, empty_cells
-from trainer.multiagent.two_agent import build_pool, evaluate
+from trainer.recipes.matches import MatchRollout, MatchSpec, by_agent
+from trainer.recipes.opponents import RandomMoveSampler, empty_cells
+from trainer.recipes.phases import PhaseBarrier
+from trainer.recipes.players import Player
+from trainer.recipes.two_agent import build_pool, evaluate, train_two_agents
+from trainer.recipes.two_agent_config import load_two_agent_config
 from trainer.sampling import GenRequest
 from trainer.tokenizer import build_tiny_tokenizer
 
@@ -32,7 +27,7 @@ TINY = ["name='tiny'", "hidden_size=32", "num_layers=1", "num_heads=2", "num_kv_
 
 
 def tiny_config(tmp_path, *extra: str):
-    """Agent a: full parameters; agent b: a LoRA adapter on its own base. Both REINFORCE++ (batch baseline)."""
+    """Player a: full parameters; agent b: a LoRA adapter on its own base. Both REINFORCE++ (batch baseline)."""
     overrides = ["rollout.max_turns=12", "rollout.max_tokens_per_turn=20", "rollout.max_total_tokens=200",
                  "run.batch_size=2", "run.group_size=2", "run.eval_problems=2", f"run.output_dir='{tmp_path}'"]
     for name, seed in (("a", 0), ("b", 1)):
@@ -61,7 +56,7 @@ def changed(model, before) -> list[str]:
 def pair(tmp_path):
     cfg = tiny_config(tmp_path, "env.env_class='env_servers.gomoku_env:GomokuMatchEnv'",
                       "env.env_kwargs={board_size=5, max_invalid_moves=2}")
-    agents = {n: Agent(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    agents = {n: Player(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
     yield cfg, agents
     for agent in agents.values():
         agent.close()
@@ -145,11 +140,11 @@ def test_phase_barrier_refuses_phases_out_of_order_and_waits_for_every_agent() -
 
 def test_a_ppo_agent_checkpoint_carries_its_value_head(tmp_path) -> None:
     cfg = tiny_config(tmp_path, "agents.a.algo.name='ppo'")
-    agent = Agent("a", cfg.agents["a"], cfg, tmp_path / "a")
+    agent = Player("a", cfg.agents["a"], cfg, tmp_path / "a")
     with torch.no_grad():
         agent.value_head.proj.weight.normal_()  # as if trained: the head starts at zero
     agent.save(1)
-    fresh = Agent("a", cfg.agents["a"], cfg, tmp_path / "a")
+    fresh = Player("a", cfg.agents["a"], cfg, tmp_path / "a")
     assert fresh.load() == 1
     assert torch.equal(fresh.value_head.proj.weight, agent.value_head.proj.weight)
     for a in (agent, fresh):
@@ -161,7 +156,7 @@ def test_a_ppo_agent_checkpoint_carries_its_value_head(tmp_path) -> None:
 def test_two_tiny_agents_train_against_each_other_over_websocket(serve_env, tmp_path) -> None:
     server = serve_env(GomokuMatchEnv, board_size=5, max_invalid_moves=2, turn_timeout_s=30.0)
     cfg = tiny_config(tmp_path, f"env.url='{server.url}'", "run.steps=2", "match.eval_opponent='random'")
-    agents = {n: Agent(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    agents = {n: Player(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
     initial = {n: snapshot(a.model) for n, a in agents.items()}
     summary = train_two_agents(cfg, agents=agents, log=lambda line: None)
 

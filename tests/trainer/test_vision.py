@@ -16,15 +16,14 @@ from trainer.config import load_config
 from trainer.core import TrainingClient
 from trainer.core.forward import run_model
 from trainer.model import ModelConfig, load_policy
-from trainer.recipes.batch import pack
 from trainer.recipes.rl import train
 from trainer.recipes.sft import encode_image_demo
-from trainer.recipes.update import forward_values
 from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, StopReason, make_tasks
 from trainer.rollout.render import ChatRenderer
 from trainer.rollout.types import Task, Trajectory
 from trainer.sampling import GenRequest, HFSampler
 from trainer.tokenizer import VISION_TOKENS, build_tiny_tokenizer
+from trainer.update import forward_values, pack
 from trainer.vision import VisionProcessor, build_image_processor, load_vision_processor, suppress_tokens
 
 TINY_VL = ["model.name='tiny-vl'", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",

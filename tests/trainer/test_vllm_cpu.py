@@ -253,7 +253,9 @@ def test_grpo_with_vllm_against_the_math_env_server(serve_process, tmp_path, max
 def test_two_agents_train_with_vllm_samplers(serve_env, tmp_path) -> None:
     """Each agent gets its own vLLM engine (full parameters and LoRA) and its weights after every update."""
     from env_servers.gomoku_env import GomokuMatchEnv
-    from trainer.multiagent import Agent, load_two_agent_config, train_two_agents
+    from trainer.recipes.players import Player
+    from trainer.recipes.two_agent import train_two_agents
+    from trainer.recipes.two_agent_config import load_two_agent_config
 
     server = serve_env(GomokuMatchEnv, board_size=5, max_invalid_moves=2, turn_timeout_s=60.0)
     overrides = ["rollout.max_turns=4", "rollout.max_tokens_per_turn=12", "rollout.max_total_tokens=48",
@@ -267,7 +269,7 @@ def test_two_agents_train_with_vllm_samplers(serve_env, tmp_path) -> None:
                       f"agents.{name}.optim.lr=1e-2", f"agents.{name}.algo.filter_zero_variance=false"]
     overrides.append("agents.b.model.lora_rank=8")
     cfg = load_two_agent_config(None, overrides)
-    agents = {n: Agent(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    agents = {n: Player(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
     assert all(type(a.sampler).__name__ == "VLLMSampler" for a in agents.values())
     summary = train_two_agents(cfg, agents=agents, log=lambda line: None)
     assert summary["steps"] == 1

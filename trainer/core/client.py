@@ -26,6 +26,7 @@ from trainer.core.forward import Padded, model_device, pad, run_model, target_lo
 from trainer.core.losses import check_loss, weighted_loss
 from trainer.core.sampling import SamplingClient
 from trainer.core.types import AdamParams, Datum, ForwardBackwardOutput, SampleResponse, SamplingParams
+from trainer.model import unwrap
 
 
 class TrainingClient:
@@ -135,7 +136,7 @@ class TrainingClient:
         tmp.mkdir(parents=True)
         torch.save(self.weights_state(), tmp / "weights.pt")
         if self.value_head is not None:
-            torch.save(_unwrap(self.value_head).state_dict(), tmp / "value_head.pt")
+            torch.save(unwrap(self.value_head, peft=False).state_dict(), tmp / "value_head.pt")
         if optimizer and self.optimizer is not None:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         meta = {"version": self.version, "lora_rank": self.lora_rank, "optimizer": optimizer, **(metadata or {})}
@@ -155,7 +156,7 @@ class TrainingClient:
                                     "load it with optimizer=False.")
         self.load_weights_state(torch.load(path / "weights.pt", map_location="cpu", weights_only=True))
         if self.value_head is not None and (path / "value_head.pt").exists():
-            _unwrap(self.value_head).load_state_dict(torch.load(path / "value_head.pt", weights_only=True))
+            unwrap(self.value_head, peft=False).load_state_dict(torch.load(path / "value_head.pt", weights_only=True))
         if optimizer:
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
         meta = json.loads((path / "meta.json").read_text())
@@ -165,14 +166,14 @@ class TrainingClient:
     @property
     def lora_rank(self) -> int:
         """The rank of this policy's LoRA adapter; 0 when it trains full parameters."""
-        model = _unwrap(self.model)
+        model = unwrap(self.model, peft=False)
         if not _is_peft(model):
             return 0
         return int(model.peft_config[self.adapter or "default"].r)
 
     def weights_state(self) -> dict[str, Tensor]:
         """The trainable weights on the CPU: this adapter's (keys without its name) or the full model's."""
-        model = _unwrap(self.model)
+        model = unwrap(self.model, peft=False)
         if _is_peft(model):
             from peft import get_peft_model_state_dict
 
@@ -183,7 +184,7 @@ class TrainingClient:
 
     def load_weights_state(self, state: dict[str, Tensor]) -> None:
         """Load weights from :meth:`weights_state`; keys that do not fit this policy are refused."""
-        model = _unwrap(self.model)
+        model = unwrap(self.model, peft=False)
         if _is_peft(model):
             from peft import set_peft_model_state_dict
 
@@ -248,7 +249,7 @@ def _per_datum(padded: Padded, lp_BT: Tensor, elementwise_BT: Tensor, values_BT:
 
 def _check_ids(model: nn.Module, data: list[Datum]) -> None:
     """Refuse token ids outside the vocabulary before any pass (an embedding lookup would fail mid-batch)."""
-    vocab = int(_unwrap(model).get_input_embeddings().num_embeddings)
+    vocab = int(unwrap(model, peft=False).get_input_embeddings().num_embeddings)
     for i, d in enumerate(data):
         ids = [d.model_input] + ([d.loss_fn_inputs["target_tokens"]] if "target_tokens" in d.loss_fn_inputs else [])
         if any(int(t.min()) < 0 or int(t.max()) >= vocab for t in ids):
@@ -256,17 +257,12 @@ def _check_ids(model: nn.Module, data: list[Datum]) -> None:
                              f"in datum {i}.")
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    # DDP keeps the real module in .module (peft models are kept: they know their adapters)
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
 def _is_peft(model: nn.Module) -> bool:
     try:
         from peft import PeftModel
     except ImportError:
         return False
-    return isinstance(_unwrap(model), PeftModel)
+    return isinstance(unwrap(model, peft=False), PeftModel)
 
 
 def _fusable(params: list[nn.Parameter]) -> bool | None:

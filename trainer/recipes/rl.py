@@ -8,6 +8,7 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
    ``rollout.max_staleness = k > 0`` the batches come from a :class:`RolloutStream` instead: batch
    ``s`` starts sampling once version ``s - k`` is published, so the next batch is sampled while
    this step trains; every turn records its version, every step logs ``rollout/staleness_*``.
+   Either way the loop asks one batch source (:mod:`trainer.recipes.batches`) for the step's batch.
 2. Keep complete groups only: a group with an infrastructure failure (env down, timeout) leaves
    the batch and is counted, never trained on as reward 0. With ``algo.filter_zero_variance``
    groups whose rewards are all equal are dropped too (they carry no GRPO signal).
@@ -26,11 +27,13 @@ The variant implemented, per step (``algo.name`` picks the advantage; everything
    pass; with asynchronous rollouts the behaviour policy: the sampler's own log-probs), log-probs of
    ``logits / temperature``; optional ``kl_coef`` * k3 KL to the frozen initial policy; per-token
    weights make the core's sum the ``algo.aggregation`` mean (default: token mean over all policy
-   tokens of the batch; mask 1: only sampled ids count). See :mod:`trainer.recipes.update`.
+   tokens of the batch; mask 1: only sampled ids count). See :mod:`trainer.update`.
 5. ``optim_step`` (AdamW, clipped to ``optim.grad_clip``, the learning rate of this step's schedule),
    ``algo.epochs`` x ``algo.minibatches`` times, each after a ``forward_backward`` over the minibatch in
    micro-batches of ``optim.micro_batch_size`` sequences; then ``save_weights_for_sampler`` hands the
-   sampler the new weights and the policy version goes up.
+   sampler the new weights and the policy version goes up. Under torchrun a rank that kept fewer
+   rows than another trains on loss-free padding rows too (:func:`~trainer.distributed.pad_to_ranks`):
+   every rank runs the same forward/backward passes.
 
 Seeds: ``run.seed`` seeds torch/python RNGs while the model is built (the tiny model's initial weights
 use ``model.init_seed``; a LoRA adapter draws from ``run.seed``), so every rank builds the same one.
@@ -42,9 +45,7 @@ sample different completions, and a rerun samples the same ones. Task seeds are
 
 from __future__ import annotations
 
-import copy
 import json
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,22 +56,42 @@ import torch
 from trainer import algos
 from trainer.config import TrainConfig
 from trainer.core import TrainingClient
-from trainer.distributed import init_distributed, max_over_ranks, rank, rank_seed, seed_rngs, shard, wrap_model
+from trainer.distributed import (
+    DistInfo,
+    init_distributed,
+    max_over_ranks,
+    pad_to_ranks,
+    rank,
+    rank_seed,
+    seed_rngs,
+    shard,
+    wrap_model,
+)
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy
-from trainer.recipes.batch import PackedBatch, pack
-from trainer.recipes.update import adam_params, compute_advantages, policy_update, ppo_advantages, rollout_metrics
+from trainer.recipes.batches import BatchSource, SampledBatches, StreamedBatches
+from trainer.recipes.checkpoints import load_client, save_client
+from trainer.recipes.setup import in_process_env, start_run
 from trainer.rollout import (
     EnvPool,
     RolloutEngine,
-    RolloutStream,
     Task,
+    Trajectory,
     build_groups,
-    load_env_class,
     make_tasks,
 )
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
 from trainer.sampling import make_sampler
+from trainer.update import (
+    adam_params,
+    compute_advantages,
+    frozen_reference,
+    gae_advantages,
+    pack,
+    padding_row,
+    policy_update,
+    rollout_metrics,
+)
 from trainer.vision import load_vision_processor
 
 
@@ -78,12 +99,7 @@ from trainer.vision import load_vision_processor
 def build_engine(cfg: TrainConfig, model: Any, tok: Any) -> RolloutEngine:
     """Sampler + env pool + engine for ``cfg`` (vLLM when ``sampling.backend == "vllm"``); a vision-language
     policy gets its image processor, so observation images reach it."""
-    urls = cfg.env.all_urls()
-    env_cls = load_env_class(cfg.env.env_class) if cfg.env.env_class and not urls else None
-    if env_cls is not None and cfg.env.env_kwargs:
-        base, kwargs = env_cls, dict(cfg.env.env_kwargs)
-        env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
-    pool = EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
+    pool = EnvPool(cfg.env.all_urls() or None, in_process_env(cfg.env), connect_retry_s=cfg.env.connect_retry_s,
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token,
                    action_mapper=cfg.env.action_mapper, tools=cfg.env.tools)
     vision = load_vision_processor(cfg.model, tok)
@@ -124,18 +140,15 @@ def evaluate(engine: RolloutEngine, cfg: TrainConfig, logger: MetricsLogger | No
 
 
 # -- the loop ----------------------------------------------------------------------------------
-def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step: Callable | None = None,
+def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
+          on_step: Callable[[int, dict[str, float]], None] | None = None,
           log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``cfg``; returns ``{"val_reward_before", "val_reward_after", "steps", "seconds", ...}``.
 
     Pass ``model``/``tokenizer`` to continue from a model in memory (the quick start's SFT warm-up).
     """
     start = time.monotonic()
-    random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
-    out = Path(cfg.run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.to_json())
+    out = start_run(cfg.run.seed, cfg.run.output_dir, cfg.to_json())
     log(f"config:\n{cfg.to_json()}")
     info = init_distributed()
     device = info.device if info.distributed or cfg.run.device == "auto" else torch.device(cfg.run.device)
@@ -160,16 +173,12 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
     # a run that trains on nothing says so (console, metrics, failures.jsonl), then stops
     watch = FailureWatch(cfg.run.max_failed_steps, log, out / "failures.jsonl" if info.is_main else None)
     everywhere = (lambda all_failed: not max_over_ranks(int(not all_failed), device)) if info.distributed else None
-    stream = None
-    if cfg.rollout.max_staleness > 0 and first_step < cfg.run.steps:
-        # asynchronous: batches are sampled ahead, while this loop trains, at most max_staleness versions old
-        stream = RolloutStream(engine, lambda k: shard(train_tasks(cfg, k), info),
-                               max_staleness=cfg.rollout.max_staleness, max_open_groups=cfg.rollout.max_open_groups)
-        stream.start(first_step, version=first_step)
+    source = _batch_source(cfg, engine, info, first_step)
+    pad_row = padding_row(tokenizer.pad_token_id)
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
         # 1. sample: episodes with the current policy (or one at most max_staleness versions older)
-        trajs = engine.run_sync(shard(train_tasks(cfg, step), info)) if stream is None else stream.next_batch(step)
+        trajs = source.next_batch(step)
         t_rollout = time.monotonic() - t0
         # 2. complete (and informative) groups only
         grouped = build_groups(trajs, cfg.run.group_size, filter_zero_variance=cfg.algo.filter_zero_variance)
@@ -177,55 +186,42 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
         try:
             metrics.update(watch.check(step + 1, trajs, everywhere))
         except RolloutFailureError:
-            logger.close()
-            engine.close()
+            for closing in (source, logger, engine):
+                closing.close()
             raise
-        if stream is not None:
-            metrics.update(stream.staleness(trajs))
+        metrics.update(source.metrics(trajs))
         kept = grouped.trajectories if grouped.groups else []
+        # 3. advantages, one per token (PPO: GAE from the value head's forward-only pass, below)
+        advantages = compute_advantages(cfg.algo, grouped.groups) if kept else []
+        # under torchrun every rank trains as many rows as the fullest one: loss-free rows make up the rest
+        rows = pad_to_ranks(list(zip(kept, advantages)), pad_row, device)
         adam = adam_params(cfg.optim, step, cfg.run.steps)
-        # Under torchrun every rank must run the same forward/backward passes (DDP and FSDP communicate
-        # in them): a rank that kept fewer rows this step pads its batch with rows that train nothing.
-        rows = max_over_ranks(len(kept), device) if info.distributed else len(kept)
         if rows:
-            # 3. advantages (PPO: GAE from the value head's forward-only pass)
-            batch = pack(kept, compute_advantages(cfg, grouped.groups), tokenizer.pad_token_id) if kept else None
-            if rows > len(kept):
-                batch = _pad_rows(batch, rows, tokenizer.pad_token_id)
-            old_values = ppo_advantages(cfg, policy, batch) if policy.value_head is not None else None
+            batch = pack([t for t, _ in rows], [a for _, a in rows], tokenizer.pad_token_id)
+            old_values = gae_advantages(cfg.algo, policy, batch) if policy.value_head is not None else None
             # 4. forward_backward + optim_step, epochs x minibatches of them
-            metrics.update(policy_update(cfg, policy, batch, adam, reference=reference, old_values_BS=old_values))
-            # 5. the sampler gets the new weights
-            policy.save_weights_for_sampler(engine.sampler, version=step + 1)
-        elif stream is not None:  # no update, but the version moves on so the staleness bound does too
-            policy.save_weights_for_sampler(engine.sampler, version=step + 1)
-        if stream is not None:
-            stream.publish(step + 1)
-        metrics["time/step_s"] = time.monotonic() - t0
-        metrics["time/rollout_s"] = t_rollout
-        metrics["train/lr"] = adam.learning_rate
-        if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
-            metrics.update(evaluate(engine, cfg, logger, step + 1))
-        logger.log(step + 1, metrics)
-        logger.log_trajectories(step + 1, [t.to_record(tokenizer) for t in trajs[:cfg.run.log_trajectories]])
+            metrics.update(policy_update(policy, batch, adam, cfg.algo, temperature=cfg.sampling.temperature,
+                                         seed=cfg.run.seed, off_policy=source.off_policy, reference=reference,
+                                         old_values_BS=old_values))
+        # 5. the sampler gets the new weights (streamed batches: the version moves on even without an update)
+        source.publish(policy, step + 1, updated=bool(rows))
+        metrics.update({"time/step_s": time.monotonic() - t0, "time/rollout_s": t_rollout,
+                        "train/lr": adam.learning_rate})
+        _end_step(cfg, step + 1, metrics, trajs, engine, logger, policy)
         progress.update(1, reward=round(metrics["train/reward_mean"], 3), kept=int(metrics["rollout/groups_kept"]))
-        if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0:
-            _save(cfg, out, policy, step + 1)
         if on_step is not None:
             on_step(step + 1, metrics)
     progress.close()
-    if stream is not None:  # batches sampled ahead of the last step are discarded
-        stream.close()
+    source.close()
 
     after = evaluate(engine, cfg, logger, last_step)
     logger.log(last_step, after)
     log(f"validation reward after: {after['eval/reward_mean']:.3f} on {after['eval/episodes']:.0f} episodes")
     if cfg.run.steps > first_step:
-        _save(cfg, out, policy, cfg.run.steps)
+        save_client(out / "checkpoints", policy, cfg.run.steps, keep_last=cfg.run.keep_last)
     logger.close()
     engine.close()
-    if hasattr(engine.sampler, "close"):  # vLLM: free the engine and its files
-        engine.sampler.close()
+    engine.sampler.close()  # vLLM: free the engine and its files
     summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
                "val_distinct_answers_before": int(before["eval/distinct_answers"]),
                "val_distinct_answers_after": int(after["eval/distinct_answers"]),
@@ -233,6 +229,30 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None, on_step
                "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _batch_source(cfg: TrainConfig, engine: RolloutEngine, info: DistInfo, first_step: int) -> BatchSource:
+    """This rank's batches: sampled when asked, or (``rollout.max_staleness > 0``) streamed ahead while the
+    loop trains, at most ``max_staleness`` versions old."""
+    def tasks(step: int) -> list[Task]:
+        return shard(train_tasks(cfg, step), info)
+
+    if cfg.rollout.max_staleness > 0 and first_step < cfg.run.steps:
+        return StreamedBatches(engine, tasks, first_step=first_step, max_staleness=cfg.rollout.max_staleness,
+                               max_open_groups=cfg.rollout.max_open_groups)
+    return SampledBatches(engine, tasks)
+
+
+def _end_step(cfg: TrainConfig, step: int, metrics: dict[str, float], trajs: list[Trajectory],
+              engine: RolloutEngine, logger: MetricsLogger, policy: TrainingClient) -> None:
+    """After step ``step``: validation every ``run.eval_every`` steps, the step's logs, a checkpoint every
+    ``run.save_every`` steps."""
+    if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.run.steps:
+        metrics.update(evaluate(engine, cfg, logger, step))
+    logger.log(step, metrics)
+    logger.log_trajectories(step, [t.to_record(engine.tokenizer) for t in trajs[:cfg.run.log_trajectories]])
+    if cfg.run.save_every and step % cfg.run.save_every == 0:
+        save_client(Path(cfg.run.output_dir) / "checkpoints", policy, step, keep_last=cfg.run.keep_last)
 
 
 def _policy(cfg: TrainConfig, info: Any, device: torch.device, model: Any,
@@ -249,56 +269,16 @@ def _policy(cfg: TrainConfig, info: Any, device: torch.device, model: Any,
         value_head = wrap_model(algos.ValueHead(hidden_size_of(model)).to(device), "ddp", info,
                                 mixed_precision=cfg.run.mixed_precision)
     policy = TrainingClient(model, tokenizer, value_head=value_head, micro_batch_size=cfg.optim.micro_batch_size)
-    return policy, (_reference(policy) if cfg.algo.kl_coef > 0 else None)
-
-
-def _pad_rows(batch: PackedBatch | None, rows: int, pad_id: int) -> PackedBatch:
-    """``batch`` (or nothing) with rows appended up to ``rows``: two attended pad tokens, mask 0, so no loss."""
-    have = 0 if batch is None else len(batch)
-    width = 2 if batch is None else batch.tokens_BT.shape[1]
-    tokens = torch.full((rows - have, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((rows - have, width), dtype=torch.long)
-    attn[:, :2] = 1
-    pad = PackedBatch(tokens, attn, *(torch.zeros((rows - have, width - 1)) for _ in range(4)))
-    if batch is None:
-        return pad
-    return batch.cat(pad)
-
-
-def _reference(policy: TrainingClient) -> TrainingClient:
-    """A forward-only client over a frozen copy of the initial policy, for the KL term (of the inner model
-    under DDP: it is never trained)."""
-    model = policy.model
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return TrainingClient(ref, policy.tokenizer, params=[], micro_batch_size=policy.micro_batch_size)
-
-
-def _extra_modules(policy: TrainingClient) -> dict[str, Any]:
-    """Trained modules outside the policy that a checkpoint carries: PPO's value head."""
-    return {"value_head": policy.value_head} if policy.value_head is not None else {}
-
-
-def _save(cfg: TrainConfig, out: Path, policy: TrainingClient, step: int) -> None:
-    from trainer.checkpoint import save_checkpoint
-
-    save_checkpoint(out / "checkpoints", model=policy.model, optimizer=policy.optimizer, step=step,
-                    data_cursor={"step": step}, keep_last=cfg.run.keep_last, modules=_extra_modules(policy))
+    return policy, (frozen_reference(policy) if cfg.algo.kl_coef > 0 else None)
 
 
 def _maybe_resume(cfg: TrainConfig, out: Path, policy: TrainingClient, log: Callable[[str], None]) -> int:
     if not cfg.run.resume or not (out / "checkpoints").exists():
         return 0
-    from trainer.checkpoint import load_checkpoint
-
     # the learning rate is a function of the step (adam_params), so the step is all the schedule needs
-    state = load_checkpoint(out / "checkpoints", model=policy.model, optimizer=policy.optimizer,
-                            modules=_extra_modules(policy))
-    log(f"resumed from step {state['step']}")
-    return int(state["data_cursor"]["step"])
+    step, _ = load_client(out / "checkpoints", policy)
+    log(f"resumed from step {step}")
+    return step
 
 
 __all__ = ["train", "evaluate", "build_engine", "train_tasks"]

@@ -82,7 +82,7 @@ def load_demos(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def sft_step(client: TrainingClient, batch: list[tuple], adam: AdamParams) -> dict[str, float]:
+def sft_step(client: TrainingClient, batch: list[tuple[Any, ...]], adam: AdamParams) -> dict[str, float]:
     """One step on a batch of encoded demonstrations, ``(ids, mask)`` or with images ``(ids, mask, images)`` as
     :func:`encode_image_demo` gives them: ``forward_backward`` (token-mean cross-entropy on the mask-1
     tokens) then ``optim_step``. Returns sft_loss, token_acc, num_tokens and grad_norm."""

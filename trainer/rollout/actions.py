@@ -22,11 +22,11 @@ env validation error, like a ``VALIDATION_ERROR`` from the server: a policy fail
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from typing import Any
 
+from envhub.registry import import_target
 from envhub.types import ToolSpec
 
 ActionMapper = Callable[[dict[str, Any]], dict[str, Any]]
@@ -85,11 +85,8 @@ def load_action_mapper(spec: str | ActionMapper | None) -> ActionMapper | None:
         return BUILTIN_MAPPERS[spec]
     if spec.startswith("field:") and spec[6:].isidentifier():
         return field_mapper(spec[6:])
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"Expected env.action_mapper to be 'auto', one of {sorted(BUILTIN_MAPPERS)}, 'field:NAME' "
-                         f"or 'package.module:function', got {spec!r}.")
-    fn: object = getattr(importlib.import_module(module), attr, None)
+    fn: object = import_target(spec, expected=f"env.action_mapper to be 'auto', one of {sorted(BUILTIN_MAPPERS)}, "
+                                              "'field:NAME' or 'package.module:function'")
     if not callable(fn):
         raise ValueError(f"Expected {spec!r} to name a function mapper(action: dict) -> dict, got {fn!r}.")
     return fn

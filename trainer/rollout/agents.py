@@ -39,12 +39,12 @@ or :meth:`Agent.tool_messages`::
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.parsers import ParseStatus
+from envhub.registry import import_target
 from envhub.remote import observation_text
 from envhub.tool_parsers import get_tool_parser
 from envhub.types import Observation, ToolCall, ToolSpec
@@ -175,11 +175,8 @@ def load_agent_class(name: str | type[Agent]) -> type[Agent]:
     elif name in BUILTIN_AGENTS:
         return BUILTIN_AGENTS[name]
     else:
-        module, sep, attr = name.partition(":")
-        if not sep or not module or not attr:
-            raise ValueError(f"Expected rollout.agent to be one of {sorted(BUILTIN_AGENTS)} or "
-                             f"'package.module:Class', got {name!r}.")
-        cls = getattr(importlib.import_module(module), attr, None)
+        cls = import_target(name, expected=f"rollout.agent to be one of {sorted(BUILTIN_AGENTS)} or "
+                                           "'package.module:Class'")
     if not (isinstance(cls, type) and issubclass(cls, Agent)):
         raise ValueError(f"Expected {name!r} to name a subclass of trainer.rollout.agents.Agent, got {cls!r}.")
     return cls

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import importlib
 import itertools
 import threading
 import time
@@ -37,6 +36,7 @@ from typing import Any, TypeVar
 
 from envhub.errors import ActionValidationError, EnvHubError, EpisodeStateError, StepTimeoutError
 from envhub.function_tool import FunctionTool
+from envhub.registry import import_target
 from envhub.tool_parsers import get_tool_parser
 from envhub.types import StepResult, ToolCall
 from trainer.rollout.agents import Agent, Decision, ToolResult, load_agent_class
@@ -392,10 +392,7 @@ class RolloutEngine:
 
 def load_function(path: str) -> Callable[..., Any]:
     """``"package.module:function"`` -> the function (client-side tools named in a config)."""
-    module, sep, name = path.partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"Expected a client-side tool like 'my_pkg.tools:lookup', got {path!r}.")
-    fn: object = getattr(importlib.import_module(module), name, None)
+    fn: object = import_target(path, expected="a client-side tool like 'my_pkg.tools:lookup'")
     if not callable(fn):
         raise ValueError(f"Expected {path!r} to name a function, got {fn!r}.")
     return fn

@@ -14,12 +14,12 @@ lists, for servers that publish none.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from typing import Any, Protocol
 
 from envhub import Env, EnvRunner, StepResult, ToolSpec
 from envhub.errors import ActionValidationError, AuthError, EnvConnectionError
+from envhub.registry import import_target
 from trainer.rollout.actions import ActionMapper, from_action_schema, identity, load_action_mapper
 
 
@@ -56,10 +56,7 @@ class InProcessSession:
 
 def load_env_class(path: str) -> type[Env]:
     """``"package.module:ClassName"`` -> the class (for in-process envs named in a config)."""
-    module, sep, name = path.partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"Expected an env class path like 'my_pkg.my_env:MyEnv', got {path!r}.")
-    cls = getattr(importlib.import_module(module), name, None)
+    cls = import_target(path, expected="an env class path like 'my_pkg.my_env:MyEnv'")
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise ValueError(f"Expected {path!r} to name an envhub.Env subclass, got {cls!r}.")
     return cls

@@ -10,7 +10,7 @@ Per step, between phase barriers (:class:`PhaseBarrier`):
    earned (zero-sum for decisive games).
 2. **update** (each agent on its own): an agent's trajectories of one opening form its GRPO
    group; groups with an infrastructure end (a disconnected or timed-out opponent, an env outage)
-   are left out; then the agent's own loss and optimizer step (:meth:`Agent.update`). The two
+   are left out; then the agent's own loss and optimizer step (:meth:`Player.update`). The two
    updates may run in parallel threads; neither agent starts the next rollout before both are done.
 
 Validation, before and after training (and every ``run.eval_every`` steps): matches on held-out
@@ -21,22 +21,22 @@ win/loss/draw rates) is logged in its own ``metrics.jsonl`` under ``run.output_d
 
 from __future__ import annotations
 
+import functools
 import json
-import random
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainer.multiagent.agent import Agent, outcome_metrics
-from trainer.multiagent.config import RANDOM_OPPONENT, TwoAgentConfig
-from trainer.multiagent.match_rollout import SEATS, MatchResult, MatchRollout, MatchSpec, by_agent
-from trainer.multiagent.opponents import RandomMoveSampler
-from trainer.multiagent.phases import PhaseBarrier
-from trainer.rollout import EnvPool, load_env_class
+from trainer.recipes.matches import SEATS, MatchResult, MatchRollout, MatchSpec, by_agent
+from trainer.recipes.opponents import RandomMoveSampler
+from trainer.recipes.phases import PhaseBarrier
+from trainer.recipes.players import Player, outcome_metrics
+from trainer.recipes.setup import in_process_env, start_run
+from trainer.recipes.two_agent_config import RANDOM_OPPONENT, TwoAgentConfig
+from trainer.rollout import EnvPool
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
 
 
@@ -46,11 +46,7 @@ def build_pool(cfg: TwoAgentConfig) -> EnvPool:
     if not urls and not cfg.env.env_class:
         raise ValueError("Expected a match env: set env.url=ws://host:port (e.g. a GomokuMatchEnv server) or "
                          "env.env_class='env_servers.gomoku_env:GomokuMatchEnv' to run it in process.")
-    env_cls = None
-    if not urls:
-        base, kwargs = load_env_class(cfg.env.env_class), dict(cfg.env.env_kwargs)
-        env_cls = type(base.__name__, (base,), {"__init__": lambda self: base.__init__(self, **kwargs)})
-    return EnvPool(urls or None, env_cls, connect_retry_s=cfg.env.connect_retry_s,
+    return EnvPool(urls or None, in_process_env(cfg.env), connect_retry_s=cfg.env.connect_retry_s,
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
 
 
@@ -81,7 +77,7 @@ def eval_matches(cfg: TwoAgentConfig, pairs: list[tuple[str, str]], run_id: str,
     return specs
 
 
-def evaluate(cfg: TwoAgentConfig, agents: dict[str, Agent], pool: EnvPool, run_id: str, tag: str) -> dict[str, dict]:
+def evaluate(cfg: TwoAgentConfig, agents: dict[str, Player], pool: EnvPool, run_id: str, tag: str) -> dict[str, dict[str, float]]:
     """Each agent's validation metrics (``eval/reward_mean``, win/loss/draw rates) on held-out seeds."""
     names = list(agents)
     policies: dict[str, tuple[Any, Any]] = {n: (a.sampler, a.tokenizer) for n, a in agents.items()}
@@ -93,7 +89,7 @@ def evaluate(cfg: TwoAgentConfig, agents: dict[str, Agent], pool: EnvPool, run_i
             results += rollout.run_sync(eval_matches(cfg, [(n, RANDOM_OPPONENT)], run_id, f"{tag}-{n}"),
                                         greedy=cfg.match.eval_greedy)
     else:
-        results = _rollout(cfg, pool, policies).run_sync(eval_matches(cfg, [tuple(names)], run_id, tag),
+        results = _rollout(cfg, pool, policies).run_sync(eval_matches(cfg, [(names[0], names[1])], run_id, tag),
                                                          greedy=cfg.match.eval_greedy)
     trajs = by_agent(results)
     return {n: outcome_metrics(trajs.get(n, []), "eval") for n in names}
@@ -114,8 +110,8 @@ def _rollout(cfg: TwoAgentConfig, pool: EnvPool, policies: dict[str, tuple[Any, 
                         partner_grace_s=cfg.match.partner_grace_s)
 
 
-def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = None,
-                     on_step: Callable[[int, dict[str, dict]], None] | None = None,
+def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = None,
+                     on_step: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``cfg``; returns ``{"agents": {name: {"val_reward_before", "val_reward_after", ...}}, "steps", ...}``.
 
@@ -123,14 +119,10 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
     gets each agent's metrics after every step.
     """
     start = time.monotonic()
-    random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
-    out = Path(cfg.run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.to_json())
+    out = start_run(cfg.run.seed, cfg.run.output_dir, cfg.to_json())
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if cfg.run.device == "auto" else cfg.run.device)
-    agents = agents or {name: Agent(name, a, cfg, out / name, device=device) for name, a in cfg.agents.items()}
+    agents = agents or {name: Player(name, a, cfg, out / name, device=device) for name, a in cfg.agents.items()}
     names = list(agents)
     pool = build_pool(cfg)
     rollout = _rollout(cfg, pool, {n: (a.sampler, a.tokenizer) for n, a in agents.items()})
@@ -155,7 +147,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
                 agent.close()
             raise
         # each() calls these before the loop moves on, so trajs and step are this iteration's
-        updates = barrier.each("update", step, {n: (lambda a=a: a.update(trajs.get(a.name, []), step))  # noqa: B023
+        updates = barrier.each("update", step, {n: functools.partial(a.update, trajs.get(a.name, []), step)
                                                 for n, a in agents.items()})
         shared = {**match_metrics(results), **failures, "time/rollout_s": t1 - t0,
                   "time/step_s": time.monotonic() - t0}
@@ -197,7 +189,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Agent] | None = N
     return summary
 
 
-def _maybe_resume(cfg: TwoAgentConfig, agents: dict[str, Agent], barrier: PhaseBarrier,
+def _maybe_resume(cfg: TwoAgentConfig, agents: dict[str, Player], barrier: PhaseBarrier,
                   log: Callable[[str], None]) -> int:
     if not cfg.run.resume:
         return 0
@@ -212,7 +204,7 @@ def _maybe_resume(cfg: TwoAgentConfig, agents: dict[str, Agent], barrier: PhaseB
     return step
 
 
-def _fmt_rewards(evals: dict[str, dict]) -> str:
+def _fmt_rewards(evals: dict[str, dict[str, float]]) -> str:
     return ", ".join(f"{n}={m['eval/reward_mean']:.3f} (win {m['eval/win_rate']:.2f}, "
                      f"{m['eval/episodes']:.0f} games)" for n, m in evals.items())
 

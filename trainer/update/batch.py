@@ -1,14 +1,14 @@
-"""Packing trajectories into training tensors (the recipes turn rows into the core's datums)."""
+"""Packing trajectories into training tensors (the update turns rows into the core's datums)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from trainer.rollout.types import Trajectory
+from trainer.rollout import Task, Trajectory
 
 
 @dataclass
@@ -32,13 +32,14 @@ class PackedBatch:
             self.images_B = [[] for _ in range(self.tokens_BT.shape[0])]
 
     def __len__(self) -> int:
-        return self.tokens_BT.shape[0]
+        return int(self.tokens_BT.shape[0])
 
-    def cat(self, other: PackedBatch) -> PackedBatch:
-        """Rows of ``self`` then rows of ``other`` (same width)."""
-        tensors = [f.name for f in fields(self) if f.name != "images_B"]
-        return PackedBatch(*(torch.cat([getattr(self, n), getattr(other, n)]) for n in tensors),
-                           self.images_B + other.images_B)
+
+def padding_row(pad_id: int) -> tuple[Trajectory, list[float]]:
+    """A row that trains nothing, with its advantages: two pad tokens (a forward pass needs one input and one
+    target), mask 0, so no loss and no gradient; what a torchrun rank that kept fewer rows trains on
+    (:func:`trainer.distributed.pad_to_ranks`)."""
+    return Trajectory(task=Task(reset_kwargs={}), tokens=[pad_id, pad_id], mask=[0, 0], logprobs=[0.0, 0.0]), [0.0, 0.0]
 
 
 def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
@@ -55,6 +56,9 @@ def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
 
 def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: int) -> PackedBatch:
     """Pad ``trajectories`` (with per-token ``advantages``) into a :class:`PackedBatch`; turn rewards sit on turn ends."""
+    if not trajectories or len(advantages) != len(trajectories):
+        raise ValueError(f"Expected at least one trajectory and one advantage list for each, got "
+                         f"{len(trajectories)} and {len(advantages)}.")
     B, T = len(trajectories), max(len(t.tokens) for t in trajectories)
     tokens = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, T), dtype=torch.long)
@@ -72,4 +76,4 @@ def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: 
                        [list(t.images) for t in trajectories])
 
 
-__all__ = ["PackedBatch", "pack", "token_advantages"]
+__all__ = ["PackedBatch", "pack", "padding_row", "token_advantages"]

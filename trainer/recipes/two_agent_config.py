@@ -24,7 +24,7 @@ EVAL_OPPONENTS = ("other", RANDOM_OPPONENT)
 
 
 @dataclass
-class AgentConfig:
+class PlayerConfig:
     """One agent: its own policy (model, LoRA or full), algorithm and optimizer; nothing is shared."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -64,14 +64,14 @@ def _default_env() -> EnvConfig:
     return EnvConfig(train_task={}, eval_task={}, eval_key="seed")
 
 
-def _default_agents() -> dict[str, AgentConfig]:
+def _default_agents() -> dict[str, PlayerConfig]:
     # Different initial weights, so the two policies differ from the first move.
-    return {"a": AgentConfig(model=ModelConfig(init_seed=0)), "b": AgentConfig(model=ModelConfig(init_seed=1))}
+    return {"a": PlayerConfig(model=ModelConfig(init_seed=0)), "b": PlayerConfig(model=ModelConfig(init_seed=1))}
 
 
 @dataclass
 class TwoAgentConfig:
-    """Everything a two-agent run needs; ``agents`` maps each agent's name to its :class:`AgentConfig`.
+    """Everything a two-agent run needs; ``agents`` maps each agent's name to its :class:`PlayerConfig`.
 
     ``env`` names the match env (``url``/``urls`` of a server, or ``env_class`` in process);
     ``env.train_task`` / ``env.eval_task`` are the reset arguments both seats of a match share.
@@ -84,7 +84,7 @@ class TwoAgentConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     run: RunConfig = field(default_factory=lambda: RunConfig(output_dir="runs/two_agent"))
     match: MatchConfig = field(default_factory=MatchConfig)
-    agents: dict[str, AgentConfig] = field(default_factory=_default_agents)
+    agents: dict[str, PlayerConfig] = field(default_factory=_default_agents)
 
     def __post_init__(self) -> None:
         names = list(self.agents)
@@ -121,10 +121,10 @@ def load_two_agent_config(path: str | Path | None, overrides: list[str] | None =
         if not isinstance(agents, dict) or not all(isinstance(v, dict) for v in agents.values()):
             raise ValueError("Expected [agents.NAME] tables, e.g. [agents.alice.model] name = \"tiny\"; got "
                              f"{agents!r}.")
-        cfg = dataclasses.replace(cfg, agents={str(name): from_dict(AgentConfig, section, f"agents.{name}")
+        cfg = dataclasses.replace(cfg, agents={str(name): from_dict(PlayerConfig, section, f"agents.{name}")
                                                for name, section in agents.items()})
     return cfg
 
 
-__all__ = ["AgentConfig", "MatchConfig", "TwoAgentConfig", "load_two_agent_config", "RANDOM_OPPONENT",
+__all__ = ["PlayerConfig", "MatchConfig", "TwoAgentConfig", "load_two_agent_config", "RANDOM_OPPONENT",
            "EVAL_OPPONENTS"]

@@ -80,7 +80,7 @@ class MatchResult:
         """The agent that won a decisive game, else None."""
         if not self.decisive:
             return None
-        return next(self.trajectories[seat].info["agent"] for seat, o in self.outcomes.items() if o is Outcome.WIN)
+        return str(next(self.trajectories[seat].info["agent"] for seat, o in self.outcomes.items() if o is Outcome.WIN))
 
 
 class _SeatSession:
@@ -263,7 +263,7 @@ class MatchRollout:
         return MatchResult(spec, {seat: trajs[seat] for seat in SEATS})
 
     async def _stop_partner(self, spec: MatchSpec, trajs: dict[str, Trajectory],
-                            tasks: dict[str, asyncio.Task], pending: set[asyncio.Task]) -> None:
+                            tasks: dict[str, asyncio.Task[Any]], pending: set[asyncio.Task[Any]]) -> None:
         # The failed seat may never have joined: a first seat still waiting to join gives up, and one
         # already playing gets a grace period to see the env end the match before it is cancelled.
         self.recorder.abandon(spec.match_id)

@@ -53,6 +53,16 @@ class RandomMoveSampler:
 
     async def generate(self, request: GenRequest) -> SampledSequence:
         await asyncio.sleep(0)
+        return self._move(request)
+
+    def generate_batch(self, requests: list[GenRequest]) -> list[SampledSequence]:
+        """One random move per request, in order."""
+        return [self._move(r) for r in requests]
+
+    def close(self) -> None:
+        """Scripted: nothing to free."""
+
+    def _move(self, request: GenRequest) -> SampledSequence:
         cells = empty_cells(self.tokenizer.decode(request.prompt_ids, skip_special_tokens=True))
         r, c = self.rng.choice(cells) if cells else (0, 0)
         ids = [*self.tokenizer.encode(f"<move>{r},{c}</move>", add_special_tokens=False),

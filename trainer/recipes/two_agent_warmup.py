@@ -15,16 +15,18 @@ from typing import Any
 import torch
 
 from trainer.core import AdamParams, TrainingClient
-from trainer.multiagent.match_rollout import SEATS, MatchRollout, MatchSpec
-from trainer.multiagent.opponents import RandomMoveSampler
+from trainer.recipes.matches import SEATS, MatchRollout, MatchSpec
+from trainer.recipes.opponents import RandomMoveSampler
 from trainer.recipes.sft import sft_step
 from trainer.rollout import EnvPool, RolloutConfig, Trajectory
+from trainer.sampling import Sampler
 
 
 async def scripted_games(pool: EnvPool, tokenizer: Any, config: RolloutConfig, *, matches: int, seed: int = 0,
                          reset_kwargs: dict[str, Any] | None = None, prefix: str = "warmup") -> list[Trajectory]:
     """Both seats' trajectories of ``matches`` games between two random players (``seed + i`` openings)."""
-    players = {f"scripted-{s}": (RandomMoveSampler(tokenizer, seed=seed + n), tokenizer) for n, s in enumerate(SEATS)}
+    players: dict[str, tuple[Sampler, Any]] = {
+        f"scripted-{s}": (RandomMoveSampler(tokenizer, seed=seed + n), tokenizer) for n, s in enumerate(SEATS)}
     rollout = MatchRollout(pool, players, config)
     specs = [MatchSpec(f"{prefix}-{seed}-{i}", {s: f"scripted-{s}" for s in SEATS},
                        {**(reset_kwargs or {}), "seed": seed + i}) for i in range(matches)]

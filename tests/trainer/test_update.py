@@ -1,0 +1,55 @@
+"""The RL update's typed edges: a rank that kept nothing still runs the passes, a frozen client has no
+optimizer state to checkpoint, and the update takes the algorithm's own config, no recipe's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.config import AlgoConfig, OptimConfig
+from trainer.core import TrainingClient
+from trainer.distributed import pad_to_ranks
+from trainer.model import ModelConfig, load_policy
+from trainer.recipes.checkpoints import load_client, save_client
+from trainer.update import adam_params, pack, padding_row, policy_update
+
+TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
+
+def test_a_rank_that_kept_no_group_trains_on_padding_rows_that_change_nothing() -> None:
+    torch.manual_seed(0)
+    model, tok = load_policy(TINY)
+    # under torchrun another rank kept 3 rows; one process never pads
+    pad = padding_row(tok.pad_token_id)
+    assert pad_to_ranks([], pad) == [] and pad_to_ranks([pad], pad) == [pad]
+    rows = [pad] * 3
+    batch = pack([t for t, _ in rows], [a for _, a in rows], tok.pad_token_id)
+    assert len(batch) == 3 and batch.tokens_BT.shape == (3, 2) and float(batch.mask_BS.sum()) == 0.0
+    client = TrainingClient(model, tok)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = policy_update(client, batch, adam_params(OptimConfig(lr=1e-2), 0, 1), AlgoConfig(),
+                            temperature=1.0, seed=0)
+    assert "train/loss" not in metrics and metrics["train/grad_norm"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ValueError, match="at least one trajectory"):
+        pack([], [], tok.pad_token_id)
+    with pytest.raises(ValueError, match="one advantage list for each, got 3 and 2"):
+        pack([t for t, _ in rows], [pad[1]] * 2, tok.pad_token_id)
+
+
+def test_a_forward_only_client_has_no_optimizer_to_checkpoint_and_a_trained_one_round_trips(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, tok = load_policy(TINY)
+    frozen = TrainingClient(model, tok, params=[])
+    assert frozen.optimizer is None
+    with pytest.raises(ValueError, match="forward-only"):
+        save_client(tmp_path / "frozen", frozen, 1)
+    client = TrainingClient(model, tok)
+    save_client(tmp_path / "ckpt", client, 3, extra={"policy_version": 3})
+    saved = next(model.parameters()).detach().clone()
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    step, extra = load_client(tmp_path / "ckpt", client)
+    assert step == 3 and extra == {"policy_version": 3} and torch.equal(next(model.parameters()), saved)
+    with pytest.raises(ValueError, match="forward-only"):
+        load_client(tmp_path / "ckpt", frozen)
