@@ -104,7 +104,7 @@ def test_a_restart_keeps_finished_results_and_fails_what_was_in_flight(serve_tra
         done = http.post("/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 500,
                                                      "adam_params": {"learning_rate": 0.0}}).json()["request_id"]
         done_body = http.post("/api/v1/retrieve_future", json={"request_id": done}).json()
-        first.app.state.ops.engine.submit("test-block", lambda: (release.wait(30), (b"{}", "application/json"))[1])
+        first.app.state.ops.queue.submit("test-block", lambda: (release.wait(30), (b"{}", "application/json"))[1])
         in_flight = http.post("/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 501,
                                                           "adam_params": {"learning_rate": 0.1}}).json()["request_id"]
     try:
@@ -180,13 +180,13 @@ def test_token_auth(serve_training, sdk):
 
 def test_queued_forward_backward_of_several_tenants_share_one_pass(serve_training, sdk):
     server = serve_training()
-    engine = server.app.state.ops.engine
+    work = server.app.state.ops.queue
     sc = sdk(server.url)
     runs = [sc.create_lora_training_client(base_model="tiny", rank=4, seed=s).result() for s in (1, 2, 1, 2)]
     for run in runs:
         train(run, 1)  # non-zero adapters; runs 0/2 and 1/3 are twins
     release = threading.Event()
-    engine.submit("test-block", lambda: (release.wait(30), (b"{}", "application/json"))[1])
+    work.submit("test-block", lambda: (release.wait(30), (b"{}", "application/json"))[1])
     bodies = [request_body(runs[0].model_id, 20_000), request_body(runs[1].model_id, 20_000,
                                                                   [sft_datum(list(range(90, 110)))] * 2)]
     with httpx.Client(base_url=server.url) as http:
@@ -194,7 +194,7 @@ def test_queued_forward_backward_of_several_tenants_share_one_pass(serve_trainin
         release.set()
         for rid in rids:
             assert http.post("/api/v1/retrieve_future", json={"request_id": rid}).status_code == 200
-    assert engine.batched_jobs == 2
+    assert work.batched_jobs == 2
     runs[2].forward_backward([sft_datum()], "cross_entropy").result()  # the twins, one pass each
     runs[3].forward_backward([sft_datum(list(range(90, 110)))] * 2, "cross_entropy").result()
     norms = [r.optim_step(types.AdamParams(learning_rate=0.0)).result().metrics["grad_norm:mean"] for r in runs]

@@ -1,7 +1,7 @@
 """What each Tinker request does: look it up, translate it, queue the core call, shape the answer.
 
 ``submit_*`` methods run on the HTTP side: they record a future (deduplicated by the request's
-sequence number) and queue a closure; the closures run on the engine thread, where all model work
+sequence number) and queue a closure; the closures run on the work queue's worker thread, where all model work
 happens. ``ModelHost`` holds the base model and one LoRA adapter per training run (or one
 full-parameter run); the tenant limit, idle unloading and ``tinker://`` checkpoints live here.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 from trainer.core import ModelHost
 from trainer.service import _paths, _proto, _wire
-from trainer.service._engine import PROTOBUF, Engine, UserError, json_body
 from trainer.service._lora import checkpoint_lora, linear_parts, lora_targets
+from trainer.service._queue import PROTOBUF, UserError, WorkQueue, json_body
 from trainer.service._samplers import SamplerCache
 from trainer.service._settings import ServiceSettings
 from trainer.service._store import Store
@@ -33,7 +33,7 @@ class Ops:
         self.settings = settings
         self.host = host
         self.store = store or Store(settings.state_dir / "service.sqlite")
-        self.engine = Engine(self.store, on_start=self._set_threads, batch_runner=self.forward_backward_batch)
+        self.queue = WorkQueue(self.store, on_start=self._set_threads, batch_runner=self.forward_backward_batch)
         self.samplers = SamplerCache(host)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
         self.vocab_size = int(host.base.get_input_embeddings().weight.shape[0])
@@ -63,7 +63,7 @@ class Ops:
         if not self.store.finish_session(session_id):
             return False
         for model_id in self.store.session_models(session_id):
-            self.engine.submit("unload_model", lambda m=model_id: self.unload(m), model_id=model_id)
+            self.queue.submit("unload_model", lambda m=model_id: self.unload(m), model_id=model_id)
         return True
 
     def reap_idle(self) -> None:
@@ -72,7 +72,7 @@ class Ops:
                 if model_id in self.host.clients:
                     log.info("unloading %s: its session sent no heartbeat for %.0f s", model_id,
                              self.settings.idle_timeout_s)
-                    self.engine.submit("unload_model", lambda m=model_id: self.unload(m), model_id=model_id)
+                    self.queue.submit("unload_model", lambda m=model_id: self.unload(m), model_id=model_id)
 
     def capabilities(self) -> dict[str, Any]:
         return {"model_name": self.settings.name, "trainable": True, "sampleable": True,
@@ -95,7 +95,7 @@ class Ops:
             self.store.add_model(model_id, session_id, self.settings.name, self._lora_rank(model_id),
                                  body.get("user_metadata"))
             return json_body({"model_id": model_id})
-        return self.engine.submit("create_model", work, dedupe_key=f"create:{model_id}", model_id=model_id), model_id
+        return self.queue.submit("create_model", work, dedupe_key=f"create:{model_id}", model_id=model_id), model_id
 
     def get_info(self, model_id: str) -> dict[str, Any]:
         row = self.store.model(model_id)
@@ -109,7 +109,7 @@ class Ops:
         try:
             req = _proto.decode_forward_backward_request(body)
         except ValueError as exc:
-            return self.engine.fail_now("forward_backward", f"Expected a ForwardBackwardRequest protobuf: {exc}"), None
+            return self.queue.fail_now("forward_backward", f"Expected a ForwardBackwardRequest protobuf: {exc}"), None
         kind = "forward" if req.forward_only else "forward_backward"
 
         def work() -> tuple[bytes, str]:
@@ -117,7 +117,7 @@ class Ops:
             run = client.forward if req.forward_only else client.forward_backward
             return _wire.forward_backward_proto(run(data, req.loss_fn, dict(req.loss_fn_config))), PROTOBUF
         batch = None if self.settings.full_parameter else req  # LoRA tenants can share one pass
-        rid = self.engine.submit(kind, work, dedupe_key=f"{req.model_id}/{req.seq_id}", model_id=req.model_id,
+        rid = self.queue.submit(kind, work, dedupe_key=f"{req.model_id}/{req.seq_id}", model_id=req.model_id,
                                  batch=batch)
         return rid, req.model_id
 
@@ -146,7 +146,7 @@ class Ops:
         model_id = str(body.get("model_id"))
         work = {"optim_step": self._optim_step, "save_weights": self._save_weights,
                 "save_weights_for_sampler": self._save_for_sampler}[kind]
-        return self.engine.submit(kind, lambda: work(model_id, body), dedupe_key=f"{model_id}/{body.get('seq_id')}",
+        return self.queue.submit(kind, lambda: work(model_id, body), dedupe_key=f"{model_id}/{body.get('seq_id')}",
                                   model_id=model_id)
 
     def _optim_step(self, model_id: str, body: dict[str, Any]) -> tuple[bytes, str]:
@@ -198,7 +198,7 @@ class Ops:
             self._client(model_id).load_state(Path(source["path"]), optimizer=bool(body.get("optimizer")))
             self._bump(model_id)
             return json_body({"path": str(path), "model_id": model_id})
-        return self.engine.submit("load_weights", work, dedupe_key=dedupe, model_id=model_id), model_id
+        return self.queue.submit("load_weights", work, dedupe_key=dedupe, model_id=model_id), model_id
 
     def unload(self, model_id: str) -> tuple[bytes, str]:
         self.samplers.drop_run(model_id)
@@ -243,7 +243,7 @@ class Ops:
             sampler = self._sampler(body)
             out = sampler.sample(prompt, n, params, include_prompt_logprobs=bool(body.get("prompt_logprobs")))
             return _wire.sample_proto([out]), PROTOBUF
-        return self.engine.submit("sample", work, dedupe_key=key), sequence_ids
+        return self.queue.submit("sample", work, dedupe_key=key), sequence_ids
 
     def _sampler(self, body: dict[str, Any]):
         sampler_id = body.get("sampling_session_id")
@@ -288,7 +288,7 @@ class Ops:
             raise NotFound(f"unknown checkpoint {tinker_path!r}")
         return {"base_model": row["base_model"], "is_lora": row["is_lora"], "lora_rank": row["lora_rank"] or None}
 
-    # -- helpers (engine thread) ---------------------------------------------------------------
+    # -- helpers (worker thread) ---------------------------------------------------------------
 
     def _client(self, model_id: str):
         if model_id in self.host.clients:

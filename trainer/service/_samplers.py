@@ -33,7 +33,7 @@ class Snapshot:
 
 
 class SamplerCache:
-    """Sampling clients for sampler ids; runs on the engine thread only."""
+    """Sampling clients for sampler ids; runs on the work queue's worker thread only."""
 
     def __init__(self, host: ModelHost, *, max_loaded: int = 4, keep_snapshots: int = 4):
         self.host = host

@@ -2,7 +2,7 @@
 
 JSON bodies arrive as the SDK's ``model_dump(exclude_none=True)`` dicts; forward_backward arrives
 as decoded protobuf (:mod:`trainer.service._proto`). Every check here raises ``ValueError`` with the
-fix in the message, which the engine answers as a ``user`` error.
+fix in the message, which the work queue answers as a ``user`` error.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Tinker HTTP API (``/api/v1/...``) as SDK 0.38 speaks it, over :class:`~trainer.service._ops.Ops`.
 
-Routes stay thin: work endpoints hand a closure to the :class:`~trainer.service._engine.Engine` and
+Routes stay thin: work endpoints hand a closure to the :class:`~trainer.service._queue.WorkQueue` and
 answer at once with a future (``{"request_id": "17", ...}``); ``retrieve_future`` long-polls for the
 result. Lookups (``get_info``, samplers, training runs, checkpoints) answer directly. With a
 ``token`` every route but ``healthz`` needs ``X-API-Key: <token>`` (401 without a key, 403 with a
@@ -18,8 +18,8 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from trainer.service._engine import JSON, Engine
 from trainer.service._ops import NotFound, Ops
+from trainer.service._queue import JSON, WorkQueue
 from trainer.service._settings import ServiceSettings
 
 log = logging.getLogger("envhub.service")
@@ -38,7 +38,7 @@ def create_app(ops: Ops) -> FastAPI:
             yield
         finally:
             reaper.cancel()
-            ops.engine.close()  # lets the request in progress finish and record its result
+            ops.queue.close()  # lets the request in progress finish and record its result
             if ops.host.vllm is not None:
                 ops.host.vllm.close()  # frees the engine and its adapter files
 
@@ -57,7 +57,7 @@ def create_app(ops: Ops) -> FastAPI:
     _add_training_routes(app, ops)
     _add_sampling_routes(app, ops)
     _add_rest_routes(app, ops)
-    _add_future_routes(app, ops.engine, settings)
+    _add_future_routes(app, ops.queue, settings)
     return app
 
 
@@ -124,7 +124,7 @@ def _add_session_routes(app: FastAPI, ops: Ops) -> None:
 
 
 def _add_training_routes(app: FastAPI, ops: Ops) -> None:
-    engine = ops.engine
+    work = ops.queue
 
     @app.post("/api/v1/create_model")
     async def create_model(body: dict) -> dict:
@@ -165,7 +165,7 @@ def _add_training_routes(app: FastAPI, ops: Ops) -> None:
     @app.post("/api/v1/unload_model")
     async def unload_model(body: dict) -> dict:
         model_id = str(body.get("model_id"))
-        return _future(engine.submit("unload_model", lambda: ops.unload(model_id)), model_id)
+        return _future(work.submit("unload_model", lambda: ops.unload(model_id)), model_id)
 
 
 def _add_sampling_routes(app: FastAPI, ops: Ops) -> None:
@@ -211,15 +211,15 @@ def _add_rest_routes(app: FastAPI, ops: Ops) -> None:
         return ops.weights_info(str(body.get("tinker_path")))
 
 
-def _add_future_routes(app: FastAPI, engine: Engine, settings: ServiceSettings) -> None:
+def _add_future_routes(app: FastAPI, work: WorkQueue, settings: ServiceSettings) -> None:
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(body: dict) -> Response:
         try:
             request_id = int(body.get("request_id"))
         except (TypeError, ValueError):
             raise HTTPException(404, f"unknown request id {body.get('request_id')!r}") from None
-        finished = await engine.wait(request_id, settings.long_poll_s)
-        future = engine.store.future(request_id)
+        finished = await work.wait(request_id, settings.long_poll_s)
+        future = work.store.future(request_id)
         if future is None:
             raise HTTPException(404, f"unknown request id {request_id}")
         if not finished or future.status == "pending":

@@ -60,7 +60,7 @@ class _Job:
     batch: Any = None  # set for work that may run together with its neighbours' (see BatchRunner)
 
 
-class Engine:
+class WorkQueue:
     """Runs submitted work on a worker thread and wakes ``retrieve_future`` long-polls."""
 
     def __init__(self, store: Store, *, on_start: Callable[[], None] | None = None,
@@ -72,7 +72,7 @@ class Engine:
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="envhub-service-engine", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="envhub-service-work", daemon=True)
         self._thread.start()
 
     # -- producer side (HTTP handlers) ---------------------------------------------------------
