@@ -17,6 +17,7 @@ import torch
 
 from trainer.core import AdamParams, Datum, SamplingParams
 from trainer.core.losses import LOSSES, check_loss
+from trainer.core.types import INT_INPUTS
 from trainer.service import _proto, _requests
 from trainer.service._errors import UserError
 from trainer.service._settings import ServiceSettings
@@ -49,44 +50,56 @@ class Limits:
     # -- training ------------------------------------------------------------------------------
 
     def datums(self, req: _proto.ForwardBackwardRequest) -> list[Datum]:
-        """The batch as core datums: sizes, token ids, lengths, finite values and the loss's inputs checked."""
+        """The batch as core datums: sizes, token ids, lengths, finite values and the loss's inputs checked.
+
+        Each check runs once over the whole batch (its arrays concatenated), not once per datum: this is
+        on the critical path of every training step."""
         if not req.data:
             raise UserError("Expected at least one Datum in forward_backward, got none.")
         if req.loss_fn not in LOSSES:
             raise UserError(f"Expected loss_fn in {LOSSES}, got {req.loss_fn!r} (this service implements no other).")
-        total = sum(len(d.tokens) for d in req.data)
-        if total > self.max_batch_tokens:
+        lengths = [len(d.tokens) for d in req.data]
+        if sum(lengths) > self.max_batch_tokens:
             raise UserError(f"Expected at most {self.max_batch_tokens} tokens in one forward_backward "
-                            f"(--max-batch-tokens), got {total} in {len(req.data)} datums; send the batch in "
+                            f"(--max-batch-tokens), got {sum(lengths)} in {len(req.data)} datums; send the batch in "
                             "smaller calls and optim_step once.")
-        config = self.loss_config(req.loss_fn_config)
-        return [self._datum(i, d, req.loss_fn, config) for i, d in enumerate(req.data)]
-
-    def _datum(self, i: int, wire: _proto.WireDatum, loss_fn: str, config: dict[str, float]) -> Datum:
-        n = len(wire.tokens)
-        if not 1 <= n <= self.context:
+        if min(lengths) < 1 or max(lengths) > self.context:
+            i, n = next((i, n) for i, n in enumerate(lengths) if not 1 <= n <= self.context)
             raise UserError(f"Expected datum {i} to hold 1 to {self.context} tokens (the model's context), got {n}.")
-        self.check_ids(wire.tokens, f"datum {i} model_input")
-        inputs: dict[str, torch.Tensor] = {}
-        for key, array in wire.loss_fn_inputs.items():
-            flat = array.reshape(-1)
-            if flat.size != n:
-                raise UserError(f"Expected datum {i} loss_fn_inputs[{key!r}] to have {n} entries (one per "
-                                f"model_input token), got {flat.size}.")
-            if key == "target_tokens":
-                if flat.dtype.kind not in "iu":
-                    raise UserError(f"Expected datum {i} target_tokens as integers, got {flat.dtype}.")
-                self.check_ids(flat, f"datum {i} target_tokens")
-                inputs[key] = torch.from_numpy(flat.astype(np.int64))
-            else:
-                if not np.isfinite(flat).all():
-                    raise UserError(f"Expected finite datum {i} loss_fn_inputs[{key!r}], got NaN or infinity.")
-                inputs[key] = torch.from_numpy(flat.astype(np.float32))
+        tokens = np.concatenate([d.tokens for d in req.data]) if len(req.data) > 1 else req.data[0].tokens
+        self.check_ids(tokens, "model_input")
+        inputs = {key: self._input(key, [d.loss_fn_inputs.get(key) for d in req.data], lengths)
+                  for key in req.data[0].loss_fn_inputs}
+        for i, d in enumerate(req.data):
+            if d.loss_fn_inputs.keys() != inputs.keys():
+                raise UserError(f"Expected every datum to carry the same loss_fn_inputs, got {sorted(inputs)} in datum "
+                                f"0 and {sorted(d.loss_fn_inputs)} in datum {i}.")
         try:
-            check_loss(loss_fn, inputs, config)
+            check_loss(req.loss_fn, {k: v[0] for k, v in inputs.items()}, self.loss_config(req.loss_fn_config))
         except ValueError as exc:
-            raise UserError(f"datum {i}: {exc}") from None
-        return Datum(torch.from_numpy(wire.tokens.astype(np.int64)), inputs)
+            raise UserError(str(exc)) from None
+        ids = torch.split(torch.from_numpy(tokens.astype(np.int64)), lengths)
+        return [Datum(ids[i], {k: v[i] for k, v in inputs.items()}) for i in range(len(lengths))]
+
+    def _input(self, key: str, arrays: list[np.ndarray | None], lengths: list[int]) -> tuple[torch.Tensor, ...]:
+        """One loss input of every datum, checked (as long as its datum, ids in the vocabulary or finite floats)
+        and split back into one tensor per datum."""
+        flat = []
+        for i, (array, n) in enumerate(zip(arrays, lengths)):
+            if array is None or array.size != n:
+                got = "none" if array is None else array.size
+                raise UserError(f"Expected datum {i} loss_fn_inputs[{key!r}] to have {n} entries (one per "
+                                f"model_input token), got {got}.")
+            flat.append(array.reshape(-1))
+        values = np.concatenate(flat) if len(flat) > 1 else flat[0]
+        if key in INT_INPUTS:
+            if values.dtype.kind not in "iu":
+                raise UserError(f"Expected {key} as integers, got {values.dtype}.")
+            self.check_ids(values, key)
+            return torch.split(torch.from_numpy(values.astype(np.int64)), lengths)
+        if values.dtype.kind not in "iuf" or not np.isfinite(values).all():
+            raise UserError(f"Expected finite numbers in loss_fn_inputs[{key!r}], got NaN, infinity or another type.")
+        return torch.split(torch.from_numpy(values.astype(np.float32)), lengths)
 
     @staticmethod
     def loss_config(config: dict[str, float | str]) -> dict[str, float]:

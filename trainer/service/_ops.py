@@ -15,6 +15,7 @@ sessions, runs, samplers, checkpoints and futures answer 404, exactly like ids t
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from trainer.service._store import Store
 log = logging.getLogger("envhub.service")
 
 Result = tuple[bytes, str]
+_OWNERS_KEPT = 4096
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Ops:
                                max_pending=settings.max_pending, max_queued_bytes=settings.max_queued_bytes)
         self.samplers = SamplerCache(host)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
+        self._owners: OrderedDict[str, str] = OrderedDict()  # session id -> owner (see _session_owner)
         vocab_size = int(host.base.get_input_embeddings().weight.shape[0])
         self.limits = Limits.of(settings, vocab_size=vocab_size, context=self._max_context())
         self.bounds = self.limits.proto_bounds()
@@ -77,13 +80,25 @@ class Ops:
     # -- ownership (HTTP side) -----------------------------------------------------------------
 
     def check_session(self, owner: str, session_id: str) -> None:
-        if self.store.session_owner(session_id) != owner:
+        if self._session_owner(session_id) != owner:
             raise NotFound(f"Unknown session {session_id!r}; create one with tinker.ServiceClient(...).")
 
     def check_owned(self, owner: str, run_or_sampler_id: str, what: str = "training run") -> None:
         session = _paths.session_of(run_or_sampler_id)
-        if session is None or self.store.session_owner(session) != owner:
+        if session is None or self._session_owner(session) != owner:
             raise NotFound(f"Unknown {what} {run_or_sampler_id!r}.")
+
+    def _session_owner(self, session_id: str) -> str | None:
+        """Who owns a session (a session never changes hands: recent answers are kept, a bounded number)."""
+        owner = self._owners.get(session_id)
+        if owner is None:
+            owner = self.store.session_owner(session_id)
+            if owner is None:
+                return None
+            self._owners[session_id] = owner
+            if len(self._owners) > _OWNERS_KEPT:
+                self._owners.popitem(last=False)
+        return owner
 
     def owned_path(self, owner: str, path: str, kind: str | None = None) -> _paths.TinkerPath:
         parsed = _paths.parse(path, kind)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,34 +63,52 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ProtoDecodeError("Expected a protobuf message, got a varint longer than 10 bytes.")
 
 
-def _fields(buf: bytes, most: int, what: str) -> Iterator[tuple[int, int, int | bytes]]:
-    """Yield ``(field_number, wire_type, value)`` (LEN values as bytes, the rest as ints), at most ``most``."""
-    pos = count = 0
-    while pos < len(buf):
+def _fields(buf: bytes, most: int, what: str) -> list[tuple[int, int, int | bytes]]:
+    """``(field_number, wire_type, value)`` of each field (LEN values as bytes, the rest as ints), at most ``most``.
+
+    A list, not a generator, with one-byte keys, lengths and varints read inline: this runs for every
+    field of every datum of a batch, on the critical path of each training step."""
+    out: list[tuple[int, int, int | bytes]] = []
+    pos, end, count = 0, len(buf), 0
+    while pos < end:
         count += 1
         if count > most:
             raise ProtoDecodeError(f"Expected at most {most} fields in a {what}, got more.")
-        key, pos = _read_varint(buf, pos)
+        key = buf[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _read_varint(buf, pos)
         number, wire = key >> 3, key & 7
         value: int | bytes
-        if wire == _VARINT:
-            value, pos = _read_varint(buf, pos)
+        if wire in (_LEN, _VARINT):
+            n = buf[pos] if pos < end else 0x80
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _read_varint(buf, pos)
+            if wire == _LEN:
+                value, pos = buf[pos:pos + n], pos + n
+            else:
+                value = n
         elif wire in (_I64, _I32):
             width = 8 if wire == _I64 else 4
             value, pos = int.from_bytes(buf[pos:pos + width], "little"), pos + width
-        elif wire == _LEN:
-            size, pos = _read_varint(buf, pos)
-            value, pos = buf[pos:pos + size], pos + size
         else:
             raise ProtoDecodeError(f"Expected a protobuf message, got wire type {wire} in field {number} of a {what}.")
-        if pos > len(buf):
+        if pos > end:
             raise ProtoDecodeError(f"Expected a complete {what}, got field {number} running past its end (truncated?).")
-        yield number, wire, value
+        out.append((number, wire, value))
+    return out
 
 
 def _expect(value: int | bytes, wire: int, expected: int, what: str) -> None:
     if wire != expected:
-        raise ProtoDecodeError(f"Expected {what} as protobuf wire type {expected}, got wire type {wire}.")
+        raise _wrong_wire(what, expected, wire)
+
+
+def _wrong_wire(what: str, expected: int, wire: int) -> ProtoDecodeError:
+    return ProtoDecodeError(f"Expected {what} as protobuf wire type {expected}, got wire type {wire}.")
 
 
 def _text(value: int | bytes, wire: int, what: str, most: int) -> str:
@@ -115,10 +132,11 @@ def _double(value: int | bytes, wire: int, what: str) -> float:
 
 
 def _array(data: bytes, dtype: type[np.generic] | str, what: str) -> np.ndarray:
-    width = np.dtype(dtype).itemsize
-    if len(data) % width:
-        raise ProtoDecodeError(f"Expected {what} in whole {width}-byte values, got {len(data)} bytes.")
-    return np.frombuffer(data, dtype=dtype)
+    try:
+        return np.frombuffer(data, dtype=dtype)
+    except ValueError:  # not a whole number of values
+        raise ProtoDecodeError(f"Expected {what} in whole {np.dtype(dtype).itemsize}-byte values, got "
+                               f"{len(data)} bytes.") from None
 
 
 def _packed_varints(value: int | bytes, wire: int, most: int, what: str) -> list[int]:
@@ -138,35 +156,38 @@ def _packed_varints(value: int | bytes, wire: int, most: int, what: str) -> list
 
 def _map_entry(buf: int | bytes, wire: int, bounds: Bounds, what: str) -> tuple[str, int, int | bytes | None]:
     """``(key, value wire type, value)`` of one map entry."""
-    _expect(buf, wire, _LEN, what)
-    assert isinstance(buf, bytes)
+    if wire != _LEN or not isinstance(buf, bytes):
+        raise _wrong_wire(what, _LEN, wire)
     key, value_wire, value = "", _LEN, None
     for number, w, item in _fields(buf, 4, what):
         if number == 1:
-            key = _text(item, w, f"{what} key", bounds.max_name_chars)
+            key = _text(item, w, "map key", bounds.max_name_chars)
         elif number == 2:
             value_wire, value = w, item
     return key, value_wire, value
 
 
-def _tensor(buf: int | bytes, wire: int, bounds: Bounds, what: str) -> np.ndarray:
-    """A ``Tensor`` (dense or sparse CSR) as a dense numpy array of its declared shape."""
-    _expect(buf, wire, _LEN, what)
-    assert isinstance(buf, bytes)
+def _tensor(buf: int | bytes, wire: int, bounds: Bounds, name: str) -> np.ndarray:
+    """Input ``name``'s ``Tensor`` (dense or sparse CSR) as a dense numpy array of its declared shape."""
+    what = f"loss_fn_inputs[{name!r}]"
+    if wire != _LEN or not isinstance(buf, bytes):
+        raise _wrong_wire(what, _LEN, wire)
     dense, csr, dtype, shape = b"", None, 0, []
-    for number, w, value in _fields(buf, 16, what):
+    for number, w, value in _fields(buf, 16, "Tensor"):
         if number == 1:
-            _expect(value, w, _LEN, f"{what} values")
-            dense = bytes(value) if isinstance(value, bytes) else b""
+            if w != _LEN or not isinstance(value, bytes):
+                raise _wrong_wire(f"{what} values", _LEN, w)
+            dense = value
         elif number == 2:
-            _expect(value, w, _LEN, f"{what} sparse values")
-            assert isinstance(value, bytes)
-            csr = {n: v for n, vw, v in _fields(value, 8, f"{what} sparse tensor") if isinstance(v, bytes)}
+            if w != _LEN or not isinstance(value, bytes):
+                raise _wrong_wire(f"{what} sparse values", _LEN, w)
+            csr = {n: v for n, vw, v in _fields(value, 8, "SparseCsr") if isinstance(v, bytes)}
         elif number == 3:
-            _expect(value, w, _VARINT, f"{what} dtype")
+            if w != _VARINT:
+                raise _wrong_wire(f"{what} dtype", _VARINT, w)
             dtype = int(value)
         elif number == 4:
-            shape += _packed_varints(value, w, 8, f"{what} shape dimensions")
+            shape += _packed_varints(value, w, 8, "shape dimensions")
     if dtype not in _NUMPY_OF_DTYPE:
         raise ProtoDecodeError(f"Expected {what} of dtype float32, int64 or int32, got dtype {dtype}.")
     size = math.prod(shape)  # Python ints: no overflow whatever the wire says
@@ -213,36 +234,47 @@ class ForwardBackwardRequest:
 
 
 def _datum(buf: int | bytes, wire: int, bounds: Bounds, budget: list[int]) -> WireDatum:
-    """One datum; ``budget`` holds the token ids the rest of the batch may still carry."""
-    _expect(buf, wire, _LEN, "Datum")
-    assert isinstance(buf, bytes)
+    """One datum; ``budget`` holds the token ids the rest of the batch may still carry.
+
+    (The checks are written inline, messages built only on failure: this runs for every datum.)"""
+    if wire != _LEN or not isinstance(buf, bytes):
+        raise _wrong_wire("a Datum", _LEN, wire)
     pieces: list[np.ndarray] = []
     inputs: dict[str, np.ndarray] = {}
     for number, w, value in _fields(buf, bounds.max_chunks + bounds.max_inputs + 8, "Datum"):
         if number == 1:
-            _expect(value, w, _LEN, "a model_input chunk")
-            assert isinstance(value, bytes)
-            for kind, kw, chunk in _fields(value, 4, "model_input chunk"):
-                if kind != 1:
-                    raise ProtoDecodeError("Expected encoded_text model_input chunks (this service is text-only), "
-                                           "got an image or audio chunk.")
-                _expect(chunk, kw, _LEN, "an encoded_text chunk")
-                assert isinstance(chunk, bytes)
-                for tnum, tw, ids in _fields(chunk, 4, "encoded_text chunk"):
-                    if tnum == 1:
-                        _expect(ids, tw, _LEN, "encoded_text tokens")
-                        pieces.append(_array(ids if isinstance(ids, bytes) else b"", "<i4", "encoded_text tokens"))
-                        budget[0] -= len(pieces[-1])
-                        if budget[0] < 0:
-                            raise ProtoDecodeError(f"Expected at most {bounds.max_values} tokens in one "
-                                                   "forward_backward (--max-batch-tokens), got more.")
+            if w != _LEN or not isinstance(value, bytes):
+                raise _wrong_wire("a model_input chunk", _LEN, w)
+            ids = _chunk_tokens(value)
+            budget[0] -= sum(len(piece) for piece in ids)
+            pieces += ids
+            if budget[0] < 0:
+                raise ProtoDecodeError(f"Expected at most {bounds.max_values} tokens in one forward_backward "
+                                       "(--max-batch-tokens), got more.")
         elif number == 2:
             if len(inputs) >= bounds.max_inputs:
                 raise ProtoDecodeError(f"Expected at most {bounds.max_inputs} loss_fn_inputs per datum, got more.")
             name, vw, tensor = _map_entry(value, w, bounds, "loss_fn_inputs entry")
-            inputs[name] = _tensor(tensor if tensor is not None else b"", vw, bounds, f"loss_fn_inputs[{name!r}]")
-    tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+            inputs[name] = _tensor(tensor if tensor is not None else b"", vw, bounds, name)
+    tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
     return WireDatum(tokens, inputs)
+
+
+def _chunk_tokens(chunk: bytes) -> list[np.ndarray]:
+    """The token ids of one ``Chunk`` (an ``encoded_text`` one: images and audio are refused)."""
+    out = []
+    for kind, kw, text in _fields(chunk, 4, "model_input chunk"):
+        if kind != 1:
+            raise ProtoDecodeError("Expected encoded_text model_input chunks (this service is text-only), got an "
+                                   "image or audio chunk.")
+        if kw != _LEN or not isinstance(text, bytes):
+            raise _wrong_wire("an encoded_text chunk", _LEN, kw)
+        for tnum, tw, ids in _fields(text, 4, "encoded_text chunk"):
+            if tnum == 1:
+                if tw != _LEN or not isinstance(ids, bytes):
+                    raise _wrong_wire("encoded_text tokens", _LEN, tw)
+                out.append(_array(ids, "<i4", "encoded_text tokens"))
+    return out
 
 
 def decode_forward_backward_request(body: bytes, bounds: Bounds | None = None) -> ForwardBackwardRequest:

@@ -75,6 +75,7 @@ class WorkQueue:
         self.store = store
         self.max_pending, self.max_queued_bytes = max_pending, max_queued_bytes
         self._pending: dict[str, int] = {}  # owner -> futures queued or running
+        self._owner_of: dict[int, str] = {}  # request id -> owner, while queued or running
         self._queued_bytes = 0
         self._on_start = on_start
         self._batch_runner, self.max_batch_jobs = batch_runner, max_batch_jobs
@@ -109,6 +110,7 @@ class WorkQueue:
             request_id, new = self.store.add_future(dedupe_key, request_type, model_id, owner)
             if new:
                 self._pending[owner] = self._pending.get(owner, 0) + 1
+                self._owner_of[request_id] = owner
                 self._queued_bytes += cost_bytes
                 self._queue.put(_Job(request_id, request_type, model_id, work, owner, cost_bytes, batch))
         return request_id
@@ -116,12 +118,14 @@ class WorkQueue:
     async def retrieve(self, request_id: int, owner: str, timeout_s: float) -> Future | None:
         """``owner``'s future, once it finished or ``timeout_s`` passed (still pending then); None if it is not
         ``owner``'s or does not exist. A finished future answers at once."""
+        with self._lock:
+            pending_owner = self._owner_of.get(request_id)
+        if pending_owner is not None:  # still running: wait first, read the store once
+            if pending_owner != owner:
+                return None
+            await self.wait(request_id, timeout_s)
         future = self.store.future(request_id)
-        if future is None or future.owner != owner:
-            return None
-        if future.status == "pending" and await self.wait(request_id, timeout_s):
-            future = self.store.future(request_id)
-        return future
+        return future if future is not None and future.owner == owner else None
 
     def pending(self) -> int:
         return self._queue.qsize()
@@ -184,6 +188,7 @@ class WorkQueue:
             else:
                 self._pending.pop(job.owner, None)
             self._queued_bytes -= job.cost_bytes
+            self._owner_of.pop(job.request_id, None)
 
     def _batch_mates(self, first: _Job) -> list[_Job]:
         """Queued jobs right behind ``first`` that can join its batch (taken off the queue)."""

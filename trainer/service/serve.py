@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.service._settings import ServiceSettings
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from starlette.applications import Starlette
 
 log = logging.getLogger("envhub.service")
 
@@ -153,7 +153,7 @@ def model_config(name: str, overrides: list[str]) -> Any:
     return ModelConfig(name=name, **values)
 
 
-def build_app(settings: ServiceSettings, model_overrides: list[str] | None = None) -> FastAPI:
+def build_app(settings: ServiceSettings, model_overrides: list[str] | None = None) -> Starlette:
     """The ASGI app with its base model loaded (what ``serve`` runs; tests use it in process)."""
     from trainer.core import ModelHost
     from trainer.model import for_vllm
