@@ -31,7 +31,7 @@ def test_forward_backward_request_decodes_what_the_sdk_encodes():
     req = _proto.decode_forward_backward_request(body)
     assert (req.model_id, req.seq_id, req.loss_fn, req.forward_only) == ("sess-x:train:0", 7, "ppo", True)
     assert req.loss_fn_config == pytest.approx({"clip_low_threshold": 0.7, "clip_high_threshold": 1.3})
-    assert len(req.data) == 2 and req.data[1].tokens == [5, 6, 7]
+    assert len(req.data) == 2 and req.data[1].tokens.tolist() == [5, 6, 7]
     assert req.data[0].loss_fn_inputs["target_tokens"].tolist() == [6, 7, 8]
     assert req.data[0].loss_fn_inputs["target_tokens"].dtype == np.int64
     assert req.data[0].loss_fn_inputs["weights"].tolist() == [0.0, 1.0, -0.5]
@@ -45,7 +45,7 @@ def test_sparse_and_multi_chunk_inputs_decode_dense():
     datum = types.Datum(model_input=chunks, loss_fn_inputs={"target_tokens": [2, 3, 4],
                                                             "weights": types.TensorData.from_torch(weights)})
     req = _proto.decode_forward_backward_request(_request([datum]))
-    assert req.data[0].tokens == [1, 2, 3]
+    assert req.data[0].tokens.tolist() == [1, 2, 3]
     assert req.data[0].loss_fn_inputs["weights"].reshape(-1).tolist() == [0.0, 0.0, 2.0]
 
 

@@ -18,27 +18,41 @@ from trainer.service._store import RESTART_ERROR  # noqa: E402
 pytestmark = pytest.mark.live
 
 
+#: the SDK's key in these tests: raw HTTP calls on its runs must send it (each key sees only its own)
+KEY = {"X-API-Key": "tml-test"}
+
+
 def user_error(future, match: str) -> None:
     with pytest.raises(tinker.RequestFailedError, match=match) as info:
         future.result()
     assert info.value.category == "user"
 
 
+def bad_request(future, match: str, error: type = tinker.BadRequestError) -> None:
+    """Refused when sent: a 4xx the SDK raises as ``error``, its message carrying the service's reason."""
+    with pytest.raises(error, match=match) as info:
+        future.result()
+    assert 400 <= info.value.status_code < 500 and info.value.body["category"] == "user"
+
+
 def test_bad_requests_fail_alone_with_user_errors(serve_training, sdk):
     sc = sdk(serve_training(max_batch_tokens=200).url)
     tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
     good = sft_datum()
-    user_error(tc.forward_backward([good], "no_such_loss"), "no_such_loss")
+    bad_request(tc.forward_backward([good], "no_such_loss"), "no_such_loss")
     short = types.Datum(model_input=types.ModelInput.from_ints(TEXT[:-1]),
                         loss_fn_inputs={"target_tokens": TEXT[1:], "weights": [1.0] * 5})
-    user_error(tc.forward_backward([short], "cross_entropy"), "31 entries")
-    user_error(tc.forward_backward([good] * 8, "cross_entropy"), "max-batch-tokens")
+    bad_request(tc.forward_backward([short], "cross_entropy"), "31 entries")
+    bad_request(tc.forward_backward([good] * 8, "cross_entropy"), "max-batch-tokens")
     out_of_vocab = types.Datum(model_input=types.ModelInput.from_ints([10**6]),
                                loss_fn_inputs={"target_tokens": [1], "weights": [1.0]})
-    user_error(tc.forward_backward([out_of_vocab], "cross_entropy"), r"token ids in \[0, ")
-    user_error(sc.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4), "serves 'tiny'")
-    user_error(tc.save_state("../escape"), "checkpoint name")
-    user_error(sc.create_training_client_from_state("tinker://nobody:train:0/weights/x"), "Unknown checkpoint")
+    bad_request(tc.forward_backward([out_of_vocab], "cross_entropy"), r"token ids in \[0, ")
+    bad_request(sc.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4), "serves 'tiny'")
+    bad_request(tc.save_state("../escape"), "checkpoint name")
+    bad_request(sc.create_training_client_from_state("tinker://nobody:train:0/weights/x"), "Unknown",
+                tinker.NotFoundError)
+    user_error(sc.create_training_client_from_state(f"tinker://{tc.model_id}/weights/never-saved"),
+               "Unknown checkpoint")
     # none of that touched the run: it still trains, from where it was
     assert forward_logprobs(tc) == forward_logprobs(tc)
     losses = train(tc, 3)
@@ -48,15 +62,19 @@ def test_bad_requests_fail_alone_with_user_errors(serve_training, sdk):
 def test_unknown_ids_are_user_errors_or_404(serve_training):
     server = serve_training()
     body = request_body("sess-nope:train:0", seq_id=1)
-    with httpx.Client(base_url=server.url) as http:
-        rid = http.post("/api/v1/forward_backward", content=body, headers=PROTO).json()["request_id"]
+    with httpx.Client(base_url=server.url, headers=KEY) as http:
+        refused = http.post("/api/v1/forward_backward", content=body, headers=PROTO)
+        assert refused.status_code == 404 and "Unknown training run 'sess-nope:train:0'" in refused.json()["detail"]
+        session = http.post("/api/v1/create_session", json={}).json()["session_id"]
+        rid = http.post("/api/v1/forward_backward", content=request_body(f"{session}:train:5", 1),
+                        headers=PROTO).json()["request_id"]  # this client's session, a run it never created
         failed = http.post("/api/v1/retrieve_future", json={"request_id": rid}).json()
-        assert failed["category"] == "user" and "Unknown training run 'sess-nope:train:0'" in failed["error"]
+        assert failed["category"] == "user" and "create one with create_lora_training_client" in failed["error"]
         assert http.post("/api/v1/get_info", json={"model_id": "sess-nope:train:0"}).status_code == 404
         assert http.get("/api/v1/samplers/nope").status_code == 404
         assert http.post("/api/v1/retrieve_future", json={"request_id": "999999"}).status_code == 404
-        garbage = http.post("/api/v1/forward_backward", content=b"\xff\xff\xff", headers=PROTO).json()
-        assert http.post("/api/v1/retrieve_future", json=garbage).json()["category"] == "user"
+        garbage = http.post("/api/v1/forward_backward", content=b"\xff\xff\xff", headers=PROTO)
+        assert garbage.status_code == 400 and garbage.json()["category"] == "user"
 
 
 PROTO = {"content-type": "application/x-protobuf"}
@@ -75,7 +93,7 @@ def test_a_resent_request_is_applied_once(serve_training, sdk):
     twice = sc.create_lora_training_client(base_model="tiny", rank=4, seed=7).result()
     once = sc.create_lora_training_client(base_model="tiny", rank=4, seed=7).result()
     train(twice, 1), train(once, 1)  # identical runs with non-zero adapters
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, headers=KEY) as http:
         body = request_body(twice.model_id, seq_id=10_000)
         ids = {http.post("/api/v1/forward_backward", content=body, headers=PROTO).json()["request_id"]
                for _ in range(3)}  # what the HTTP client's retries look like to the server
@@ -100,23 +118,23 @@ def test_a_restart_keeps_finished_results_and_fails_what_was_in_flight(serve_tra
     saved = tc.save_state("before-restart").result().path
     expected = forward_logprobs(tc)
     release = threading.Event()
-    with httpx.Client(base_url=first.url) as http:
+    with httpx.Client(base_url=first.url, headers=KEY) as http:
         done = http.post("/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 500,
                                                      "adam_params": {"learning_rate": 0.0}}).json()["request_id"]
         done_body = http.post("/api/v1/retrieve_future", json={"request_id": done}).json()
-        first.app.state.ops.engine.submit("test-block", lambda: (release.wait(30), (b"{}", "application/json"))[1])
+        first.app.state.ops.queue.submit("test-block", lambda: (release.wait(30), (b"{}", "application/json"))[1])
         in_flight = http.post("/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 501,
                                                           "adam_params": {"learning_rate": 0.1}}).json()["request_id"]
     try:
         second = serve_training(state_dir=state)  # what a restarted process finds in the state directory
-        with httpx.Client(base_url=second.url) as http:
+        with httpx.Client(base_url=second.url, headers=KEY) as http:
             assert http.post("/api/v1/retrieve_future", json={"request_id": done}).json() == done_body
             failed = http.post("/api/v1/retrieve_future", json={"request_id": in_flight}).json()
             assert failed == {"error": RESTART_ERROR, "category": "server"}
         sc2 = sdk(second.url)
         resumed = sc2.create_training_client_from_state_with_optimizer(saved).result()
         assert forward_logprobs(resumed) == pytest.approx(expected, abs=1e-5)
-        with httpx.Client(base_url=second.url) as http:
+        with httpx.Client(base_url=second.url, headers=KEY) as http:
             rid = http.post("/api/v1/forward_backward", content=request_body(tc.model_id, 900),
                             headers=PROTO).json()["request_id"]
             gone = http.post("/api/v1/retrieve_future", json={"request_id": rid}).json()
@@ -132,7 +150,7 @@ def test_tenant_limit_idle_unload_and_full_parameter(serve_training, sdk):
     b = sc.create_lora_training_client(base_model="tiny", rank=4).result()
     user_error(sc.create_lora_training_client(base_model="tiny", rank=4), "--max-tenants 2")
     assert len(forward_logprobs(a)) == len(TEXT) - 1  # the others carry on
-    with httpx.Client(base_url=limited.url) as http:
+    with httpx.Client(base_url=limited.url, headers=KEY) as http:
         for run in (a, b):
             rid = http.post("/api/v1/unload_model", json={"model_id": run.model_id}).json()
             assert http.post("/api/v1/retrieve_future", json=rid).json() == {"model_id": run.model_id}
@@ -180,21 +198,21 @@ def test_token_auth(serve_training, sdk):
 
 def test_queued_forward_backward_of_several_tenants_share_one_pass(serve_training, sdk):
     server = serve_training()
-    engine = server.app.state.ops.engine
+    work = server.app.state.ops.queue
     sc = sdk(server.url)
     runs = [sc.create_lora_training_client(base_model="tiny", rank=4, seed=s).result() for s in (1, 2, 1, 2)]
     for run in runs:
         train(run, 1)  # non-zero adapters; runs 0/2 and 1/3 are twins
     release = threading.Event()
-    engine.submit("test-block", lambda: (release.wait(30), (b"{}", "application/json"))[1])
+    work.submit("test-block", lambda: (release.wait(30), (b"{}", "application/json"))[1])
     bodies = [request_body(runs[0].model_id, 20_000), request_body(runs[1].model_id, 20_000,
                                                                   [sft_datum(list(range(90, 110)))] * 2)]
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, headers=KEY) as http:
         rids = [http.post("/api/v1/forward_backward", content=b, headers=PROTO).json()["request_id"] for b in bodies]
         release.set()
         for rid in rids:
             assert http.post("/api/v1/retrieve_future", json={"request_id": rid}).status_code == 200
-    assert engine.batched_jobs == 2
+    assert work.batched_jobs == 2
     runs[2].forward_backward([sft_datum()], "cross_entropy").result()  # the twins, one pass each
     runs[3].forward_backward([sft_datum(list(range(90, 110)))] * 2, "cross_entropy").result()
     norms = [r.optim_step(types.AdamParams(learning_rate=0.0)).result().metrics["grad_norm:mean"] for r in runs]

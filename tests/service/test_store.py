@@ -37,12 +37,40 @@ def test_finished_results_survive_a_restart_and_pending_ones_fail(tmp_path):
 
 def test_stale_sessions_are_the_silent_and_the_finished(tmp_path):
     store = Store(tmp_path / "s.sqlite")
-    store.add_session("live", {})
-    store.add_session("done", {})
+    store.add_session("live", "a", {})
+    store.add_session("done", "a", {})
     store.finish_session("done")
     assert store.stale_sessions(idle_s=60) == ["done"]
     assert set(store.stale_sessions(idle_s=-1)) == {"live", "done"}
     assert not store.heartbeat("nobody")
+    assert store.live_sessions("a", idle_s=60) == 1 and store.live_sessions("b", idle_s=60) == 0
+
+
+def test_everything_belongs_to_the_owner_of_its_session(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    store.add_session("sa", "alice", {})
+    store.add_session("sb", "bob", {})
+    store.add_model("sa:train:0", "sa", "tiny", 8, {})
+    store.add_model("sb:train:0", "sb", "tiny", 8, {})
+    assert (store.session_owner("sa"), store.session_owner("sb"), store.session_owner("sc")) == ("alice", "bob", None)
+    runs, total = store.models("alice", limit=10, offset=0)
+    assert [r["model_id"] for r in runs] == ["sa:train:0"] and total == 1
+    rid, _ = store.add_future("k", "optim_step", "sa:train:0", "alice")
+    assert store.future(rid).owner == "alice"
+    assert _paths.session_of("sa:train:0") == _paths.session_of("sa:sample:3") == "sa"
+    assert _paths.session_of("sa") is None and _paths.session_of("sa:train:x") is None
+
+
+def test_a_state_directory_from_before_owners_opens_and_gains_them(tmp_path):
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "s.sqlite")
+    old.executescript("CREATE TABLE sessions (session_id TEXT PRIMARY KEY, created_at REAL, last_heartbeat_at REAL, "
+                      "user_metadata TEXT, finished INTEGER DEFAULT 0);"
+                      "INSERT INTO sessions VALUES ('s', 0, 0, '{}', 0);")
+    old.close()
+    store = Store(tmp_path / "s.sqlite")
+    assert store.session_owner("s") == ""  # nobody's: no client owns it, so none can use it
 
 
 def test_tinker_paths_round_trip_and_bad_ones_say_what_is_expected(tmp_path):
@@ -50,7 +78,9 @@ def test_tinker_paths_round_trip_and_bad_ones_say_what_is_expected(tmp_path):
     assert (path.training_run_id, path.kind, path.name) == ("sess-1:train:0", "weights", "step-10")
     assert str(path) == "tinker://sess-1:train:0/weights/step-10"
     assert path.directory(tmp_path) == tmp_path / "checkpoints" / "sess-1_train_0" / "weights" / "step-10"
-    for bad in ("s3://x/weights/a", "tinker://run/a", "tinker://run/other/a", "tinker://run/weights/../x"):
+    for bad in ("s3://x/weights/a", "tinker://run/a", "tinker://run/other/a", "tinker://run/weights/../x",
+                "tinker://run/weights/a/../../x", "tinker://run/weights/", "tinker://run/weights/.hidden",
+                "tinker://run/weights/a\n", "tinker://run/weights/" + "a" * 200, "/etc/passwd"):
         with pytest.raises(ValueError, match="Expected"):
             _paths.parse(bad)
     with pytest.raises(ValueError, match="weights checkpoint"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.service._engine import UserError
+from trainer.service._errors import UserError
 
 
 def linear_parts(base: Any) -> dict[str, str]:

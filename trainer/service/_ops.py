@@ -1,42 +1,67 @@
-"""What each Tinker request does: look it up, translate it, queue the core call, shape the answer.
+"""What each Tinker request does: check it, translate it, queue the core call, shape the answer.
 
-``submit_*`` methods run on the HTTP side: they record a future (deduplicated by the request's
-sequence number) and queue a closure; the closures run on the engine thread, where all model work
-happens. ``ModelHost`` holds the base model and one LoRA adapter per training run (or one
-full-parameter run); the tenant limit, idle unloading and ``tinker://`` checkpoints live here.
+``submit_*`` methods run on the HTTP side. They check everything a request can get wrong before any
+work is queued (ownership, sizes and values, through :class:`~trainer.service._limits.Limits`), so a bad
+request is answered at once with a 4xx; then they record a future (deduplicated by the request's sequence
+number) and queue a closure. The closures run on the work queue's worker thread, where all model work
+happens, and fail their future with a ``user`` error only for what depends on the state when they run
+(a run unloaded meanwhile, the tenant limit, a checkpoint not yet saved). ``ModelHost`` holds the base
+model and one LoRA adapter per training run (or one full-parameter run).
+
+Every id a client names must belong to its owner (``trainer.service._guard``): another client's
+sessions, runs, samplers, checkpoints and futures answer 404, exactly like ids that never existed.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.core import ModelHost
-from trainer.service import _paths, _proto, _wire
-from trainer.service._engine import PROTOBUF, Engine, UserError, json_body
+from trainer.core import Datum, ModelHost, SamplingClient, TrainingClient
+from trainer.service import _paths, _proto, _requests, _wire
+from trainer.service._errors import NotFound, UserError
+from trainer.service._limits import Limits
 from trainer.service._lora import checkpoint_lora, linear_parts, lora_targets
+from trainer.service._queue import PROTOBUF, WorkQueue, json_body
 from trainer.service._samplers import SamplerCache
 from trainer.service._settings import ServiceSettings
 from trainer.service._store import Store
 
 log = logging.getLogger("envhub.service")
 
+Result = tuple[bytes, str]
+_OWNERS_KEPT = 4096
 
-class NotFound(LookupError):
-    """An id a synchronous route does not know (answered 404)."""
+
+@dataclass
+class FwdBwd:
+    """A checked forward_backward (or forward) request, as queued: what one pass needs."""
+
+    model_id: str
+    data: list[Datum]
+    loss_fn: str
+    config: dict[str, float]
+    forward_only: bool
 
 
 class Ops:
+    """The service's operations over one :class:`ModelHost`, its :class:`Store` and its :class:`WorkQueue`."""
+
     def __init__(self, settings: ServiceSettings, host: ModelHost, store: Store | None = None):
         self.settings = settings
         self.host = host
         self.store = store or Store(settings.state_dir / "service.sqlite")
-        self.engine = Engine(self.store, on_start=self._set_threads, batch_runner=self.forward_backward_batch)
+        self.queue = WorkQueue(self.store, on_start=self._set_threads, batch_runner=self.forward_backward_batch,
+                               max_pending=settings.max_pending, max_queued_bytes=settings.max_queued_bytes)
         self.samplers = SamplerCache(host)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
-        self.vocab_size = int(host.base.get_input_embeddings().weight.shape[0])
+        self._owners: OrderedDict[str, str] = OrderedDict()  # session id -> owner (see _session_owner)
+        vocab_size = int(host.base.get_input_embeddings().weight.shape[0])
+        self.limits = Limits.of(settings, vocab_size=vocab_size, context=self._max_context())
+        self.bounds = self.limits.proto_bounds()
         self.parts = linear_parts(host.base)
         if host.vllm is not None:
             # vLLM's LoRA layers cover the transformer's linear layers, not the unembedding (tied to the embedding
@@ -52,19 +77,53 @@ class Ops:
 
             torch.set_num_threads(self.settings.threads)
 
+    # -- ownership (HTTP side) -----------------------------------------------------------------
+
+    def check_session(self, owner: str, session_id: str) -> None:
+        if self._session_owner(session_id) != owner:
+            raise NotFound(f"Unknown session {session_id!r}; create one with tinker.ServiceClient(...).")
+
+    def check_owned(self, owner: str, run_or_sampler_id: str, what: str = "training run") -> None:
+        session = _paths.session_of(run_or_sampler_id)
+        if session is None or self._session_owner(session) != owner:
+            raise NotFound(f"Unknown {what} {run_or_sampler_id!r}.")
+
+    def _session_owner(self, session_id: str) -> str | None:
+        """Who owns a session (a session never changes hands: recent answers are kept, a bounded number)."""
+        owner = self._owners.get(session_id)
+        if owner is None:
+            owner = self.store.session_owner(session_id)
+            if owner is None:
+                return None
+            self._owners[session_id] = owner
+            if len(self._owners) > _OWNERS_KEPT:
+                self._owners.popitem(last=False)
+        return owner
+
+    def owned_path(self, owner: str, path: str, kind: str | None = None) -> _paths.TinkerPath:
+        parsed = _paths.parse(path, kind)
+        self.check_owned(owner, parsed.training_run_id, "checkpoint's training run")
+        return parsed
+
     # -- sessions ------------------------------------------------------------------------------
 
-    def create_session(self, user_metadata: dict[str, Any]) -> str:
+    def create_session(self, owner: str, req: _requests.CreateSession) -> str:
+        if self.store.live_sessions(owner, self.settings.idle_timeout_s) >= self.settings.max_sessions:
+            raise UserError(f"This client has {self.settings.max_sessions} live sessions, the limit (--max-sessions); "
+                            "close some (ServiceClient.close()) or let them go idle.")
         session_id = _paths.new_session_id()
-        self.store.add_session(session_id, user_metadata)
+        self.store.add_session(session_id, owner, dict(req.user_metadata or {}))
         return session_id
 
-    def finish_session(self, session_id: str) -> bool:
-        if not self.store.finish_session(session_id):
-            return False
+    def heartbeat(self, owner: str, session_id: str) -> None:
+        self.check_session(owner, session_id)
+        self.store.heartbeat(session_id)
+
+    def finish_session(self, owner: str, session_id: str) -> None:
+        self.check_session(owner, session_id)
+        self.store.finish_session(session_id)
         for model_id in self.store.session_models(session_id):
-            self.engine.submit("unload_model", lambda m=model_id: self.unload(m), model_id=model_id)
-        return True
+            self._unload_later(model_id, owner)
 
     def reap_idle(self) -> None:
         for session_id in self.store.stale_sessions(self.settings.idle_timeout_s):
@@ -72,185 +131,209 @@ class Ops:
                 if model_id in self.host.clients:
                     log.info("unloading %s: its session sent no heartbeat for %.0f s", model_id,
                              self.settings.idle_timeout_s)
-                    self.engine.submit("unload_model", lambda m=model_id: self.unload(m), model_id=model_id)
+                    self._unload_later(model_id, "")
+
+    def _unload_later(self, model_id: str, owner: str) -> None:
+        # the service's own clean-up: never refused for back-pressure (there is at most one per training run)
+        self.queue.submit("unload_model", lambda: self.unload(model_id), owner=owner, model_id=model_id, bounded=False)
 
     def capabilities(self) -> dict[str, Any]:
         return {"model_name": self.settings.name, "trainable": True, "sampleable": True,
-                "max_context_length": self._max_context()}
+                "max_context_length": self.limits.context}
 
     # -- training runs -------------------------------------------------------------------------
 
-    def submit_create_model(self, body: dict[str, Any]) -> tuple[int, str]:
-        session_id, seq = str(body.get("session_id")), int(body.get("model_seq_id", 0))
-        model_id = _paths.model_id(session_id, seq)
-        lora = body.get("lora_config") or {}
+    def submit_create_model(self, owner: str, req: _requests.CreateModel) -> tuple[int, str]:
+        self.check_session(owner, req.session_id)
+        self.check_base_model(req.base_model)
+        optimizer = (req.optimizer_config or _requests.OptimizerConfig()).type
+        if optimizer != "adamw":
+            raise UserError(f"Expected optimizer_config type 'adamw' (the only optimizer here), got {optimizer!r}.")
+        lora = req.lora_config or _requests.LoraConfig()
+        rank = self.limits.lora_rank(lora.rank)
+        targets = lora_targets(self.parts, lora.model_dump())
+        model_id = _paths.model_id(req.session_id, req.model_seq_id)
 
-        def work() -> tuple[bytes, str]:
-            self._check_session(session_id)
-            self._check_base_model(body.get("base_model"))
-            if (body.get("optimizer_config") or {}).get("type", "adamw") != "adamw":
-                raise UserError(f"Expected optimizer_config type 'adamw' (the only optimizer here), got "
-                                f"{body['optimizer_config']['type']!r}.")
-            self._add_tenant(model_id, int(lora.get("rank", 32)), lora.get("seed"), lora_targets(self.parts, lora))
-            self.store.add_model(model_id, session_id, self.settings.name, self._lora_rank(model_id),
-                                 body.get("user_metadata"))
+        def work() -> Result:
+            self._add_tenant(model_id, rank, lora.seed, targets)
+            self.store.add_model(model_id, req.session_id, self.settings.name, self._lora_rank(model_id),
+                                 dict(req.user_metadata or {}))
             return json_body({"model_id": model_id})
-        return self.engine.submit("create_model", work, dedupe_key=f"create:{model_id}", model_id=model_id), model_id
+        rid = self.queue.submit("create_model", work, owner=owner, dedupe_key=f"create:{model_id}", model_id=model_id)
+        return rid, model_id
 
-    def get_info(self, model_id: str) -> dict[str, Any]:
+    def get_info(self, owner: str, model_id: str) -> dict[str, Any]:
+        self.check_owned(owner, model_id)
         row = self.store.model(model_id)
         if row is None:
-            raise NotFound(f"unknown training run {model_id!r}")
+            raise NotFound(f"Unknown training run {model_id!r}.")
         return {"type": "get_info", "model_id": model_id, "is_lora": row["is_lora"],
                 "lora_rank": row["lora_rank"] or None, "model_name": row["base_model"],
                 "model_data": {"model_name": row["base_model"], "arch": type(self.host.base).__name__}}
 
-    def submit_forward_backward(self, body: bytes) -> tuple[int, str | None]:
-        try:
-            req = _proto.decode_forward_backward_request(body)
-        except ValueError as exc:
-            return self.engine.fail_now("forward_backward", f"Expected a ForwardBackwardRequest protobuf: {exc}"), None
-        kind = "forward" if req.forward_only else "forward_backward"
+    def submit_forward_backward(self, owner: str, body: bytes) -> tuple[int, str]:
+        wire = _proto.decode_forward_backward_request(body, self.bounds)
+        self.check_owned(owner, wire.model_id)
+        req = FwdBwd(wire.model_id, self.limits.datums(wire), wire.loss_fn,
+                     self.limits.loss_config(wire.loss_fn_config), wire.forward_only)
 
-        def work() -> tuple[bytes, str]:
-            client, data = self._client(req.model_id), self._datums(req)
+        def work() -> Result:
+            client = self._client(req.model_id)
             run = client.forward if req.forward_only else client.forward_backward
-            return _wire.forward_backward_proto(run(data, req.loss_fn, dict(req.loss_fn_config))), PROTOBUF
+            return _wire.forward_backward_proto(run(req.data, req.loss_fn, req.config)), PROTOBUF
         batch = None if self.settings.full_parameter else req  # LoRA tenants can share one pass
-        rid = self.engine.submit(kind, work, dedupe_key=f"{req.model_id}/{req.seq_id}", model_id=req.model_id,
-                                 batch=batch)
+        rid = self.queue.submit("forward" if req.forward_only else "forward_backward", work, owner=owner,
+                                cost_bytes=2 * len(body), dedupe_key=_dedupe(req.model_id, wire.seq_id),
+                                model_id=req.model_id, batch=batch)
         return rid, req.model_id
 
-    def _datums(self, req: _proto.ForwardBackwardRequest) -> list:
-        if len(req.data) > self.settings.max_batch_datums:
-            raise UserError(f"Expected at most {self.settings.max_batch_datums} datums per call, got {len(req.data)}.")
-        return _wire.datums(req.data, vocab_size=self.vocab_size, max_tokens=self.settings.max_batch_tokens)
-
-    def forward_backward_batch(self, reqs: list[_proto.ForwardBackwardRequest]) -> list:
+    def forward_backward_batch(self, reqs: list[FwdBwd]) -> list[Result | BaseException]:
         """Several training runs' forward_backward (or forward) requests in one pass through the shared base
         model (``ModelHost.forward_backward_batch``); each gets its own result or error."""
-        results: list[Any] = [None] * len(reqs)
+        results: list[Result | BaseException] = []
         items, slots = [], []
         for i, req in enumerate(reqs):
             try:
-                items.append((self._client(req.model_id), self._datums(req), req.loss_fn, dict(req.loss_fn_config)))
+                items.append((self._client(req.model_id), req.data, req.loss_fn, req.config))
                 slots.append(i)
+                results.append(ValueError("not run"))
             except ValueError as exc:
-                results[i] = exc
+                results.append(exc)
         outputs = self.host.forward_backward_batch(items, backward=not reqs[0].forward_only) if items else []
         for i, out in zip(slots, outputs):
             results[i] = out if isinstance(out, BaseException) else (_wire.forward_backward_proto(out), PROTOBUF)
         return results
 
-    def submit_training(self, kind: str, body: dict[str, Any]) -> int:
-        model_id = str(body.get("model_id"))
-        work = {"optim_step": self._optim_step, "save_weights": self._save_weights,
-                "save_weights_for_sampler": self._save_for_sampler}[kind]
-        return self.engine.submit(kind, lambda: work(model_id, body), dedupe_key=f"{model_id}/{body.get('seq_id')}",
-                                  model_id=model_id)
+    def submit_optim_step(self, owner: str, req: _requests.OptimStep) -> int:
+        self.check_owned(owner, req.model_id)
+        params = self.limits.adam(req)
 
-    def _optim_step(self, model_id: str, body: dict[str, Any]) -> tuple[bytes, str]:
-        client = self._client(model_id)
-        metrics = client.optim_step(_wire.adam_params(body))
-        self._bump(model_id)
-        return json_body({"metrics": {f"{k}:mean": float(v) for k, v in metrics.items()}})
+        def work() -> Result:
+            metrics = self._client(req.model_id).optim_step(params)
+            self._bump(req.model_id)
+            return json_body({"metrics": {f"{k}:mean": float(v) for k, v in metrics.items()}})
+        return self.queue.submit("optim_step", work, owner=owner, dedupe_key=_dedupe(req.model_id, req.seq_id),
+                                 model_id=req.model_id)
 
-    def _save_weights(self, model_id: str, body: dict[str, Any]) -> tuple[bytes, str]:
-        client = self._client(model_id)
-        path = _paths.TinkerPath(model_id, "weights", _paths.check_name(str(body.get("path"))))
-        directory = client.save_state(path.directory(self.settings.state_dir), optimizer=True)
-        self._record_checkpoint(path, directory)
-        return json_body({"path": str(path)})
+    def submit_save(self, owner: str, req: _requests.SaveWeights, kind: str) -> int:
+        """``save_weights`` (``kind="weights"``) or ``save_weights_for_sampler`` (named, or ephemeral: no path)."""
+        self.check_owned(owner, req.model_id)
+        if req.path is None and kind == "weights":
+            raise UserError("Expected a checkpoint name in save_weights' path, got none.")
+        path = None if req.path is None else _paths.TinkerPath(req.model_id, kind, _paths.check_name(req.path))
 
-    def _save_for_sampler(self, model_id: str, body: dict[str, Any]) -> tuple[bytes, str]:
-        client = self._client(model_id)
-        if body.get("path") is None:  # ephemeral: a sampling session over a snapshot of these weights
-            row = self.store.model(model_id)
-            sampler_id = _paths.sampler_id(row["session_id"], int(body.get("sampling_session_seq_id") or 0))
-            self.samplers.snapshot(sampler_id, model_id, self.generation.get(model_id, 0))
-            self.store.add_sampler(sampler_id, row["session_id"], row["base_model"], None, model_id)
-            return json_body({"path": None, "sampling_session_id": sampler_id})
-        path = _paths.TinkerPath(model_id, "sampler_weights", _paths.check_name(str(body["path"])))
-        directory = client.save_state(path.directory(self.settings.state_dir), optimizer=False)
-        self._record_checkpoint(path, directory)
-        return json_body({"path": str(path)})
+        def work() -> Result:
+            client = self._client(req.model_id)
+            if path is None:
+                return self._snapshot(req.model_id, req.sampling_session_seq_id or 0)
+            existing = self.store.checkpoint(str(path)) is not None
+            if not existing and self.store.checkpoint_count(req.model_id) >= self.settings.max_checkpoints_per_run:
+                raise UserError(f"Training run {req.model_id!r} has {self.settings.max_checkpoints_per_run} "
+                                "checkpoints, the limit (--max-checkpoints-per-run); save over an existing name.")
+            directory = client.save_state(path.directory(self.settings.state_dir), optimizer=kind == "weights")
+            self._record_checkpoint(path, directory)
+            return json_body({"path": str(path)})
+        request_type = "save_weights" if kind == "weights" else "save_weights_for_sampler"
+        return self.queue.submit(request_type, work, owner=owner, dedupe_key=_dedupe(req.model_id, req.seq_id),
+                                 model_id=req.model_id)
 
-    def submit_load_weights(self, body: dict[str, Any]) -> tuple[int, str]:
-        if body.get("model_id") is None:  # create-via-load: a new run from a checkpoint
-            model_id = _paths.model_id(str(body.get("session_id")), int(body.get("model_seq_id", 0)))
+    def _snapshot(self, model_id: str, sampling_session_seq_id: int) -> Result:
+        """An ephemeral sampling session over a snapshot of the run's weights."""
+        row = self.store.model(model_id)
+        if row is None:
+            raise UserError(f"Unknown training run {model_id!r}.")
+        sampler_id = _paths.sampler_id(row["session_id"], sampling_session_seq_id)
+        self.samplers.snapshot(sampler_id, model_id, self.generation.get(model_id, 0))
+        self.store.add_sampler(sampler_id, row["session_id"], row["base_model"], None, model_id)
+        return json_body({"path": None, "sampling_session_id": sampler_id})
+
+    def submit_load_weights(self, owner: str, req: _requests.LoadWeights) -> tuple[int, str]:
+        path = self.owned_path(owner, req.path, "weights")
+        if req.model_id is not None:
+            self.check_owned(owner, req.model_id)
+            model_id, dedupe, session_id = req.model_id, _dedupe(req.model_id, req.seq_id), None
+        elif req.session_id is not None:  # create-via-load: a new run from a checkpoint
+            self.check_session(owner, req.session_id)
+            session_id = req.session_id
+            model_id = _paths.model_id(session_id, req.model_seq_id)
             dedupe = f"create:{model_id}"
         else:
-            model_id, dedupe = str(body["model_id"]), f"{body['model_id']}/{body.get('seq_id')}"
+            raise UserError("Expected model_id (load into a run) or session_id (a new run) in load_weights, got neither.")
 
-        def work() -> tuple[bytes, str]:
-            path = _paths.parse(str(body.get("path")), "weights")
+        def work() -> Result:
             source = self.store.checkpoint(str(path))
             if source is None:
                 raise UserError(f"Unknown checkpoint {path}; list them with RestClient.list_checkpoints(run_id).")
-            if body.get("model_id") is None:
-                session_id = str(body.get("session_id"))
-                self._check_session(session_id)
+            if session_id is not None:
                 origin = self.store.model(source["model_id"]) or {}
                 rank, targets = (0, None) if self.settings.full_parameter else checkpoint_lora(Path(source["path"]))
                 self._add_tenant(model_id, rank, None, targets)
                 self.store.add_model(model_id, session_id, self.settings.name, self._lora_rank(model_id),
-                                     body.get("user_metadata") or origin.get("user_metadata"))
-            self._client(model_id).load_state(Path(source["path"]), optimizer=bool(body.get("optimizer")))
+                                     dict(req.user_metadata or {}) or origin.get("user_metadata"))
+            self._client(model_id).load_state(Path(source["path"]), optimizer=req.optimizer)
             self._bump(model_id)
             return json_body({"path": str(path), "model_id": model_id})
-        return self.engine.submit("load_weights", work, dedupe_key=dedupe, model_id=model_id), model_id
+        return self.queue.submit("load_weights", work, owner=owner, dedupe_key=dedupe, model_id=model_id), model_id
 
-    def unload(self, model_id: str) -> tuple[bytes, str]:
+    def submit_unload(self, owner: str, model_id: str) -> int:
+        self.check_owned(owner, model_id)
+        return self.queue.submit("unload_model", lambda: self.unload(model_id), owner=owner, model_id=model_id)
+
+    def unload(self, model_id: str) -> Result:
         self.samplers.drop_run(model_id)
+        self.generation.pop(model_id, None)
         if model_id in self.host.clients:
             self.host.remove(model_id)
         return json_body({"model_id": model_id})
 
     # -- sampling ------------------------------------------------------------------------------
 
-    def create_sampling_session(self, body: dict[str, Any]) -> str:
-        session_id = str(body.get("session_id"))
-        if not self.store.has_session(session_id):
-            raise UserError(f"Unknown session {session_id!r}.")
-        model_path, base = body.get("model_path"), body.get("base_model")
-        if model_path is not None:
-            path = _paths.parse(str(model_path))
+    def create_sampling_session(self, owner: str, req: _requests.CreateSamplingSession) -> str:
+        self.check_session(owner, req.session_id)
+        base: str | None = req.base_model
+        if req.model_path is not None:
+            path = self.owned_path(owner, req.model_path)
             if self.store.checkpoint(str(path)) is None:
-                raise UserError(f"Unknown checkpoint {path}.")
+                raise NotFound(f"Unknown checkpoint {path}.")
             base = self.settings.name
         else:
-            self._check_base_model(base)
-        sampler_id = _paths.sampler_id(session_id, int(body.get("sampling_session_seq_id", 0)))
-        self.store.add_sampler(sampler_id, session_id, str(base), model_path, None)
+            self.check_base_model(base)
+        sampler_id = _paths.sampler_id(req.session_id, req.sampling_session_seq_id)
+        self.store.add_sampler(sampler_id, req.session_id, str(base), req.model_path, None)
         return sampler_id
 
-    def submit_sample(self, body: dict[str, Any]) -> tuple[int, list[str]]:
-        sampler_id = body.get("sampling_session_id")
-        n = int(body.get("num_samples", 1))
-        key = f"{sampler_id}/{body['seq_id']}" if sampler_id is not None and body.get("seq_id") is not None else None
-        sequence_ids = [f"{key or sampler_id}:{i}" for i in range(max(n, 0))]
+    def sampler_info(self, owner: str, sampler_id: str) -> dict[str, Any]:
+        self.check_owned(owner, sampler_id, "sampler")
+        row = self.store.sampler(sampler_id)
+        if row is None:
+            raise NotFound(f"Unknown sampler {sampler_id!r}.")
+        return {"sampler_id": sampler_id, "base_model": row["base_model"], "model_path": row["model_path"]}
 
-        def work() -> tuple[bytes, str]:
-            if not 1 <= n <= self.settings.max_samples:
-                raise UserError(f"Expected num_samples in [1, {self.settings.max_samples}], got {n}.")
-            for unsupported in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-                if body.get(unsupported):
-                    raise UserError(f"{unsupported} is not supported by this service; leave it at 0.")
-            if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
-                raise UserError("target_prompt_logprobs and prompt_logprobs_last_n are not supported here.")
-            prompt = _wire.prompt_tokens(body.get("prompt"), self.vocab_size)
-            params = _wire.sampling_params(body.get("sampling_params") or {})
-            sampler = self._sampler(body)
-            out = sampler.sample(prompt, n, params, include_prompt_logprobs=bool(body.get("prompt_logprobs")))
+    def submit_sample(self, owner: str, req: _requests.Sample) -> tuple[int, list[str]]:
+        prompt, params = self.limits.sample(req)
+        sampler_id = req.sampling_session_id
+        if sampler_id is not None:
+            self.check_owned(owner, sampler_id, "sampling session")
+        elif req.model_path is not None:
+            self.owned_path(owner, req.model_path)
+        else:
+            self.check_base_model(req.base_model)
+        key = f"{sampler_id}/{req.seq_id}" if sampler_id is not None and req.seq_id is not None else None
+        sequence_ids = [f"{key or sampler_id}:{i}" for i in range(req.num_samples)]
+
+        def work() -> Result:
+            out = self._sampler(req).sample(prompt, req.num_samples, params,
+                                            include_prompt_logprobs=bool(req.prompt_logprobs))
             return _wire.sample_proto([out]), PROTOBUF
-        return self.engine.submit("sample", work, dedupe_key=key), sequence_ids
+        rid = self.queue.submit("sample", work, owner=owner, cost_bytes=8 * len(prompt), dedupe_key=key)
+        return rid, sequence_ids
 
-    def _sampler(self, body: dict[str, Any]):
-        sampler_id = body.get("sampling_session_id")
-        row = self.store.sampler(str(sampler_id)) if sampler_id is not None else None
+    def _sampler(self, req: _requests.Sample) -> SamplingClient:
+        sampler_id = req.sampling_session_id
+        row = self.store.sampler(sampler_id) if sampler_id is not None else None
         if sampler_id is not None and row is None:
             raise UserError(f"Unknown sampling session {sampler_id!r}.")
-        model_path = row["model_path"] if row else body.get("model_path")
+        model_path = row["model_path"] if row else req.model_path
         if row and row["model_id"]:
             return self.samplers.for_snapshot(str(sampler_id), self.generation.get)
         if model_path:
@@ -258,41 +341,12 @@ class Ops:
             if checkpoint is None:
                 raise UserError(f"Unknown checkpoint {model_path}.")
             return self.samplers.for_checkpoint(Path(checkpoint["path"]))
-        self._check_base_model(row["base_model"] if row else body.get("base_model"))
         return self.samplers.base()
 
-    # -- REST listing --------------------------------------------------------------------------
+    # -- helpers (worker thread) ---------------------------------------------------------------
 
-    def training_run(self, row: dict[str, Any]) -> dict[str, Any]:
-        checkpoints = self.store.checkpoints(row["model_id"])
-        last = {kind: next((c for c in reversed(checkpoints) if c["kind"] == kind), None)
-                for kind in _paths.CHECKPOINT_KINDS}
-        return {"training_run_id": row["model_id"], "base_model": row["base_model"], "model_owner": "envhub",
-                "is_lora": row["is_lora"], "lora_rank": row["lora_rank"] or None, "corrupted": False,
-                "last_request_time": _iso(row["last_request_at"]),
-                "last_checkpoint": last["weights"] and self.checkpoint_record(last["weights"]),
-                "last_sampler_checkpoint": last["sampler_weights"] and self.checkpoint_record(last["sampler_weights"]),
-                "user_metadata": {str(k): str(v) for k, v in row["user_metadata"].items()}}
-
-    @staticmethod
-    def checkpoint_record(c: dict[str, Any]) -> dict[str, Any]:
-        return {"checkpoint_id": f"{c['kind']}/{c['checkpoint_id']}",
-                "checkpoint_type": "training" if c["kind"] == "weights" else "sampler",
-                "time": _iso(c["created_at"]), "tinker_path": c["tinker_path"], "size_bytes": c["size_bytes"],
-                "public": False}
-
-    def weights_info(self, tinker_path: str) -> dict[str, Any]:
-        checkpoint = self.store.checkpoint(tinker_path)
-        row = checkpoint and self.store.model(checkpoint["model_id"])
-        if not row:
-            raise NotFound(f"unknown checkpoint {tinker_path!r}")
-        return {"base_model": row["base_model"], "is_lora": row["is_lora"], "lora_rank": row["lora_rank"] or None}
-
-    # -- helpers (engine thread) ---------------------------------------------------------------
-
-    def _client(self, model_id: str):
+    def _client(self, model_id: str) -> TrainingClient:
         if model_id in self.host.clients:
-            self.store.touch_model(model_id)
             return self.host.client(model_id)
         if self.store.model(model_id) is not None:
             raise UserError(f"Training run {model_id!r} is not loaded (its session went idle, finished, or the "
@@ -308,9 +362,6 @@ class Ops:
         if self.settings.full_parameter:
             self.host.create_full_client(model_id)
         else:
-            if self.host.vllm is not None and rank > self.settings.max_lora_rank:
-                raise UserError(f"Expected a LoRA rank <= {self.settings.max_lora_rank} (the vLLM sampler's LoRA slots; "
-                                f"start the server with a larger --max-lora-rank), got {rank}.")
             self.host.create_lora_client(model_id, rank=rank, seed=seed, target_modules=targets or "all-linear")
         self.generation[model_id] = 0
 
@@ -321,24 +372,23 @@ class Ops:
 
     def _bump(self, model_id: str) -> None:
         self.generation[model_id] = self.generation.get(model_id, 0) + 1
+        self.store.touch_model(model_id)
 
     def _record_checkpoint(self, path: _paths.TinkerPath, directory: Path) -> None:
         size = sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())
         self.store.add_checkpoint(path.training_run_id, path.name, path.kind, str(directory), str(path), size)
 
-    def _check_session(self, session_id: str) -> None:
-        if not self.store.has_session(session_id):
-            raise UserError(f"Unknown session {session_id!r}.")
-
-    def _check_base_model(self, name: Any) -> None:
+    def check_base_model(self, name: str | None) -> None:
         if name != self.settings.name:
             raise UserError(f"This service serves {self.settings.name!r}, not {name!r}; pass "
                             f"base_model={self.settings.name!r} (or start it with --served-name {name}).")
 
-    def _max_context(self) -> int | None:
-        value = getattr(self.host.base.config, "max_position_embeddings", None)
-        return int(value) if value else None
+    def _max_context(self) -> int:
+        value = int(getattr(self.host.base.config, "max_position_embeddings", 0) or 4096)
+        engine_len = getattr(self.host.vllm, "max_model_len", None)  # the vLLM engine's own cap, when one serves
+        return min(value, int(engine_len)) if engine_len else value
 
 
-def _iso(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts or 0, tz=timezone.utc).isoformat()
+def _dedupe(model_id: str, seq_id: int | None) -> str | None:
+    """A re-sent request's key: the run and the SDK's sequence number (none without one: never deduplicated)."""
+    return None if seq_id is None else f"{model_id}/{seq_id}"

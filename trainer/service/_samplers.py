@@ -33,7 +33,7 @@ class Snapshot:
 
 
 class SamplerCache:
-    """Sampling clients for sampler ids; runs on the engine thread only."""
+    """Sampling clients for sampler ids; runs on the work queue's worker thread only."""
 
     def __init__(self, host: ModelHost, *, max_loaded: int = 4, keep_snapshots: int = 4):
         self.host = host
@@ -76,7 +76,8 @@ class SamplerCache:
             if snap.model_id in self.host.clients:  # full-parameter run: its sampler follows the live weights
                 return self.host.live_sampler(self.host.client(snap.model_id), live)
             raise ValueError(f"Sampler {sampler_id!r} belongs to training run {snap.model_id!r}, which is unloaded.")
-        return self._load(sampler_id, lambda: (snap.weights, snap.rank, snap.targets))
+        weights = snap.weights
+        return self._load(sampler_id, lambda: (weights, snap.rank, snap.targets))
 
     def for_checkpoint(self, directory: Path) -> SamplingClient:
         def read() -> tuple[dict[str, torch.Tensor], int, list[str]]:

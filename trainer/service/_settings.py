@@ -1,9 +1,18 @@
-"""``envhub-train serve``'s settings, validated at construction."""
+"""``envhub-train serve``'s settings, validated at construction.
+
+The ``max_*`` fields are the service's limits: every size a client controls is checked against one of
+them before anything that size is allocated (``docs/service.md`` has the table).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+#: limits that must be at least 1 (the flag that sets each, where there is one, is named in errors)
+_POSITIVE = ("max_tenants", "max_batch_tokens", "max_batch_datums", "max_samples", "max_sample_tokens",
+             "max_lora_rank", "max_request_bytes", "max_json_bytes", "max_inflight_bytes", "max_pending",
+             "max_queued_bytes", "max_sessions", "max_checkpoints_per_run")
 
 
 @dataclass
@@ -13,28 +22,43 @@ class ServiceSettings:
     model: str = "tiny"
     served_name: str | None = None
     sampler: str = "hf"
-    token: str | None = None
+    token: str | None = None  # one API key; ``tokens`` holds more
+    tokens: tuple[str, ...] = ()
     state_dir: Path = field(default_factory=lambda: Path(".envhub-service"))
     max_tenants: int = 4
     full_parameter: bool = False
     idle_timeout_s: float = 600.0
-    max_batch_tokens: int = 32768
-    max_batch_datums: int = 1024
-    max_samples: int = 256
-    max_request_bytes: int = 64 * 2**20
     long_poll_s: float = 20.0
     device: str = "auto"
-    max_lora_rank: int = 64
     threads: int | None = None  # torch CPU threads for model work (None: torch's default)
+    # -- limits ----------------------------------------------------------------------------------------
+    max_batch_tokens: int = 32768  # tokens in one forward_backward
+    max_batch_datums: int = 1024  # datums in one forward_backward
+    max_samples: int = 256  # num_samples of one asample
+    max_sample_tokens: int = 131072  # num_samples * (prompt + max_tokens) of one asample
+    max_lora_rank: int = 64
+    max_request_bytes: int = 16 * 2**20  # a forward_backward (protobuf) body
+    max_json_bytes: int = 4 * 2**20  # any other (JSON) body
+    max_inflight_bytes: int = 128 * 2**20  # bodies being received at once, all clients
+    max_pending: int = 1024  # futures pending per client (API key)
+    max_queued_bytes: int = 512 * 2**20  # request data held by queued work, all clients
+    max_sessions: int = 256  # live sessions per client
+    max_checkpoints_per_run: int = 128
+    body_timeout_s: float = 60.0  # a body must arrive within this (slow uploads hold memory)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
-        if self.token is not None and not self.token.startswith(("tml-", "eyJ")):
-            raise ValueError(f"Expected --token to start with 'tml-' (the tinker SDK only sends such keys), "
-                             f"got {self.token[:4]!r}...")
-        if self.max_tenants < 1 or self.max_batch_tokens < 1 or self.idle_timeout_s <= 0 or self.max_lora_rank < 1:
-            raise ValueError("Expected --max-tenants >= 1, --max-batch-tokens >= 1, --max-lora-rank >= 1 and "
-                             "--idle-timeout-s > 0.")
+        self.tokens = tuple(self.tokens) + ((self.token,) if self.token else ())
+        for token in self.tokens:
+            if not token.startswith(("tml-", "eyJ")):
+                raise ValueError(f"Expected --token to start with 'tml-' (the tinker SDK only sends such keys), "
+                                 f"got {token[:4]!r}...")
+        bad = [name for name in _POSITIVE if getattr(self, name) < 1]
+        if bad:
+            flags = ", ".join(f"--{name.replace('_', '-')}" for name in bad)
+            raise ValueError(f"Expected {flags} >= 1 (limits are positive), got {[getattr(self, n) for n in bad]}.")
+        if self.idle_timeout_s <= 0 or self.long_poll_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("Expected --idle-timeout-s, long_poll_s and body_timeout_s > 0.")
         if self.full_parameter and self.max_tenants != 1:
             self.max_tenants = 1  # a full-parameter run owns the base weights
         if self.sampler not in ("hf", "vllm"):

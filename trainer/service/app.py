@@ -1,230 +1,226 @@
 """The Tinker HTTP API (``/api/v1/...``) as SDK 0.38 speaks it, over :class:`~trainer.service._ops.Ops`.
 
-Routes stay thin: work endpoints hand a closure to the :class:`~trainer.service._engine.Engine` and
-answer at once with a future (``{"request_id": "17", ...}``); ``retrieve_future`` long-polls for the
-result. Lookups (``get_info``, samplers, training runs, checkpoints) answer directly. With a
-``token`` every route but ``healthz`` needs ``X-API-Key: <token>`` (401 without a key, 403 with a
-wrong one).
+Routes stay thin: each parses its body with :mod:`~trainer.service._requests` (a 400 naming the field
+when it is malformed) and calls :class:`Ops`, which checks the request against the service's limits and
+the client's ownership before it hands a closure to the :class:`~trainer.service._queue.WorkQueue`;
+work endpoints answer at once with a future (``{"request_id": "17", ...}``) and ``retrieve_future``
+long-polls for the result, answering at once when it is ready. Lookups (``get_info``, samplers,
+training runs, checkpoints) answer directly. :class:`~trainer.service._guard.Guard` stands in front of
+every route (API key, owner, body limits). Errors are ``{"detail": ..., "category": "user"}`` with the
+status of their :mod:`~trainer.service._errors` class; no client input yields a 5xx.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import json
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
-from trainer.service._engine import JSON, Engine
-from trainer.service._ops import NotFound, Ops
-from trainer.service._settings import ServiceSettings
+from trainer.service import _requests, _rest
+from trainer.service._errors import NotFound, ServiceError, UserError
+from trainer.service._guard import ANONYMOUS, Guard
+from trainer.service._ops import Ops
+from trainer.service._queue import JSON
+from trainer.service._requests import parse
 
 log = logging.getLogger("envhub.service")
 
-_OPEN_PATHS = ("/api/v1/healthz",)
+Handler = Callable[[Request], Awaitable[Response]]
 
 
-def create_app(ops: Ops) -> FastAPI:
-    """The FastAPI app for one :class:`Ops`; the idle reaper runs while the app does."""
-    settings: ServiceSettings = ops.settings
+def create_app(ops: Ops) -> Starlette:
+    """The ASGI app for one :class:`Ops`; the idle reaper runs while the app does.
+
+    Plain Starlette routes (no FastAPI layer): each route parses its own body, and every request costs
+    the service's one event loop as little as it can, since training steps wait on it."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
         reaper = asyncio.create_task(_reap_idle(ops))
         try:
             yield
         finally:
             reaper.cancel()
-            ops.engine.close()  # lets the request in progress finish and record its result
+            ops.queue.close()  # lets the request in progress finish and record its result
             if ops.host.vllm is not None:
                 ops.host.vllm.close()  # frees the engine and its adapter files
 
-    app = FastAPI(title="envhub training service (Tinker API)", lifespan=lifespan)
+    # routes match in order: the ones every training step calls come first
+    routes = [Route(path, handler, methods=[method]) for method, path, handler in
+              [*_future_routes(ops), *_training_routes(ops), *_sampling_routes(ops), *_session_routes(ops),
+               *_rest_routes(ops)]]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, settings=ops.settings)],
+                    exception_handlers={ServiceError: _service_error})  # type: ignore[dict-item]
     app.state.ops = ops
-
-    @app.exception_handler(NotFound)
-    async def not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, 404)
-
-    @app.exception_handler(ValueError)
-    async def bad_request(_: Request, exc: ValueError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, 400)
-    _add_auth(app, settings)
-    _add_session_routes(app, ops)
-    _add_training_routes(app, ops)
-    _add_sampling_routes(app, ops)
-    _add_rest_routes(app, ops)
-    _add_future_routes(app, ops.engine, settings)
     return app
 
 
-def _add_auth(app: FastAPI, settings: ServiceSettings) -> None:
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if settings.token and request.url.path not in _OPEN_PATHS:
-            key = request.headers.get("x-api-key") or _bearer(request.headers.get("authorization", ""))
-            if not key:
-                return JSONResponse({"detail": "missing API key: pass api_key=<the server's --token>"}, 401)
-            if not hmac.compare_digest(key.encode(), settings.token.encode()):
-                return JSONResponse({"detail": "wrong API key for this training service"}, 403)
-        if int(request.headers.get("content-length") or 0) > settings.max_request_bytes:
-            return JSONResponse({"detail": f"request body over {settings.max_request_bytes} bytes "
-                                           "(--max-request-mb); send smaller batches"}, 413)
-        return await call_next(request)
+def reply(obj: Any, status: int = 200) -> Response:
+    return Response(json.dumps(obj).encode(), status, media_type=JSON)
 
 
-def _bearer(header: str) -> str:
-    return header[7:].strip() if header.lower().startswith("bearer ") else ""
+def _owner(request: Request) -> str:
+    return str(request.scope.get("envhub.owner", ANONYMOUS))
 
 
-def _future(request_id: int, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"request_id": str(request_id), "model_id": model_id, **extra}
+def _body(request: Request) -> bytes:
+    return bytes(request.scope.get("envhub.body", b""))
 
 
-def _add_session_routes(app: FastAPI, ops: Ops) -> None:
-    @app.get("/api/v1/healthz")
-    async def healthz() -> dict:
-        return {"status": "ok"}
+def _future(request_id: int, model_id: str | None = None, **extra: Any) -> Response:
+    return reply({"request_id": str(request_id), "model_id": model_id, **extra})
 
-    @app.post("/api/v1/client/config")
-    async def client_config(body: dict) -> dict:
-        # JSON futures everywhere but the two proto results; no JWT exchange; plain httpx transport.
-        return {"pjwt_auth_enabled": False, "fwdbwd_max_chunk_len": ops.settings.max_batch_datums}
 
-    @app.post("/api/v1/client/dynamic_config")
-    async def dynamic_config(body: dict) -> dict:
-        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False, "sample_cancel_max_batch_size": 64}
+async def _service_error(_: Request, exc: ServiceError) -> Response:
+    headers = {"retry-after": "1"} if exc.status in (408, 429) else None
+    return Response(json.dumps(exc.body()).encode(), exc.status, headers=headers, media_type=JSON)
 
-    @app.post("/api/v1/create_session")
-    async def create_session(body: dict) -> dict:
-        return {"session_id": ops.create_session(body.get("user_metadata") or {})}
 
-    @app.post("/api/v1/session_heartbeat")
-    async def heartbeat(body: dict) -> dict:
-        if not ops.store.heartbeat(str(body.get("session_id"))):
-            raise HTTPException(404, f"unknown session {body.get('session_id')!r}")
-        return {"type": "session_heartbeat"}
+def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter, clamped to ``[low, high]`` (SQLite's integers are 64-bit)."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.lstrip("-").isdigit() or len(raw) > 30:
+        raise UserError(f"Expected query parameter {name} to be an integer, got {raw[:40]!r}.")
+    return max(low, min(int(raw), high))
 
-    @app.post("/api/v1/sessions/{session_id}/finish")
-    async def finish(session_id: str, body: dict | None = None) -> Response:
-        if not ops.finish_session(session_id):
-            raise HTTPException(404, f"unknown session {session_id!r}")
+
+def _session_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
+    async def healthz(request: Request) -> Response:
+        return reply({"status": "ok"})
+
+    async def client_config(request: Request) -> Response:
+        # JSON futures everywhere but the two proto results; no JWT exchange; batches split to fit the limits
+        return reply({"pjwt_auth_enabled": False, "fwdbwd_max_chunk_len": ops.settings.max_batch_datums,
+                      "fwdbwd_max_chunk_bytes_count": min(5_000_000, ops.settings.max_request_bytes // 2)})
+
+    async def dynamic_config(request: Request) -> Response:
+        return reply({"refresh_interval_sec": 300, "sample_cancel_enabled": False, "sample_cancel_max_batch_size": 64})
+
+    async def create_session(request: Request) -> Response:
+        req = parse(_requests.CreateSession, _body(request))
+        return reply({"session_id": ops.create_session(_owner(request), req)})
+
+    async def heartbeat(request: Request) -> Response:
+        ops.heartbeat(_owner(request), parse(_requests.SessionRef, _body(request)).session_id)
+        return reply({"type": "session_heartbeat"})
+
+    async def finish(request: Request) -> Response:
+        ops.finish_session(_owner(request), str(request.path_params["session_id"]))
         return Response(status_code=200)
 
-    @app.post("/api/v1/telemetry")
-    async def telemetry(body: dict) -> dict:
-        return {"status": "accepted"}  # dropped: events may carry request headers, API key included
+    async def telemetry(request: Request) -> Response:
+        return reply({"status": "accepted"})  # dropped: events may carry request headers, API key included
 
-    @app.get("/api/v1/get_server_capabilities")
-    async def capabilities() -> dict:
-        return {"supported_models": [ops.capabilities()]}
+    async def capabilities(request: Request) -> Response:
+        return reply({"supported_models": [ops.capabilities()]})
+
+    return [("GET", "/api/v1/healthz", healthz), ("POST", "/api/v1/client/config", client_config),
+            ("POST", "/api/v1/client/dynamic_config", dynamic_config),
+            ("POST", "/api/v1/create_session", create_session), ("POST", "/api/v1/session_heartbeat", heartbeat),
+            ("POST", "/api/v1/sessions/{session_id}/finish", finish), ("POST", "/api/v1/telemetry", telemetry),
+            ("GET", "/api/v1/get_server_capabilities", capabilities)]
 
 
-def _add_training_routes(app: FastAPI, ops: Ops) -> None:
-    engine = ops.engine
-
-    @app.post("/api/v1/create_model")
-    async def create_model(body: dict) -> dict:
-        rid, model_id = ops.submit_create_model(body)
+def _training_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
+    async def create_model(request: Request) -> Response:
+        rid, model_id = ops.submit_create_model(_owner(request), parse(_requests.CreateModel, _body(request)))
         return _future(rid, model_id)
 
-    @app.post("/api/v1/get_info")
-    async def get_info(body: dict) -> dict:
-        return ops.get_info(str(body.get("model_id")))
+    async def get_info(request: Request) -> Response:
+        return reply(ops.get_info(_owner(request), parse(_requests.ModelRef, _body(request)).model_id))
 
-    @app.post("/api/v1/forward_backward")
-    async def forward_backward(request: Request) -> dict:
-        if "protobuf" not in request.headers.get("content-type", ""):
-            raise HTTPException(415, "forward_backward takes a protobuf ForwardBackwardRequest "
-                                     "(tinker SDK >= 0.25)")
-        if request.headers.get("content-encoding", "identity") not in ("identity", ""):
-            raise HTTPException(415, "compressed forward_backward bodies are not supported")
-        rid, model_id = ops.submit_forward_backward(await request.body())
+    async def forward_backward(request: Request) -> Response:
+        rid, model_id = ops.submit_forward_backward(_owner(request), _body(request))
         return _future(rid, model_id)
 
-    @app.post("/api/v1/optim_step")
-    async def optim_step(body: dict) -> dict:
-        return _future(ops.submit_training("optim_step", body), body.get("model_id"))
+    async def optim_step(request: Request) -> Response:
+        req = parse(_requests.OptimStep, _body(request))
+        return _future(ops.submit_optim_step(_owner(request), req), req.model_id)
 
-    @app.post("/api/v1/save_weights")
-    async def save_weights(body: dict) -> dict:
-        return _future(ops.submit_training("save_weights", body), body.get("model_id"))
+    async def save_weights(request: Request) -> Response:
+        req = parse(_requests.SaveWeights, _body(request))
+        return _future(ops.submit_save(_owner(request), req, "weights"), req.model_id)
 
-    @app.post("/api/v1/save_weights_for_sampler")
-    async def save_weights_for_sampler(body: dict) -> dict:
-        return _future(ops.submit_training("save_weights_for_sampler", body), body.get("model_id"))
+    async def save_weights_for_sampler(request: Request) -> Response:
+        req = parse(_requests.SaveWeights, _body(request))
+        return _future(ops.submit_save(_owner(request), req, "sampler_weights"), req.model_id)
 
-    @app.post("/api/v1/load_weights")
-    async def load_weights(body: dict) -> dict:
-        rid, model_id = ops.submit_load_weights(body)
+    async def load_weights(request: Request) -> Response:
+        rid, model_id = ops.submit_load_weights(_owner(request), parse(_requests.LoadWeights, _body(request)))
         return _future(rid, model_id)
 
-    @app.post("/api/v1/unload_model")
-    async def unload_model(body: dict) -> dict:
-        model_id = str(body.get("model_id"))
-        return _future(engine.submit("unload_model", lambda: ops.unload(model_id)), model_id)
+    async def unload_model(request: Request) -> Response:
+        model_id = parse(_requests.ModelRef, _body(request)).model_id
+        return _future(ops.submit_unload(_owner(request), model_id), model_id)
+
+    return [("POST", "/api/v1/create_model", create_model), ("POST", "/api/v1/get_info", get_info),
+            ("POST", "/api/v1/forward_backward", forward_backward), ("POST", "/api/v1/optim_step", optim_step),
+            ("POST", "/api/v1/save_weights", save_weights),
+            ("POST", "/api/v1/save_weights_for_sampler", save_weights_for_sampler),
+            ("POST", "/api/v1/load_weights", load_weights), ("POST", "/api/v1/unload_model", unload_model)]
 
 
-def _add_sampling_routes(app: FastAPI, ops: Ops) -> None:
-    @app.post("/api/v1/create_sampling_session")
-    async def create_sampling_session(body: dict) -> dict:
-        return {"sampling_session_id": ops.create_sampling_session(body)}
+def _sampling_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
+    async def create_sampling_session(request: Request) -> Response:
+        req = parse(_requests.CreateSamplingSession, _body(request))
+        return reply({"sampling_session_id": ops.create_sampling_session(_owner(request), req)})
 
-    @app.get("/api/v1/samplers/{sampler_id}")
-    async def sampler(sampler_id: str) -> dict:
-        row = ops.store.sampler(sampler_id)
-        if row is None:
-            raise HTTPException(404, f"unknown sampler {sampler_id!r}")
-        return {"sampler_id": sampler_id, "base_model": row["base_model"], "model_path": row["model_path"]}
+    async def sampler(request: Request) -> Response:
+        return reply(ops.sampler_info(_owner(request), str(request.path_params["sampler_id"])))
 
-    @app.post("/api/v1/asample")
-    async def asample(body: dict) -> dict:
-        rid, sequence_ids = ops.submit_sample(body)
+    async def asample(request: Request) -> Response:
+        rid, sequence_ids = ops.submit_sample(_owner(request), parse(_requests.Sample, _body(request)))
         return _future(rid, None, sample_sequence_ids=sequence_ids)
 
-
-def _add_rest_routes(app: FastAPI, ops: Ops) -> None:
-    @app.get("/api/v1/training_runs")
-    async def training_runs(limit: int = 20, offset: int = 0) -> dict:
-        runs, total = ops.store.models(max(1, min(limit, 1000)), max(0, offset))
-        return {"training_runs": [ops.training_run(r) for r in runs],
-                "cursor": {"offset": offset, "limit": limit, "total_count": total}}
-
-    @app.get("/api/v1/training_runs/{run_id}")
-    async def training_run(run_id: str) -> dict:
-        row = ops.store.model(run_id)
-        if row is None:
-            raise HTTPException(404, f"unknown training run {run_id!r}")
-        return ops.training_run(row)
-
-    @app.get("/api/v1/training_runs/{run_id}/checkpoints")
-    async def checkpoints(run_id: str) -> dict:
-        if ops.store.model(run_id) is None:
-            raise HTTPException(404, f"unknown training run {run_id!r}")
-        return {"checkpoints": [ops.checkpoint_record(c) for c in ops.store.checkpoints(run_id)]}
-
-    @app.post("/api/v1/weights_info")
-    async def weights_info(body: dict) -> dict:
-        return ops.weights_info(str(body.get("tinker_path")))
+    return [("POST", "/api/v1/create_sampling_session", create_sampling_session),
+            ("GET", "/api/v1/samplers/{sampler_id}", sampler), ("POST", "/api/v1/asample", asample)]
 
 
-def _add_future_routes(app: FastAPI, engine: Engine, settings: ServiceSettings) -> None:
-    @app.post("/api/v1/retrieve_future")
-    async def retrieve_future(body: dict) -> Response:
-        try:
-            request_id = int(body.get("request_id"))
-        except (TypeError, ValueError):
-            raise HTTPException(404, f"unknown request id {body.get('request_id')!r}") from None
-        finished = await engine.wait(request_id, settings.long_poll_s)
-        future = engine.store.future(request_id)
+def _rest_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
+    async def training_runs(request: Request) -> Response:
+        limit, offset = _query_int(request, "limit", 20, 1, 1000), _query_int(request, "offset", 0, 0, 2**62)
+        return reply(_rest.training_runs(ops, _owner(request), limit, offset))
+
+    async def training_run(request: Request) -> Response:
+        return reply(_rest.training_run(ops, _owner(request), str(request.path_params["run_id"])))
+
+    async def checkpoints(request: Request) -> Response:
+        return reply(_rest.checkpoints(ops, _owner(request), str(request.path_params["run_id"])))
+
+    async def weights_info(request: Request) -> Response:
+        path = parse(_requests.WeightsInfo, _body(request)).tinker_path
+        return reply(_rest.weights_info(ops, _owner(request), path))
+
+    return [("GET", "/api/v1/training_runs", training_runs), ("GET", "/api/v1/training_runs/{run_id}", training_run),
+            ("GET", "/api/v1/training_runs/{run_id}/checkpoints", checkpoints),
+            ("POST", "/api/v1/weights_info", weights_info)]
+
+
+def _future_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
+    async def retrieve_future(request: Request) -> Response:
+        raw = parse(_requests.RetrieveFuture, _body(request)).request_id
+        text = str(raw)
+        if not text.isdigit() or len(text) > 18:
+            raise NotFound(f"Unknown request id {text[:40]!r}.")
+        future = await ops.queue.retrieve(int(text), _owner(request), ops.settings.long_poll_s)
         if future is None:
-            raise HTTPException(404, f"unknown request id {request_id}")
-        if not finished or future.status == "pending":
-            return JSONResponse({"type": "try_again", "request_id": str(request_id), "queue_state": "active"})
+            raise NotFound(f"Unknown request id {text}.")
+        if future.status == "pending":
+            return reply({"type": "try_again", "request_id": text, "queue_state": "active"})
         return Response(future.result, media_type=future.content_type or JSON)
+
+    return [("POST", "/api/v1/retrieve_future", retrieve_future)]
 
 
 async def _reap_idle(ops: Ops) -> None:

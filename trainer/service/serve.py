@@ -22,9 +22,12 @@ import threading
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.service._settings import ServiceSettings
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
 
 log = logging.getLogger("envhub.service")
 
@@ -57,14 +60,15 @@ def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 1
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        proc.stdout.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _listening_line(stdout: Any) -> str:
     """The ``listening on`` line (other output before it, say a library's log lines, is skipped); "" at EOF."""
     for line in stdout:
         if "listening on" in line:
-            return line
+            return str(line)
     return ""
 
 
@@ -81,11 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampler", choices=("hf", "vllm"), default=d.sampler,
                         help="sampling backend: hf (default, Hugging Face generate) or vllm (one vLLM engine; needs "
                              "the venv of `ENVHUB_VENV=.venv-vllm bash scripts/setup.sh envs,train,vllm`)")
-    parser.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank,
-                        help=f"with --sampler vllm: the largest LoRA rank a training client may ask for, the size of "
-                             f"the engine's LoRA slots (default {d.max_lora_rank})")
-    parser.add_argument("--token", default=None,
-                        help="API key clients must send (must start with 'tml-'); default: no auth")
+    parser.add_argument("--token", action="append", default=[],
+                        help="an API key clients may send (must start with 'tml-'; repeat for several clients, each "
+                             "seeing only its own runs); default: no auth")
     parser.add_argument("--state-dir", default=str(d.state_dir),
                         help=f"SQLite database and checkpoints (default {d.state_dir})")
     parser.add_argument("--max-tenants", type=int, default=d.max_tenants,
@@ -95,8 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
                         help=f"unload a session's models after this long without heartbeat (default "
                              f"{d.idle_timeout_s:.0f})")
-    parser.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
-                        help=f"tokens per forward_backward call (default {d.max_batch_tokens})")
+    _add_limits(parser, d)
     parser.add_argument("--device", default=d.device,
                         help="torch device: auto (default: cuda when present), cpu, cuda:N")
     parser.add_argument("--threads", type=int, default=None,
@@ -106,15 +107,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a trainer ModelConfig field, e.g. hidden_size=32 for a smaller tiny model")
 
 
+def _add_limits(parser: argparse.ArgumentParser, d: ServiceSettings) -> None:
+    """The limits an operator sizes to the machine (docs/service.md has them all, with what a client sees)."""
+    limits = parser.add_argument_group("limits (each checked before anything that size is allocated)")
+    for flag, default, meaning in [
+        ("--max-batch-tokens", d.max_batch_tokens, "tokens in one forward_backward"),
+        ("--max-batch-datums", d.max_batch_datums, "datums in one forward_backward"),
+        ("--max-samples", d.max_samples, "num_samples of one sample request"),
+        ("--max-sample-tokens", d.max_sample_tokens, "num_samples * (prompt + max_tokens) of one sample request"),
+        ("--max-lora-rank", d.max_lora_rank, "the largest LoRA rank a training client may ask for (with --sampler "
+                                             "vllm also the size of the engine's LoRA slots)"),
+        ("--max-request-mb", d.max_request_bytes // 2**20, "MiB in one forward_backward body"),
+        ("--max-pending", d.max_pending, "requests one client (API key) may have pending"),
+        ("--max-sessions", d.max_sessions, "live sessions one client may hold"),
+        ("--max-checkpoints-per-run", d.max_checkpoints_per_run, "named checkpoints one training run may save"),
+    ]:
+        limits.add_argument(flag, type=int, default=default, help=f"{meaning} (default {default})")
+
+
 def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
-    return ServiceSettings(model=args.model, served_name=args.served_name, sampler=args.sampler, token=args.token,
-                           state_dir=Path(args.state_dir), max_tenants=args.max_tenants,
+    return ServiceSettings(model=args.model, served_name=args.served_name, sampler=args.sampler,
+                           tokens=tuple(args.token), state_dir=Path(args.state_dir), max_tenants=args.max_tenants,
                            full_parameter=args.full_parameter, idle_timeout_s=args.idle_timeout_s,
-                           max_batch_tokens=args.max_batch_tokens, device=args.device, max_lora_rank=args.max_lora_rank,
-                           threads=args.threads)
+                           device=args.device, threads=args.threads, max_batch_tokens=args.max_batch_tokens,
+                           max_batch_datums=args.max_batch_datums, max_samples=args.max_samples,
+                           max_sample_tokens=args.max_sample_tokens, max_lora_rank=args.max_lora_rank,
+                           max_request_bytes=args.max_request_mb * 2**20, max_pending=args.max_pending,
+                           max_sessions=args.max_sessions, max_checkpoints_per_run=args.max_checkpoints_per_run)
 
 
-def model_config(name: str, overrides: list[str]):
+def model_config(name: str, overrides: list[str]) -> Any:
     """A :class:`~trainer.model.ModelConfig` for ``name`` with ``KEY=VALUE`` fields (JSON values)."""
     from trainer.model import ModelConfig
 
@@ -131,7 +153,7 @@ def model_config(name: str, overrides: list[str]):
     return ModelConfig(name=name, **values)
 
 
-def build_app(settings: ServiceSettings, model_overrides: list[str] | None = None):
+def build_app(settings: ServiceSettings, model_overrides: list[str] | None = None) -> Starlette:
     """The ASGI app with its base model loaded (what ``serve`` runs; tests use it in process)."""
     from trainer.core import ModelHost
     from trainer.model import for_vllm
@@ -173,7 +195,10 @@ def serve(args: argparse.Namespace) -> int:
     # one parseable line: the scheduler's service jobs and scripts started with --port 0 read the URL here
     print(f"envhub-train serve: listening on {url}", flush=True)
     log.info("serving %s as %r (state in %s, auth %s)", settings.model, settings.name, settings.state_dir,
-             "on" if settings.token else "off")
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+             "on" if settings.tokens else "off")
+    # keep-alive well past the SDK's 10 s heartbeat, so its pooled connections are reused, never re-opened;
+    # connections beyond limit_concurrency get a 503 (which the SDK retries) instead of more memory
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, timeout_keep_alive=75,
+                            limit_concurrency=1024)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
