@@ -122,11 +122,31 @@ def _run_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _view_arguments(parser: argparse.ArgumentParser) -> None:
+    from envhub.view import DEFAULT_HOST, DEFAULT_PORT  # no FastAPI import: envhub.view loads it lazily
+
+    parser.add_argument("dir", metavar="DIR", help="a training run directory (trajectories.jsonl, metrics.jsonl) "
+                        "or an `envhub eval` directory (results.jsonl)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port, 0 = any free port (default {DEFAULT_PORT})")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"bind address (default {DEFAULT_HOST}; the page shows whole transcripts, bind "
+                             "another address only on a trusted network)")
+
+
+def _run_view(args: argparse.Namespace) -> int:
+    from envhub.view import serve_view
+
+    serve_view(args.dir, host=args.host, port=args.port)
+    return 0
+
+
 COMMANDS: list[Command] = [
     Command("serve", "serve an env class over WebSocket and HTTP", _serve_arguments, _run_serve),
     Command("check", "run check_env on an env class and print the results", _check_arguments, _run_check),
     Command("fleet", "run the env fleet of a compose file as local processes (up, down, status, logs)",
             fleet.add_arguments, fleet.run_cli),
+    Command("view", "browse a training run's or an eval's episodes, tokens and reward curve in a local web page",
+            _view_arguments, _run_view),
 ]
 
 
