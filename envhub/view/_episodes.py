@@ -72,7 +72,11 @@ def summarize(record: dict[str, Any], *, eval_result: bool) -> EpisodeSummary:
                               _opt_str((failure or {}).get("kind"), "failure.kind"), None, _opt_int(record, "turns"),
                               title[:TITLE_CHARS])
     task = record.get("task")
-    title = json.dumps(task, separators=(",", ":"), default=str) if task is not None else ""
+    if isinstance(task, dict):  # the reset arguments, the seed or index first: they tell episodes apart
+        keys = sorted(task, key=lambda k: (k not in ("seed", "index"), k))
+        title = " ".join(f"{k}={json.dumps(task[k], default=str)}" for k in keys)
+    else:
+        title = "" if task is None else json.dumps(task, default=str)
     return EpisodeSummary(_opt_int(record, "step"), _opt_float(record.get("reward"), "reward"),
                           _opt_str(record.get("stop_reason"), "stop_reason"), _opt_str(record.get("failure"), "failure"),
                           _opt_str(record.get("phase"), "phase") or "train", _opt_int(record, "num_turns"),

@@ -83,6 +83,8 @@ def test_training_run_tokens_curve_and_live_lines(tmp_path, shots) -> None:
                                   "return p && p.getAttribute('points'); })()", "the reward curve")
         assert len(points.split()) == 5
         assert browser.eval("document.querySelector('#curve-plot polyline').dataset.key") == "train/reward_mean"
+        set_field(browser, "metric-add", "train/loss")  # another metric, from the menu
+        browser.wait_for("document.querySelectorAll('#curve-plot polyline').length === 2", "a second curve")
         badges = browser.eval("[...document.querySelectorAll('#conv .badge')].map(b => b.textContent)")
         assert badges == ["not trained", "not trained", "trained", "not trained", "trained"]
         # the token view: trained (mask 1) and untrained (mask 0) runs, coloured apart
