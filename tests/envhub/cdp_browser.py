@@ -95,7 +95,7 @@ class Browser:
     def close(self) -> None:
         try:
             self.send("Browser.close", session=False)
-        except Exception:  # noqa: BLE001 - the browser may already be gone; it is killed below either way
+        except (OSError, RuntimeError, TimeoutError):  # the browser may already be gone; wait/kill below either way
             pass
         self.ws.close()
         try:
