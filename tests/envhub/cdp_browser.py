@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -95,7 +96,7 @@ class Browser:
     def close(self) -> None:
         try:
             self.send("Browser.close", session=False)
-        except (OSError, RuntimeError, TimeoutError):  # the browser may already be gone; wait/kill below either way
+        except (OSError, RuntimeError, TimeoutError, ConnectionClosed):  # the browser may already be gone; wait/kill below either way
             pass
         self.ws.close()
         try:
