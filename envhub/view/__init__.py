@@ -21,14 +21,22 @@ if TYPE_CHECKING:  # pragma: no cover
 def serve_view(root: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                log_level: str = "warning") -> None:
     """Serve the viewer over ``root`` until interrupted. ValueError when ``root`` is not a run or eval directory."""
+    import socket
+
     import uvicorn
 
     from envhub.view.app import create_view_app
 
     app = create_view_app(root)
+    # bind first, so the printed URL names the real port (also for port 0)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)  # connections that come before uvicorn starts wait in the backlog
     shown = f"[{host}]" if ":" in host else host
-    print(f"envhub view: {app.state.view.root} ({app.state.view.kind}) at http://{shown}:{port}/", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    print(f"envhub view: {app.state.view.root} ({app.state.view.kind}) at http://{shown}:{sock.getsockname()[1]}/",
+          flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level=log_level)).run(sockets=[sock])
 
 
 def __getattr__(name: str) -> Any:

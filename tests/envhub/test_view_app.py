@@ -94,3 +94,28 @@ def test_a_directory_that_is_neither_a_run_nor_an_eval_is_refused(tmp_path, caps
         create_view_app(tmp_path)
     assert main(["view", str(tmp_path / "missing")]) == 2
     assert "envhub view: error: Expected a run or eval directory" in capsys.readouterr().err
+
+
+@pytest.mark.live
+def test_the_cli_serves_on_loopback_and_prints_the_real_port(tmp_path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    import httpx
+
+    write_eval_dir(tmp_path / "ev", n=3)
+    proc = subprocess.Popen([sys.executable, "-m", "envhub", "view", str(tmp_path / "ev"), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"at http://127\.0\.0\.1:(\d+)/", line)
+        assert match and int(match.group(1)) > 0, line
+        info = httpx.get(f"http://127.0.0.1:{match.group(1)}/api/info", timeout=30).json()
+        assert info["kind"] == "eval" and info["facets"]["episodes"] == 3
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        if proc.stdout is not None:
+            proc.stdout.close()
