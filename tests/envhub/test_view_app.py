@@ -70,6 +70,16 @@ def test_run_dir_serves_tokens_metrics_and_sees_new_lines(run_dir) -> None:
         assert client.get("/api/episodes", params={"step_min": 6}).json()["rows"][0]["index"] == 20
 
 
+def test_failures_are_the_newest_complete_records(run_dir) -> None:
+    with TestClient(create_view_app(run_dir)) as client:
+        assert [r["reason"] for r in client.get("/api/failures").json()["records"]] == ["parse_error"]
+        with open(run_dir / "failures.jsonl", "a") as handle:
+            handle.write(json.dumps({"step": 3, "failed": 4, "episodes": 4, "reason": "env_error"}) + "\n{\"step\": 4")
+        data = client.get("/api/failures", params={"limit": 1}).json()
+        assert data == {"records": [{"step": 3, "failed": 4, "episodes": 4, "reason": "env_error"}], "bad_lines": 0}
+        assert client.get("/api/failures", params={"limit": 201}).status_code == 422
+
+
 @pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 201}, {"offset": -1}, {"reward_min": "nan"},
                                     {"step_min": 10**13}, {"stop_reason": "x" * 65},
                                     [("failure", str(i)) for i in range(33)], {"phase": "p" * 65}])

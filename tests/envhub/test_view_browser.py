@@ -95,6 +95,9 @@ def test_training_run_tokens_curve_and_live_lines(tmp_path, shots) -> None:
         colours = browser.eval("[...document.querySelectorAll('#tokens .runs .tok')].map(s => getComputedStyle(s).backgroundColor)")
         assert colours[0] != colours[1] and colours[1] == colours[3]
         assert browser.eval("document.querySelectorAll('#tokens .runs .tok')[1].textContent").startswith("<tool_call>")
+        assert browser.eval("document.getElementById('failures').hidden") is False
+        assert "3/4parse_errorinvalid JSON in tool call" in browser.eval(
+            "document.querySelector('#failures tbody tr').textContent")
         check_png(browser.screenshot(shots / "run_tokens.png"))
         # a live run: new lines appear on the next poll, a half-written last line waits
         with open(run / "trajectories.jsonl", "a") as handle:

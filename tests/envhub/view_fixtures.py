@@ -97,7 +97,8 @@ def run_record(step: int, reward: float, *, stop_reason: str = "done", phase: st
 
 
 def write_run_dir(root: Path, steps: int = 5, per_step: int = 4) -> None:
-    """A run directory: ``steps`` steps of ``per_step`` trajectories, metrics with a rising reward, a summary."""
+    """A run directory: ``steps`` steps of ``per_step`` trajectories, metrics with a rising reward, one failed
+    step in failures.jsonl, a summary."""
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "trajectories.jsonl", "w") as traj, open(root / "metrics.jsonl", "w") as metrics:
         for step in range(1, steps + 1):
@@ -105,4 +106,7 @@ def write_run_dir(root: Path, steps: int = 5, per_step: int = 4) -> None:
                 traj.write(json.dumps(run_record(step, 1.0 if i < step % per_step else 0.0)) + "\n")
             metrics.write(json.dumps({"step": step, "time": 1.0, "train/reward_mean": step / steps,
                                       "train/loss": 1.0 / step}) + "\n")
+    (root / "failures.jsonl").write_text(json.dumps(
+        {"step": 2, "failed": 3, "episodes": 4, "by_kind": {"parse_error": 3}, "reason": "parse_error",
+         "example": "invalid JSON in tool call"}) + "\n")
     (root / "summary.json").write_text(json.dumps({"steps": steps}))
