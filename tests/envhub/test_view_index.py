@@ -123,3 +123,20 @@ def test_an_eval_record_keeps_inline_images_and_drops_remote_ones() -> None:
     assert user["parts"][1]["src"].startswith("data:image/png;base64,")
     assert "src" not in user["parts"][2] and "not inline" not in user["parts"][2]["label"]
     assert token_view(record) == {"available": False, "why": "eval results carry token counts, not token ids and masks"}
+
+
+def test_image_placeholders_become_labels_and_old_records_show_token_ids() -> None:
+    record = run_record(1, 1.0)
+    image = "<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>"
+    record["text"] = record["text"].replace("What is 2+2?", image + "What colour?")
+    record["images"] = [[1, 6, 6]]
+    del record["segments"]
+    user = conversation(record)[1]
+    assert user["parts"] == [{"type": "image", "label": "image 1 (grid 1×6×6; pixels not logged)"},
+                             {"type": "text", "text": "What colour?"}]
+    assert user["trained"] is None  # no segments: which text is trained is unknown
+    view = token_view(record)
+    assert not view["decoded"] and [s["mask"] for s in view["segments"]] == [0, 1, 0, 1]
+    assert "text" not in view["segments"][0] and view["segments"][0]["ids"] == record["tokens"][:len(view["segments"][0]["ids"])]
+    record["mask"] = record["mask"][:-1]  # a mask that does not fit the ids is refused, not guessed
+    assert token_view(record)["available"] is False
