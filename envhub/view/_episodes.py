@@ -17,7 +17,8 @@ from typing import Any
 
 TITLE_CHARS = 120
 _DATA_IMAGE = re.compile(r"^data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]*$")
-_BLOCK = re.compile(r"<\|im_start\|>(\w+)\n?(.*?)(?:<\|im_end\|>\n?|$)", re.DOTALL)
+# a turn ends at <|im_end|>, or (a reply cut off at its token limit) where the next turn starts
+_BLOCK = re.compile(r"<\|im_start\|>(\w+)\n?(.*?)(?:<\|im_end\|>\n?|(?=<\|im_start\|>)|$)", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.DOTALL)
 _IMAGE = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)*<\|vision_end\|>")
@@ -153,7 +154,8 @@ def _chatml_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
         if role == "user" and _TOOL_RESPONSE.search(body):
             message["role"] = "tool"
             body = "\n".join(m.group(1) for m in _TOOL_RESPONSE.finditer(body))
-        calls = [_hermes_call(m.group(1)) for m in _TOOL_CALL.finditer(body)]
+        # only a reply's calls are calls: a system prompt that lists tools shows the format too
+        calls = [_hermes_call(m.group(1)) for m in _TOOL_CALL.finditer(body)] if role == "assistant" else []
         if calls:
             message["tool_calls"] = calls
             body = _TOOL_CALL.sub("", body).strip()

@@ -1,5 +1,6 @@
 """``envhub view`` over what the trainer really writes: a two-step GRPO run of the tiny policy against the
-math env, then the API and the page in headless Chromium over that directory."""
+math env with its Python tool (three turns, tool schemas in the system prompt), then the API and the page
+in headless Chromium over that directory."""
 
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ def run_dir(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("math_run")
     cfg = load_config(None, [
-        "env.env_class='env_servers.math_env.env:MathEnv'",
+        "env.env_class='env_servers.math_env.tool_env:MathToolEnv'", "rollout.tool_mode='tools'", "rollout.max_turns=3",
         "env.train_task={ split = 'train', kind = 'add', difficulty = 1 }",
         "env.eval_task={ split = 'validation', kind = 'add', difficulty = 1 }", "env.eval_key='index'", *TINY,
-        "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=6", "run.steps=2", "run.batch_size=2",
+        "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=4000", "run.steps=2", "run.batch_size=2",
         "run.group_size=2", "run.eval_problems=2", "algo.filter_zero_variance=false", "run.device='cpu'",
         f"run.output_dir='{out}'"])
     train(cfg, log=lambda message: None)
@@ -48,12 +49,14 @@ def test_the_api_reads_a_real_run(run_dir) -> None:
         train_rows = client.get("/api/episodes", params={"phase": "train"}).json()["rows"]
         first = train_rows[0]["index"]
         episode = client.get(f"/api/episodes/{first}").json()
-        assert [m["role"] for m in episode["messages"]] == ["system", "user", "assistant"]
-        assert [m["trained"] for m in episode["messages"]] == [False, False, True]
+        record = written[first]
+        roles = [m["role"] for m in episode["messages"]]
+        assert roles[:3] == ["system", "user", "assistant"] and roles.count("assistant") == record["num_turns"]
+        assert all(m["trained"] == (m["role"] == "assistant") for m in episode["messages"])
+        assert "run_python" in episode["messages"][0]["parts"][0]["text"] and "tool_calls" not in episode["messages"][0]
         assert "What is" in episode["messages"][1]["parts"][0]["text"]
         tokens = client.get(f"/api/episodes/{first}/tokens").json()
-        assert tokens["decoded"] and [s["mask"] for s in tokens["segments"]] == [0, 1]
-        record = written[first]
+        assert tokens["decoded"] and [s["mask"] for s in tokens["segments"]] == [0, 1] * record["num_turns"]
         assert "".join(s["text"] for s in tokens["segments"]) == record["text"]
         assert tokens["trained_tokens"] == sum(record["mask"])
 
@@ -66,8 +69,10 @@ def test_the_page_shows_a_real_run(run_dir, tmp_path) -> None:
         browser.wait_for("document.querySelectorAll('#list tbody tr').length === 12", "the run's 12 episodes")
         browser.wait_for("!!document.querySelector('#curve-plot polyline')", "the reward curve")
         browser.eval("document.querySelector('#list tbody tr[data-index=\"2\"]').click()")
-        browser.wait_for("document.querySelectorAll('#conv .msg').length === 3", "the conversation")
+        browser.wait_for("document.querySelectorAll('#conv .msg.role-assistant').length >= 1", "the conversation")
         browser.eval("document.getElementById('tab-tokens').click()")
-        browser.wait_for("document.querySelectorAll('#tokens .runs .tok.trained').length === 1", "the trained tokens")
+        browser.wait_for("document.querySelectorAll('#tokens .runs .tok.trained').length >= 1", "the trained tokens")
+        assert browser.eval("document.querySelectorAll('#tokens .runs .tok.trained').length") == browser.eval(
+            "document.querySelectorAll('#conv .msg.role-assistant').length")
         browser.screenshot(tmp_path / "real_run.png")
         assert (tmp_path / "real_run.png").stat().st_size > 20_000
