@@ -27,7 +27,8 @@ def serve_view(root: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAUL
 
     from envhub.view.app import create_view_app
 
-    app = create_view_app(root)
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    app = create_view_app(root, allowed_hosts=["127.0.0.1", "localhost", "[::1]"] if loopback else None)
     # bind first, so the printed URL names the real port (also for port 0)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Query
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -130,11 +131,17 @@ def _details(record: dict[str, Any]) -> dict[str, Any]:
 Bound = Query(ge=-1e12, le=1e12)
 
 
-def create_view_app(root: str | Path) -> FastAPI:
-    """The viewer app over ``root`` (a training run or eval directory). ValueError when ``root`` is neither."""
+def create_view_app(root: str | Path, *, allowed_hosts: list[str] | None = None) -> FastAPI:
+    """The viewer app over ``root`` (a training run or eval directory). ValueError when ``root`` is neither.
+
+    ``allowed_hosts``: the Host headers answered (others get 400), so that a web page elsewhere cannot
+    reach a loopback viewer through a DNS name it controls; None answers any.
+    """
     view = ViewDir(root)
     app = FastAPI(title="envhub view", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.view = view
+    if allowed_hosts is not None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Any) -> Response:

@@ -124,6 +124,10 @@ def test_the_cli_serves_on_loopback_and_prints_the_real_port(tmp_path) -> None:
         assert match and int(match.group(1)) > 0, line
         info = httpx.get(f"http://127.0.0.1:{match.group(1)}/api/info", timeout=30).json()
         assert info["kind"] == "eval" and info["facets"]["episodes"] == 3
+        # a loopback viewer answers only loopback names (a page elsewhere cannot rebind a DNS name to it)
+        url = f"http://127.0.0.1:{match.group(1)}/api/info"
+        assert httpx.get(url, headers={"Host": "evil.example"}, timeout=30).status_code == 400
+        assert httpx.get(url, headers={"Host": f"localhost:{match.group(1)}"}, timeout=30).status_code == 200
     finally:
         proc.terminate()
         proc.wait(15)
