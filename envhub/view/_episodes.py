@@ -65,6 +65,8 @@ def summarize(record: dict[str, Any], *, eval_result: bool) -> EpisodeSummary:
     trajectory); ValueError when a field has the wrong type (the line counts as bad)."""
     if eval_result:
         failure = record.get("failure")
+        if isinstance(failure, str):  # a bare kind is read as {"kind": ...}
+            failure = {"kind": failure}
         if failure is not None and not isinstance(failure, dict):
             raise ValueError(f"expected 'failure' to be null or an object, got {failure!r}")
         title = " · ".join(f"{k} {record[k]}" for k in ("task_index", "seed", "sample") if record.get(k) is not None)

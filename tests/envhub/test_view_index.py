@@ -84,12 +84,16 @@ def test_filters_narrow_by_step_reward_stop_reason_failure_and_phase(tmp_path) -
 def test_eval_results_filter_failures_and_rewards_without_a_reward(tmp_path) -> None:
     path = tmp_path / "results.jsonl"
     records = [eval_result(0), eval_result(1, reward=0.0),
-               eval_result(2, reward=None, stop_reason="env_error", failure={"kind": "env_error", "message": "down"})]
+               eval_result(2, reward=None, stop_reason="env_error", failure={"kind": "env_error", "message": "down"}),
+               eval_result(3, reward=None, stop_reason="timeout", failure="timeout"),  # type: ignore[arg-type]
+               {**eval_result(4), "failure": 7}]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     index = EpisodeIndex(path, eval_results=True)
     assert [r["index"] for r in index.page(EpisodeFilter(reward_max=1.0), offset=0, limit=9)[1]] == [0, 1]
     assert [r["title"] for r in index.page(EpisodeFilter(failures=frozenset({"env_error"})), offset=0, limit=9)[1]] == [
         "task_index 2 · seed 1002 · sample 0"]
+    assert index.facets()["failure"] == {"env_error": 1, "none": 2, "timeout": 1}
+    assert index.facets()["bad_examples"] == [{"line": 5, "why": "expected 'failure' to be null or an object, got 7"}]
 
 
 def test_metric_series_reads_growing_metrics_and_thins_long_curves(tmp_path) -> None:
