@@ -56,6 +56,8 @@ def test_eval_results_list_filter_conversation_and_image(tmp_path, shots) -> Non
         set_field(browser, "f-failure", "env_error")
         browser.wait_for("document.querySelectorAll('#list tbody tr').length === 1", "the failed episode")
         assert rows(browser) == [11]
+        browser.eval("document.querySelector('#list tbody tr[data-index=\"11\"]').click()")
+        browser.wait_for("document.getElementById('ep-failure').textContent === 'connection refused'", "the failure")
         set_field(browser, "f-failure", "")
         browser.wait_for("document.querySelectorAll('#list tbody tr').length === 12", "all rows again")
         # an episode opens as a conversation: a tool call, its result, an inline image that decoded
