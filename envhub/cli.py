@@ -125,6 +125,24 @@ def _run_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _view_arguments(parser: argparse.ArgumentParser) -> None:
+    from envhub.view import DEFAULT_HOST, DEFAULT_PORT  # no FastAPI import: envhub.view loads it lazily
+
+    parser.add_argument("dir", metavar="DIR", help="a training run directory (trajectories.jsonl, metrics.jsonl) "
+                        "or an `envhub eval` directory (results.jsonl)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port, 0 = any free port (default {DEFAULT_PORT})")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"bind address (default {DEFAULT_HOST}; the page shows whole transcripts, bind "
+                             "another address only on a trusted network)")
+
+
+def _run_view(args: argparse.Namespace) -> int:
+    from envhub.view import serve_view
+
+    serve_view(args.dir, host=args.host, port=args.port)
+    return 0
+
+
 COMMANDS: list[Command] = [
     Command("serve", "serve an env (a registered name or module:Class) over WebSocket and HTTP", _serve_arguments, _run_serve),
     Command("check", "run check_env on an env (a registered name or module:Class) and print the results", _check_arguments, _run_check),
@@ -135,6 +153,8 @@ COMMANDS: list[Command] = [
     Command("init", "scaffold a pip-installable env package in ./NAME", _init.add_arguments, _init.run),
     Command("eval", "play N tasks x K samples of an env with a model; write results.jsonl and summary.json",
             eval_cli.add_arguments, eval_cli.run),
+    Command("view", "browse a training run's or an eval's episodes, tokens and reward curve in a local web page",
+            _view_arguments, _run_view),
 ]
 
 

@@ -139,7 +139,19 @@ class Trajectory:
         if tokenizer is not None:
             rec["text"] = tokenizer.decode(self.tokens)
             rec["completion"] = tokenizer.decode([t for t, m in zip(self.tokens, self.mask) if m])
+            rec["segments"] = self.mask_segments(tokenizer)
         return rec
+
+    def mask_segments(self, tokenizer: Any) -> list[list[Any]]:
+        """``[[text, mask, n_tokens], ...]``: each run of equal mask decoded on its own, so a reader (``envhub
+        view``) shows which text the loss trains on without the tokenizer."""
+        segments: list[list[Any]] = []
+        start = 0
+        for end in range(1, len(self.tokens) + 1):
+            if end == len(self.tokens) or self.mask[end] != self.mask[start]:
+                segments.append([tokenizer.decode(self.tokens[start:end]), self.mask[start], end - start])
+                start = end
+        return segments
 
 
 __all__ = ["EpisodeState", "StopReason", "Task", "Trajectory"]
