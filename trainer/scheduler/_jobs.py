@@ -39,6 +39,7 @@ class JobRequest(BaseModel):
     cwd: str | None = None
     torchrun: bool = Field(default=False, description="rl/sft only: wrap in torchrun --nproc_per_node=<gpus>")
     ports: int = Field(default=1, ge=0, le=64, description="TCP ports to reserve for the job")
+    nodes: int = Field(default=1, ge=1, le=256, description="nodes to spread the GPUs over (Ray backend)")
 
     @field_validator("command")
     @classmethod
@@ -72,6 +73,8 @@ class Job:
     cwd: str | None = None
     torchrun: bool = False
     n_ports: int = 1
+    nodes: int = 1
+    placement: list[dict[str, Any]] = field(default_factory=list)  # Ray: [{node_id, node_ip, gpus}] per node
     state: str = "queued"
     reason: str = ""
     gpus: list[int] = field(default_factory=list)

@@ -1,0 +1,125 @@
+"""The Ray backend against a real multi-node Ray cluster on this machine (a head and a worker raylet,
+each declaring two fake GPUs): placement by node and GPU, multi-node jobs, cancel across nodes, and
+a worker node killed mid-job. Skipped where ray is not installed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sched_helpers import PY, make_config
+
+from trainer.scheduler._jobs import JobRequest
+from trainer.scheduler._store import Principal
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+ME = Principal(user="alice", admin=False)
+_NODE = {"num_cpus": 1, "num_gpus": 2, "object_store_memory": 100 * 1024 * 1024}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head and one worker node, two fake GPUs each; shut down (and ray disconnected) at the end."""
+    temp = tempfile.mkdtemp(prefix="envhub-ray-")
+    old_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp  # Ray's session files stay in our own directory, apart from anyone's
+    os.makedirs(os.path.join(temp, "ray"))
+    c = cluster_utils.Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False,
+                                                                    "temp_dir": os.path.join(temp, "ray")})
+    c.add_node(**_NODE)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+        if old_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old_tmpdir
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+async def rsched(cluster: Any, tmp_path: Path):
+    from trainer.scheduler._ray import RayScheduler
+
+    scheduler = RayScheduler(make_config(tmp_path), address=cluster.address)
+    await scheduler.start()
+    yield scheduler
+    if scheduler.started:
+        await scheduler.stop()
+
+
+def _req(code: str, gpus: int, nodes: int = 1) -> JobRequest:
+    return JobRequest(command=[PY, "-c", code], gpus=gpus, nodes=nodes)
+
+
+async def _running(sched: Any, job_id: str, timeout_s: float = 60) -> None:
+    for _ in range(int(timeout_s / 0.1)):
+        job = sched.jobs[job_id]
+        log = Path(job.log_path)
+        if job.state == "running" and job.placement and log.exists() and log.stat().st_size:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"job {job_id} never printed: {sched.jobs[job_id]}")
+
+
+async def test_inventory_is_the_clusters_gpus_per_node(rsched: Any) -> None:
+    view = rsched.gpu_view()
+    assert len(view) == 4
+    assert len({g["node_id"] for g in view}) == 2
+
+
+async def test_single_node_job_gets_its_gpus_on_one_node(rsched: Any) -> None:
+    code = "import os; print('CVD', os.environ['CUDA_VISIBLE_DEVICES'])"
+    job = await rsched.submit(ME, _req(code, gpus=2))
+    job = await rsched.wait(job.id, 120)
+    assert job.state == "succeeded", job.reason
+    assert len(job.placement) == 1 and sorted(job.placement[0]["gpus"]) == [0, 1]
+    assert "CVD 0,1" in Path(job.log_path).read_text() or "CVD 1,0" in Path(job.log_path).read_text()
+
+
+async def test_multi_node_job_spreads_and_cancel_ends_every_node(rsched: Any) -> None:
+    code = "import os, time; print('rank', os.environ['ENVHUB_NODE_RANK'], flush=True); time.sleep(600)"
+    job = await rsched.submit(ME, _req(code, gpus=2, nodes=2))
+    await _running(rsched, job.id)
+    assert len({p["node_id"] for p in job.placement}) == 2
+    assert all(len(p["gpus"]) == 1 for p in job.placement)
+    pg_before = len([g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"])
+    await rsched.cancel(ME, job.id)
+    assert job.state == "cancelled"
+    pg_after = len([g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"])
+    assert pg_after == pg_before - 1
+    log = Path(job.log_path).read_text()
+    assert "rank 0" in log and "rank 1" in log
+
+
+async def test_a_request_larger_than_any_node_is_refused(rsched: Any) -> None:
+    from trainer.scheduler.errors import JobRequestError
+
+    with pytest.raises(JobRequestError):
+        await rsched.submit(ME, _req("pass", gpus=4))
+
+
+async def test_worker_node_killed_mid_job_fails_it_and_the_queue_goes_on(rsched: Any, cluster: Any) -> None:
+    code = "import time; print('up', flush=True); time.sleep(600)"
+    job = await rsched.submit(ME, _req(code, gpus=2, nodes=2))
+    await _running(rsched, job.id)
+    worker = next(n for n in cluster.worker_nodes)
+    cluster.remove_node(worker, allow_graceful=False)
+    job = await rsched.wait(job.id, 120)
+    assert job.state == "failed" and "lost" in job.reason, job.reason
+    after = await rsched.submit(ME, _req("print('next')", gpus=2))
+    after = await rsched.wait(after.id, 120)
+    assert after.state == "succeeded", after.reason

@@ -1,0 +1,197 @@
+"""The Ray backend: the same queue, API and records, placed on a Ray cluster's nodes and GPUs.
+
+Placement is Ray's: a job of N GPUs on K nodes gets a placement group of K bundles of N/K GPUs
+(STRICT_PACK for one node, STRICT_SPREAD for several), and one :class:`NodeSupervisor` actor per
+bundle runs the job's share on its node. The queue decides *whether* a job starts (strict order, as
+locally) from a per-node count of free GPUs kept beside Ray's; Ray decides *where*, and the record
+says where it went (``job.placement``). A multi-node torchrun job runs
+``torch.distributed.run --nnodes K --node_rank r`` on each node, rendezvous at rank 0's node.
+
+A node that dies takes its actor with it: the next log pull raises, the job fails with the node in
+its reason, the other nodes' shares are ended and the placement group is removed. Actors are tied
+to the scheduler's driver, so a scheduler restart ends them (their processes die with them through
+``PR_SET_PDEATHSIG``) and the job is marked failed with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trainer.scheduler._core import _SECRET_ENV_PREFIXES, JobLostError, Scheduler, SchedulerConfig
+from trainer.scheduler._jobs import Job
+from trainer.scheduler._ray_node import NodeSupervisor
+
+_BUNDLE_CPU = 0.01  # a bundle needs some resource; a 0-GPU share holds almost no CPU
+_POLL_S = 0.3
+_PLACE_TIMEOUT_S = 120.0
+
+
+class RayScheduler(Scheduler):
+    """A :class:`Scheduler` whose inventory is a Ray cluster's GPUs, per node."""
+
+    def __init__(self, config: SchedulerConfig, address: str | None = None):
+        super().__init__(config)
+        if not ray.is_initialized():
+            ray.init(address=address or "auto", namespace="envhub-sched", log_to_driver=False,
+                     include_dashboard=False)
+        self._node_gpus: dict[str, int] = {}  # alive node id -> GPUs it declares
+        self._node_ip: dict[str, str] = {}
+        self._held: dict[str, dict[str, int]] = {}  # job id -> node id -> GPUs booked there
+        self._groups: dict[str, PlacementGroup] = {}
+        self._actors: dict[str, list[Any]] = {}
+        self._refresh_nodes()
+
+    # -- inventory ----------------------------------------------------------------------------
+    def _refresh_nodes(self) -> None:
+        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        self._node_gpus = {n["NodeID"]: int(n.get("Resources", {}).get("GPU", 0)) for n in alive}
+        self._node_ip = {n["NodeID"]: str(n.get("NodeManagerAddress", "")) for n in alive}
+
+    def _free_by_node(self) -> dict[str, int]:
+        free = dict(self._node_gpus)
+        for booked in self._held.values():
+            for node, n in booked.items():
+                if node in free:
+                    free[node] -= n
+        return free
+
+    def gpu_nodes(self) -> list[str]:
+        """Ids of the alive nodes that declare GPUs."""
+        return [node for node, n in self._node_gpus.items() if n > 0]
+
+    def gpus_total(self) -> int:
+        return sum(self._node_gpus.values())
+
+    def _never_fits(self, gpus: int, nodes: int) -> bool:
+        per_node = gpus // nodes
+        return sum(1 for n in self._node_gpus.values() if n >= per_node) < nodes
+
+    def gpu_view(self) -> list[dict[str, Any]]:
+        """One entry per GPU of each alive node: its node, its index there and the job holding it."""
+        self._refresh_nodes()
+        view = []
+        for node, count in sorted(self._node_gpus.items(), key=lambda kv: self._node_ip[kv[0]] + kv[0]):
+            holders = [job for job, booked in self._held.items() for _ in range(booked.get(node, 0))]
+            for i in range(count):
+                view.append({"index": i, "node_id": node, "node_ip": self._node_ip[node], "name": "ray",
+                             "memory_mib": None, "job": holders[i] if i < len(holders) else None})
+        return view
+
+    # -- placement ----------------------------------------------------------------------------
+    def _place(self, job: Job) -> bool:
+        self._refresh_nodes()
+        per_node = job.gpus_requested // job.nodes
+        free = self._free_by_node()
+        fitting = sorted((n for n, f in free.items() if f >= per_node), key=lambda n: free[n])
+        if len(fitting) < job.nodes:
+            return False
+        self._held[job.id] = dict.fromkeys(fitting[:job.nodes], per_node)  # rebooked once Ray has placed it
+        return True
+
+    def _release(self, job: Job) -> None:
+        self._held.pop(job.id, None)
+
+    async def _launch_and_wait(self, job: Job) -> int | None:
+        supervisors = await self._place_group(job)
+        where = await asyncio.gather(*(_ref(s.where.remote()) for s in supervisors))
+        job.placement = list(where)
+        self._held[job.id] = {w["node_id"]: job.gpus_requested // job.nodes for w in where}
+        job.gpus = [g for w in where for g in w["gpus"]]
+        job.ports = await _ref(supervisors[0].free_ports.remote(max(job.n_ports, 1 if job.nodes > 1 else 0)))
+        for rank, sup in enumerate(supervisors):
+            await _ref(sup.start.remote(self._rank_argv(job, rank), self._rank_env(job, rank), job.cwd))
+        await self._save(job)
+        return await self._pump(job, supervisors)
+
+    async def _place_group(self, job: Job) -> list[Any]:
+        per_node = job.gpus_requested // job.nodes
+        bundle: dict[str, float] = {"CPU": _BUNDLE_CPU, **({"GPU": float(per_node)} if per_node else {})}
+        group = placement_group([dict(bundle) for _ in range(job.nodes)], name=f"envhub-sched-{job.id}",
+                                strategy="STRICT_PACK" if job.nodes == 1 else "STRICT_SPREAD")
+        self._groups[job.id] = group
+        try:
+            await asyncio.wait_for(_ref(group.ready()), _PLACE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise JobLostError(f"placement failed: Ray placed no group of {job.nodes} x {bundle} "
+                               f"within {_PLACE_TIMEOUT_S:g} s") from None
+        actor_cls = ray.remote(NodeSupervisor)
+        supervisors = [actor_cls.options(
+            num_cpus=_BUNDLE_CPU, num_gpus=per_node, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+        ).remote(job.id) for i in range(job.nodes)]
+        self._actors[job.id] = supervisors
+        return supervisors
+
+    def _rank_argv(self, job: Job, rank: int) -> list[str]:
+        if not (job.torchrun and job.kind in ("rl", "sft")):
+            return list(job.command)
+        opts = [f"--nnodes={job.nodes}", f"--nproc_per_node={max(job.gpus_requested // job.nodes, 1)}",
+                f"--node_rank={rank}", f"--master_addr={job.placement[0]['node_ip']}",
+                f"--master_port={job.ports[0]}"]
+        program, *args = job.command
+        if os.path.basename(program).startswith("python"):
+            return [program, "-m", "torch.distributed.run", *opts, *args]
+        return ["torchrun", *opts, "--no-python", program, *args]
+
+    def _rank_env(self, job: Job, rank: int) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_SECRET_ENV_PREFIXES)}
+        env.update(job.env)
+        env.update({"ENVHUB_JOB_ID": job.id, "ENVHUB_JOB_PORTS": ",".join(map(str, job.ports)),
+                    "ENVHUB_NODE_RANK": str(rank), "ENVHUB_NNODES": str(job.nodes)})
+        if job.ports:
+            env.update({"MASTER_ADDR": job.placement[0]["node_ip"], "MASTER_PORT": str(job.ports[0])})
+        return env
+
+    async def _pump(self, job: Job, supervisors: list[Any]) -> int | None:
+        """Pull every node's output into the job's log until all exit, one fails, or it is ended."""
+        codes: dict[int, int] = {}
+        with open(job.log_path, "ab", buffering=0) as log:
+            while True:
+                for rank, sup in enumerate(supervisors):
+                    try:
+                        chunk, code = await _ref(sup.poll.remote())
+                    except RayActorError as exc:
+                        node = job.placement[rank]
+                        raise JobLostError(f"node {node['node_id'][:12]} ({node['node_ip']}) lost: "
+                                           f"{type(exc).__name__}") from None
+                    log.write(chunk)
+                    if code is not None:
+                        codes[rank] = code
+                if len(codes) == len(supervisors) or any(codes.values()):
+                    return next((c for c in codes.values() if c), 0)
+                if job.id in self._ending:
+                    return None
+                await asyncio.sleep(_POLL_S)
+
+    # -- ending -------------------------------------------------------------------------------
+    async def _end_processes(self, job: Job) -> None:
+        supervisors = self._actors.pop(job.id, [])
+        stops = [_ref(s.stop.remote(self.config.grace_s)) for s in supervisors]
+        await asyncio.gather(*stops, return_exceptions=True)  # a lost node's share died with it
+        for sup in supervisors:
+            ray.kill(sup)
+        group = self._groups.pop(job.id, None)
+        if group is not None:
+            remove_placement_group(group)
+
+    def _kill_soon(self, job: Job) -> None:
+        pass  # the pump sees job.id in self._ending on its next turn; _end_processes then ends every node
+
+    async def _recover_running(self, job: Job) -> str:
+        reason = "scheduler restarted; its Ray actors ended with the previous scheduler (processes killed)"
+        job.state, job.reason, job.ended_at = "failed", reason, time.time()
+        await self._save(job)
+        return f"job {job.id}: {reason}"
+
+
+async def _ref(ref: Any) -> Any:
+    """Await a Ray object ref from the scheduler's event loop."""
+    return await ref
