@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sched_helpers import PY, make_config
 
@@ -22,6 +25,7 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
+ENVHUB = str(Path(sys.executable).with_name("envhub"))
 ME = Principal(user="alice", admin=False)
 _NODE = {"num_cpus": 1, "num_gpus": 2, "object_store_memory": 100 * 1024 * 1024}
 
@@ -123,3 +127,55 @@ async def test_worker_node_killed_mid_job_fails_it_and_the_queue_goes_on(rsched:
     after = await rsched.submit(ME, _req("print('next')", gpus=2))
     after = await rsched.wait(after.id, 120)
     assert after.state == "succeeded", after.reason
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def _live_endpoints(sched: Any, job_id: str, count: int, timeout_s: float = 90) -> list[str]:
+    for _ in range(int(timeout_s / 0.3)):
+        urls = sched.jobs[job_id].public()["endpoints"]
+        if len(urls) == count and all(await asyncio.gather(*(asyncio.to_thread(_healthy, u) for u in urls))):
+            return list(urls)
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"no {count} healthy replicas: {sched.jobs[job_id].placement}")
+
+
+async def test_env_server_replicas_report_their_urls_and_a_dead_one_is_restarted(rsched: Any) -> None:
+    cmd = [ENVHUB, "serve", "envhub.testing:EchoEnv", "--host", "0.0.0.0", "--port", "{port}"]
+    job = await rsched.submit(ME, JobRequest(command=cmd, kind="service", replicas=2, gpus=1))
+    urls = await _live_endpoints(rsched, job.id, 2)
+    assert len(set(urls)) == 2
+    assert len(job.gpus) == 2
+    victim = job.placement[0]
+    killed = _servers_on(victim["port"])
+    assert killed, "the replica's server process was not found"
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(300):  # the restart shows in the record before the new server is up
+        if job.placement[0]["restarts"] == 1:
+            break
+        await asyncio.sleep(0.1)
+    urls_after = await _live_endpoints(rsched, job.id, 2)
+    assert job.placement[0]["restarts"] == 1 and urls[1] in urls_after
+    await rsched.cancel(ME, job.id)
+    assert job.state == "cancelled"
+    assert not any(_servers_on(int(u.rsplit(":", 1)[1])) for u in urls + urls_after)
+    assert not any(await asyncio.gather(*(asyncio.to_thread(_healthy, u) for u in urls_after)))
+
+
+def _servers_on(port: int) -> list[int]:
+    """Pids of EchoEnv servers started on ``port`` (their command line names it)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"envhub.testing:EchoEnv" in argv and str(port).encode() in argv:
+            pids.append(int(proc.name))
+    return pids

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.scheduler import _procs
-from trainer.scheduler._jobs import Job, JobRequest
+from trainer.scheduler._jobs import SERVICE_KINDS, Job, JobRequest
 from trainer.scheduler._resources import Gpu, GpuPool, PortPool
 from trainer.scheduler._store import JobStore, Principal
 from trainer.scheduler.errors import JobNotFoundError, JobRequestError
@@ -96,7 +96,7 @@ class Scheduler:
             self._done[job.id] = asyncio.Event()
             if job.state == "running":
                 notes.append(await self._recover_running(job))
-            elif job.state == "queued" and self._never_fits(job.gpus_requested, job.nodes):
+            elif job.state == "queued" and self._never_fits(job.gpus_requested, job.nodes, job.replicas):
                 # it would hold the head of the queue forever
                 self._mark_ended(job, "failed", f"needs {job.gpus_requested} GPUs; the scheduler restarted "
                                                 f"with {self.gpus_total()}")
@@ -140,10 +140,14 @@ class Scheduler:
         if request.nodes < 1 or request.gpus % request.nodes:
             raise JobRequestError(f"Expected --gpus to be a multiple of --nodes, got {request.gpus} GPUs "
                                   f"on {request.nodes} nodes")
-        if self._never_fits(request.gpus, request.nodes):
+        if request.replicas > 1 and (request.kind not in SERVICE_KINDS or request.nodes != 1):
+            raise JobRequestError(f"Expected --replicas only for kind service on one node per replica, got kind "
+                                  f"{request.kind!r} with --nodes {request.nodes}")
+        if self._never_fits(request.gpus, request.nodes, request.replicas):
             raise JobRequestError(f"Expected at most {self.gpus_total()} GPUs (the scheduler's inventory), "
-                                  f"got a request for {request.gpus} on {request.nodes} node(s); "
-                                  "ask for fewer GPUs or nodes")
+                                  f"got a request for {request.gpus} on {request.nodes} node(s) x "
+                                  f"{request.replicas} replica(s); ask for fewer (--nodes and --replicas "
+                                  "need the Ray backend)")
         if request.torchrun and request.kind not in ("rl", "sft"):
             raise JobRequestError(f"Expected torchrun only for kind rl or sft, got kind {request.kind!r}")
         self._last_seq += 1  # no await before this: concurrent submits get distinct, ordered numbers
@@ -151,7 +155,7 @@ class Scheduler:
                   gpus_requested=request.gpus, kind=request.kind, name=request.name or Path(request.command[0]).name,
                   priority=request.priority, heartbeat_timeout_s=request.heartbeat_timeout_s, env=request.env,
                   cwd=request.cwd, torchrun=request.torchrun, n_ports=request.ports,
-                  nodes=request.nodes, seq=self._last_seq)
+                  nodes=request.nodes, replicas=request.replicas, seq=self._last_seq)
         job.log_path = str(self.log_dir / f"{job.id}.log")
         self.jobs[job.id] = job
         self._done[job.id] = asyncio.Event()
@@ -201,9 +205,9 @@ class Scheduler:
         """GPUs in the whole inventory."""
         return self.gpus.total
 
-    def _never_fits(self, gpus: int, nodes: int) -> bool:
-        """Whether a job of ``gpus`` GPUs on ``nodes`` nodes can never be placed on this inventory."""
-        return nodes != 1 or gpus > self.gpus.total
+    def _never_fits(self, gpus: int, nodes: int, replicas: int = 1) -> bool:
+        """Whether a job of ``gpus`` GPUs on ``nodes`` nodes (x ``replicas``) can never be placed here."""
+        return nodes != 1 or replicas != 1 or gpus > self.gpus.total
 
     def _place(self, job: Job) -> bool:
         """Reserve the job's GPUs and ports; False when they are not free now (nothing reserved then).

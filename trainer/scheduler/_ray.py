@@ -26,8 +26,9 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainer.scheduler._core import _SECRET_ENV_PREFIXES, JobLostError, Scheduler, SchedulerConfig
-from trainer.scheduler._jobs import Job
-from trainer.scheduler._ray_node import NodeSupervisor
+from trainer.scheduler._jobs import Job, with_port
+from trainer.scheduler._ray_node import NodeSupervisor, ref_result
+from trainer.scheduler._ray_replicas import ReplicaSet
 
 _BUNDLE_CPU = 0.01  # a bundle needs some resource; a 0-GPU share holds almost no CPU
 _POLL_S = 0.3
@@ -70,7 +71,9 @@ class RayScheduler(Scheduler):
     def gpus_total(self) -> int:
         return sum(self._node_gpus.values())
 
-    def _never_fits(self, gpus: int, nodes: int) -> bool:
+    def _never_fits(self, gpus: int, nodes: int, replicas: int = 1) -> bool:
+        if replicas > 1:
+            return gpus > 0 and sum(n // gpus for n in self._node_gpus.values()) < replicas
         per_node = gpus // nodes
         return sum(1 for n in self._node_gpus.values() if n >= per_node) < nodes
 
@@ -88,6 +91,8 @@ class RayScheduler(Scheduler):
     # -- placement ----------------------------------------------------------------------------
     def _place(self, job: Job) -> bool:
         self._refresh_nodes()
+        if job.replicas > 1:
+            return self._place_replicas(job)
         per_node = job.gpus_requested // job.nodes
         free = self._free_by_node()
         fitting = sorted((n for n, f in free.items() if f >= per_node), key=lambda n: free[n])
@@ -96,43 +101,64 @@ class RayScheduler(Scheduler):
         self._held[job.id] = dict.fromkeys(fitting[:job.nodes], per_node)  # rebooked once Ray has placed it
         return True
 
+    def _place_replicas(self, job: Job) -> bool:
+        free, booked = self._free_by_node(), {}
+        need = job.replicas
+        for node, n in sorted(free.items(), key=lambda kv: -kv[1]):
+            fit = need if job.gpus_requested == 0 else min(need, n // job.gpus_requested)
+            if fit > 0:
+                booked[node], need = fit * job.gpus_requested, need - fit
+        if need:
+            return False
+        self._held[job.id] = booked
+        return True
+
     def _release(self, job: Job) -> None:
         self._held.pop(job.id, None)
 
     async def _launch_and_wait(self, job: Job) -> int | None:
         supervisors = await self._place_group(job)
-        where = await asyncio.gather(*(_ref(s.where.remote()) for s in supervisors))
+        if job.replicas > 1:
+            return await ReplicaSet(self, job, supervisors).run()
+        where = await asyncio.gather(*(ref_result(s.where.remote()) for s in supervisors))
         job.placement = list(where)
         self._held[job.id] = {w["node_id"]: job.gpus_requested // job.nodes for w in where}
         job.gpus = [g for w in where for g in w["gpus"]]
-        job.ports = await _ref(supervisors[0].free_ports.remote(max(job.n_ports, 1 if job.nodes > 1 else 0)))
+        job.ports = await ref_result(supervisors[0].free_ports.remote(max(job.n_ports, 1 if job.nodes > 1 else 0)))
         for rank, sup in enumerate(supervisors):
-            await _ref(sup.start.remote(self._rank_argv(job, rank), self._rank_env(job, rank), job.cwd))
+            await ref_result(sup.start.remote(self._rank_argv(job, rank), self.rank_env(job, rank), job.cwd))
         await self._save(job)
         return await self._pump(job, supervisors)
 
     async def _place_group(self, job: Job) -> list[Any]:
         per_node = job.gpus_requested // job.nodes
+        shares = max(job.nodes, job.replicas)
         bundle: dict[str, float] = {"CPU": _BUNDLE_CPU, **({"GPU": float(per_node)} if per_node else {})}
-        group = placement_group([dict(bundle) for _ in range(job.nodes)], name=f"envhub-sched-{job.id}",
-                                strategy="STRICT_PACK" if job.nodes == 1 else "STRICT_SPREAD")
+        # replicas spread where they can (a node's loss takes fewer of them); a multi-node job must
+        strategy = "SPREAD" if job.replicas > 1 else "STRICT_PACK" if job.nodes == 1 else "STRICT_SPREAD"
+        group = placement_group([dict(bundle) for _ in range(shares)], name=f"envhub-sched-{job.id}",
+                                strategy=strategy)
         self._groups[job.id] = group
         try:
-            await asyncio.wait_for(_ref(group.ready()), _PLACE_TIMEOUT_S)
+            await asyncio.wait_for(ref_result(group.ready()), _PLACE_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise JobLostError(f"placement failed: Ray placed no group of {job.nodes} x {bundle} "
                                f"within {_PLACE_TIMEOUT_S:g} s") from None
-        actor_cls = ray.remote(NodeSupervisor)
-        supervisors = [actor_cls.options(
-            num_cpus=_BUNDLE_CPU, num_gpus=per_node, max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
-        ).remote(job.id) for i in range(job.nodes)]
+        supervisors = [self.new_supervisor(job, i) for i in range(shares)]
         self._actors[job.id] = supervisors
         return supervisors
 
+    def new_supervisor(self, job: Job, bundle_index: int) -> Any:
+        """A supervisor actor in bundle ``bundle_index`` of the job's placement group."""
+        return ray.remote(NodeSupervisor).options(
+            num_cpus=_BUNDLE_CPU, num_gpus=job.gpus_requested // job.nodes, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._groups[job.id],
+                                                                 placement_group_bundle_index=bundle_index),
+        ).remote(job.id, bundle_index)
+
     def _rank_argv(self, job: Job, rank: int) -> list[str]:
         if not (job.torchrun and job.kind in ("rl", "sft")):
-            return list(job.command)
+            return with_port(job.command, job.ports[0] if job.ports else None)
         opts = [f"--nnodes={job.nodes}", f"--nproc_per_node={max(job.gpus_requested // job.nodes, 1)}",
                 f"--node_rank={rank}", f"--master_addr={job.placement[0]['node_ip']}",
                 f"--master_port={job.ports[0]}"]
@@ -141,12 +167,13 @@ class RayScheduler(Scheduler):
             return [program, "-m", "torch.distributed.run", *opts, *args]
         return ["torchrun", *opts, "--no-python", program, *args]
 
-    def _rank_env(self, job: Job, rank: int) -> dict[str, str]:
+    def rank_env(self, job: Job, rank: int) -> dict[str, str]:
+        """The environment of share ``rank`` of the job (the scheduler's own secrets left out)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(_SECRET_ENV_PREFIXES)}
         env.update(job.env)
         env.update({"ENVHUB_JOB_ID": job.id, "ENVHUB_JOB_PORTS": ",".join(map(str, job.ports)),
                     "ENVHUB_NODE_RANK": str(rank), "ENVHUB_NNODES": str(job.nodes)})
-        if job.ports:
+        if job.ports and job.replicas == 1:
             env.update({"MASTER_ADDR": job.placement[0]["node_ip"], "MASTER_PORT": str(job.ports[0])})
         return env
 
@@ -157,7 +184,7 @@ class RayScheduler(Scheduler):
             while True:
                 for rank, sup in enumerate(supervisors):
                     try:
-                        chunk, code = await _ref(sup.poll.remote())
+                        chunk, code = await ref_result(sup.poll.remote())
                     except RayActorError as exc:
                         node = job.placement[rank]
                         raise JobLostError(f"node {node['node_id'][:12]} ({node['node_ip']}) lost: "
@@ -174,7 +201,7 @@ class RayScheduler(Scheduler):
     # -- ending -------------------------------------------------------------------------------
     async def _end_processes(self, job: Job) -> None:
         supervisors = self._actors.pop(job.id, [])
-        stops = [_ref(s.stop.remote(self.config.grace_s)) for s in supervisors]
+        stops = [ref_result(s.stop.remote(self.config.grace_s)) for s in supervisors]
         await asyncio.gather(*stops, return_exceptions=True)  # a lost node's share died with it
         for sup in supervisors:
             ray.kill(sup)
@@ -190,8 +217,3 @@ class RayScheduler(Scheduler):
         job.state, job.reason, job.ended_at = "failed", reason, time.time()
         await self._save(job)
         return f"job {job.id}: {reason}"
-
-
-async def _ref(ref: Any) -> Any:
-    """Await a Ray object ref from the scheduler's event loop."""
-    return await ref

@@ -34,8 +34,9 @@ def _die_with_parent() -> None:
 class NodeSupervisor:
     """One node's share of a job: start it, report its output and exit code, end its tree."""
 
-    def __init__(self, job_id: str):
+    def __init__(self, job_id: str, share: int):
         self.job_id = job_id
+        self.marker = f"{job_id}.{share}"  # per share: restarting one replica leaves its neighbours alone
         fd, self.log_path = tempfile.mkstemp(prefix=f"envhub-sched-{job_id}-", suffix=".log")
         os.close(fd)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -63,7 +64,7 @@ class NodeSupervisor:
         full_env = dict(os.environ)
         full_env.update(env)
         full_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(g)) for g in ray.get_gpu_ids())
-        full_env[_procs.JOB_MARKER_ENV] = self.job_id
+        full_env[_procs.JOB_MARKER_ENV] = self.marker
         with open(self.log_path, "ab", buffering=0) as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=cwd or None, env=full_env, preexec_fn=_die_with_parent)  # noqa: PLW1509 (the actor runs one method at a time)
@@ -81,4 +82,9 @@ class NodeSupervisor:
     def stop(self, grace_s: float) -> int:
         """End the share's whole tree on this node; returns how many processes were signalled."""
         root = self.proc.pid if self.proc is not None else None
-        return len(_procs.end_job_tree(self.job_id, root, root, grace_s))
+        return len(_procs.end_job_tree(self.marker, root, root, grace_s))
+
+
+async def ref_result(ref: Any) -> Any:
+    """Await a Ray object ref from the scheduler's event loop."""
+    return await ref

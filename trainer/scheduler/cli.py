@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--priority", type=int, default=0, help="higher runs first")
     submit.add_argument("--torchrun", action="store_true", help="rl/sft: wrap in torchrun --nproc_per_node=GPUS")
     submit.add_argument("--nodes", type=int, default=1, help="Ray backend: spread the GPUs over this many nodes")
+    submit.add_argument("--replicas", type=int, default=1,
+                        help="Ray backend, service/sampler: copies with --gpus each, port via {port}; restarted")
     submit.add_argument("--ports", type=int, default=1, help="TCP ports to reserve (ENVHUB_JOB_PORTS)")
     submit.add_argument("--heartbeat-timeout-s", type=float, default=None)
     submit.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra job environment")
@@ -162,7 +164,7 @@ def _client_command(args: argparse.Namespace) -> int:
             job = client.submit(command, gpus=args.gpus, kind=args.kind, name=args.name, priority=args.priority,
                                 heartbeat_timeout_s=args.heartbeat_timeout_s, env=_parse_env(args.env),
                                 cwd=os.getcwd(), torchrun=args.torchrun, ports=args.ports,
-                                nodes=args.nodes)
+                                nodes=args.nodes, replicas=args.replicas)
             print(job["id"])
         elif args.cmd == "status":
             _print_json(client.status(args.id))

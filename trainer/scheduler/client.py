@@ -93,11 +93,12 @@ class SchedulerClient:
     # -- the API ------------------------------------------------------------------------------
     def submit(self, command: list[str], *, gpus: int = 0, kind: str = "cmd", name: str | None = None,
                priority: int = 0, heartbeat_timeout_s: float | None = None, env: dict[str, str] | None = None,
-               cwd: str | None = None, torchrun: bool = False, ports: int = 1, nodes: int = 1) -> dict[str, Any]:
+               cwd: str | None = None, torchrun: bool = False, ports: int = 1, nodes: int = 1,
+               replicas: int = 1) -> dict[str, Any]:
         """Queue ``command`` (an argv list, run as given); returns the new job (``id``, ``state``...)."""
         body = {"command": list(command), "gpus": gpus, "kind": kind, "name": name, "priority": priority,
                 "heartbeat_timeout_s": heartbeat_timeout_s, "env": dict(env or {}), "cwd": cwd,
-                "torchrun": torchrun, "ports": ports, "nodes": nodes}
+                "torchrun": torchrun, "ports": ports, "nodes": nodes, "replicas": replicas}
         return cast("dict[str, Any]", self._call("POST", "/jobs", json=body))
 
     def status(self, job_id: str) -> dict[str, Any]:
@@ -106,6 +107,10 @@ class SchedulerClient:
     def list(self, all_users: bool = True) -> builtins.list[dict[str, Any]]:
         """Jobs you may see, oldest first (an admin sees everyone's unless ``all_users=False``)."""
         return cast("builtins.list[dict[str, Any]]", self._call("GET", "/jobs", params={"all": str(all_users).lower()}))
+
+    def endpoints(self, job_id: str) -> builtins.list[str]:
+        """URLs of a running service's live replicas (one per replica; a replica being restarted is left out)."""
+        return cast("builtins.list[str]", self.status(job_id)["endpoints"])
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel; returns the job once its whole process tree is gone."""
