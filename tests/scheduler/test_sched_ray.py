@@ -18,6 +18,7 @@ import httpx
 import pytest
 from sched_helpers import PY, make_config
 
+from trainer.scheduler import _procs
 from trainer.scheduler._jobs import JobRequest
 from trainer.scheduler._store import Principal
 
@@ -116,19 +117,6 @@ async def test_a_request_larger_than_any_node_is_refused(rsched: Any) -> None:
         await rsched.submit(ME, _req("pass", gpus=4))
 
 
-async def test_worker_node_killed_mid_job_fails_it_and_the_queue_goes_on(rsched: Any, cluster: Any) -> None:
-    code = "import time; print('up', flush=True); time.sleep(600)"
-    job = await rsched.submit(ME, _req(code, gpus=2, nodes=2))
-    await _running(rsched, job.id)
-    worker = next(n for n in cluster.worker_nodes)
-    cluster.remove_node(worker, allow_graceful=False)
-    job = await rsched.wait(job.id, 120)
-    assert job.state == "failed" and "lost" in job.reason, job.reason
-    after = await rsched.submit(ME, _req("print('next')", gpus=2))
-    after = await rsched.wait(after.id, 120)
-    assert after.state == "succeeded", after.reason
-
-
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/health", timeout=2).status_code == 200
@@ -142,7 +130,8 @@ async def _live_endpoints(sched: Any, job_id: str, count: int, timeout_s: float 
         if len(urls) == count and all(await asyncio.gather(*(asyncio.to_thread(_healthy, u) for u in urls))):
             return list(urls)
         await asyncio.sleep(0.3)
-    raise AssertionError(f"no {count} healthy replicas: {sched.jobs[job_id].placement}")
+    job = sched.jobs[job_id]
+    raise AssertionError(f"no {count} healthy replicas: {job.placement}\n{Path(job.log_path).read_text()[-3000:]}")
 
 
 async def test_env_server_replicas_report_their_urls_and_a_dead_one_is_restarted(rsched: Any) -> None:
@@ -179,3 +168,65 @@ def _servers_on(port: int) -> list[int]:
         if b"envhub.testing:EchoEnv" in argv and str(port).encode() in argv:
             pids.append(int(proc.name))
     return pids
+
+
+_DDP_STEP = '''
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo")
+torch.manual_seed(dist.get_rank())  # different data per rank, same initial weights (DDP broadcasts them)
+model = DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loss = model(torch.randn(8, 4)).pow(2).mean()
+loss.backward()
+opt.step()
+weights = model.module.weight.detach().clone()
+gathered = [torch.zeros_like(weights) for _ in range(dist.get_world_size())]
+dist.all_gather(gathered, weights)
+same = all(torch.equal(g, gathered[0]) for g in gathered)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} node_rank {os.environ['GROUP_RANK']} "
+      f"step done, weights equal across ranks: {same}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+async def test_two_node_gloo_torchrun_job_runs_a_training_step(rsched: Any, tmp_path: Path) -> None:
+    script = tmp_path / "ddp_step.py"
+    script.write_text(_DDP_STEP)
+    request = JobRequest(command=[PY, str(script)], gpus=2, nodes=2, kind="sft", torchrun=True)
+    job = await rsched.submit(ME, request)
+    job = await rsched.wait(job.id, 300)
+    log = Path(job.log_path).read_text()
+    assert job.state == "succeeded", f"{job.reason}\n{log}"
+    assert len({p["node_id"] for p in job.placement}) == 2
+    assert "rank 0/2 node_rank 0 step done, weights equal across ranks: True" in log
+    assert "rank 1/2 node_rank 1 step done, weights equal across ranks: True" in log
+
+
+async def test_worker_node_killed_fails_its_job_moves_its_replica_and_the_queue_goes_on(
+        rsched: Any, cluster: Any) -> None:
+    """Runs last: it takes the worker node away for good."""
+    code = "import time; print('up', flush=True); time.sleep(600)"
+    job = await rsched.submit(ME, _req(code, gpus=2, nodes=2))
+    await _running(rsched, job.id)
+    cmd = [ENVHUB, "serve", "envhub.testing:EchoEnv", "--host", "0.0.0.0", "--port", "{port}"]
+    service = await rsched.submit(ME, JobRequest(command=cmd, kind="service", replicas=2, gpus=0))
+    await _live_endpoints(rsched, service.id, 2)
+    worker = next(n for n in cluster.worker_nodes)
+    on_worker = [i for i, p in enumerate(service.placement) if p["node_id"] == worker.node_id]
+    cluster.remove_node(worker, allow_graceful=False)
+    job = await rsched.wait(job.id, 120)
+    assert job.state == "failed" and "lost" in job.reason, job.reason
+    assert not _procs_of(job.id)
+    await _live_endpoints(rsched, service.id, 2, timeout_s=120)
+    assert all(p["node_id"] != worker.node_id for p in service.placement)
+    assert all(service.placement[i]["restarts"] == 1 for i in on_worker)
+    after = await rsched.submit(ME, _req("print('next')", gpus=2))
+    after = await rsched.wait(after.id, 120)
+    assert after.state == "succeeded", after.reason
+    await rsched.cancel(ME, service.id)
+
+
+def _procs_of(job_id: str) -> list[int]:
+    """Pids of any process (on this machine, where every test node runs) marked with a share of ``job_id``."""
+    return [pid for share in range(4) for pid in _procs.job_processes(f"{job_id}.{share}")]

@@ -256,7 +256,8 @@ class JobHandle:
 
 
 def submit_self(url: str, argv: builtins.list[str], gpus: int, kind: str = "rl", *, name: str | None = None,
-                torchrun: bool = False, heartbeat_timeout_s: float = 60.0, out: TextIO | None = None) -> int:
+                torchrun: bool = False, heartbeat_timeout_s: float = 60.0, out: TextIO | None = None,
+                nodes: int = 1) -> int:
     """Run ``argv`` as a scheduler job from this process: stream its log, return its exit code.
 
     For ``envhub-train --scheduler URL``: pass the training command without ``--scheduler``
@@ -266,7 +267,7 @@ def submit_self(url: str, argv: builtins.list[str], gpus: int, kind: str = "rl",
     """
     out = out or sys.stdout
     with SchedulerClient(url) as client:
-        with client.job(argv, gpus=gpus, kind=kind, name=name, torchrun=torchrun, cwd=os.getcwd(),
+        with client.job(argv, gpus=gpus, kind=kind, name=name, torchrun=torchrun, nodes=nodes, cwd=os.getcwd(),
                         heartbeat_timeout_s=heartbeat_timeout_s) as job:
             print(f"envhub-sched: job {job.id} submitted to {client.url}", file=sys.stderr, flush=True)
             for text in job.logs(follow=True):
