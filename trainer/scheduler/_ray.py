@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -185,6 +185,8 @@ class RayScheduler(Scheduler):
                 for rank, sup in enumerate(supervisors):
                     try:
                         chunk, code = await ref_result(sup.poll.remote())
+                    except ActorUnavailableError:
+                        continue  # unreachable for now (the cluster is handling a lost node): ask again
                     except RayActorError as exc:
                         node = job.placement[rank]
                         raise JobLostError(f"node {node['node_id'][:12]} ({node['node_ip']}) lost: "
@@ -201,7 +203,8 @@ class RayScheduler(Scheduler):
     # -- ending -------------------------------------------------------------------------------
     async def _end_processes(self, job: Job) -> None:
         supervisors = self._actors.pop(job.id, [])
-        stops = [ref_result(s.stop.remote(self.config.grace_s)) for s in supervisors]
+        stops = [asyncio.wait_for(ref_result(s.stop.remote(self.config.grace_s)), self.config.grace_s + 10)
+                 for s in supervisors]
         await asyncio.gather(*stops, return_exceptions=True)  # a lost node's share died with it
         for sup in supervisors:
             ray.kill(sup)

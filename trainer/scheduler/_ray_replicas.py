@@ -14,7 +14,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trainer.scheduler._core import JobLostError
 from trainer.scheduler._jobs import Job, with_port
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 MAX_RESTARTS = 5  # per replica: past this the service fails instead of crash-looping
 _POLL_S = 0.3
+STOP_SLACK_S = 10.0  # beyond the grace: how long a supervisor may take to report its tree ended
 
 
 class ReplicaSet:
@@ -68,6 +69,8 @@ class ReplicaSet:
         """None while replica ``i`` runs, else why it stopped."""
         try:
             chunk, code = await ref_result(self.supervisors[i].poll.remote())
+        except ActorUnavailableError:
+            return None  # unreachable for now (e.g. while the cluster handles a lost node): ask again
         except RayActorError as exc:
             return f"its node {self.job.placement[i]['node_id'][:12]} was lost ({type(exc).__name__})"
         log.write(chunk)
@@ -81,9 +84,10 @@ class ReplicaSet:
         log.write(f"\n[envhub-sched: replica {i} stopped: {why}; starting it again]\n".encode())
         old = self.supervisors[i]
         try:
-            await ref_result(old.stop.remote(self.scheduler.config.grace_s))
-        except RayActorError:
-            pass  # its node is gone, and its processes with it
+            await asyncio.wait_for(ref_result(old.stop.remote(self.scheduler.config.grace_s)),
+                                   self.scheduler.config.grace_s + STOP_SLACK_S)
+        except (RayActorError, asyncio.TimeoutError):
+            pass  # its node is gone, and its processes with it (PR_SET_PDEATHSIG)
         ray.kill(old)
         self.supervisors[i] = self.scheduler.new_supervisor(self.job, i)
         self.scheduler._actors[self.job.id][i] = self.supervisors[i]
