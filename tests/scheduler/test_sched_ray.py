@@ -19,8 +19,8 @@ import pytest
 from sched_helpers import PY, make_config
 
 from trainer.scheduler import _procs
-from trainer.scheduler._jobs import JobRequest
-from trainer.scheduler._store import Principal
+from trainer.scheduler._jobs import Job, JobRequest
+from trainer.scheduler._store import JobStore, Principal
 
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -201,6 +201,27 @@ async def test_two_node_gloo_torchrun_job_runs_a_training_step(rsched: Any, tmp_
     assert len({p["node_id"] for p in job.placement}) == 2
     assert "rank 0/2 node_rank 0 step done, weights equal across ranks: True" in log
     assert "rank 1/2 node_rank 1 step done, weights equal across ranks: True" in log
+
+
+async def test_a_restarted_ray_scheduler_keeps_records_and_marks_running_jobs_failed(
+        cluster: Any, tmp_path: Path) -> None:
+    from trainer.scheduler._ray import RayScheduler
+
+    store = JobStore(str(tmp_path / "sched.db"))
+    store.save(Job(id="jrunning", user="alice", command=["sleep", "600"], gpus_requested=2, state="running",
+                   placement=[{"node_id": "gone", "node_ip": "127.0.0.1", "gpus": [0, 1]}]))
+    store.save(Job(id="jqueued", user="alice", command=["true"], gpus_requested=0, seq=2,
+                   log_path=str(tmp_path / "jqueued.log")))
+    store.close()
+    sched = RayScheduler(make_config(tmp_path), address=cluster.address)
+    notes = await sched.start()
+    try:
+        assert any("jrunning" in n and "scheduler restarted" in n for n in notes)
+        assert sched.jobs["jrunning"].state == "failed" and "Ray actors ended" in sched.jobs["jrunning"].reason
+        queued = await sched.wait("jqueued", 120)  # the queue carries on with what was queued
+        assert queued.state == "succeeded", queued.reason
+    finally:
+        await sched.stop()
 
 
 async def test_worker_node_killed_fails_its_job_moves_its_replica_and_the_queue_goes_on(
