@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/system-deps.sh
-bash scripts/setup.sh envs,train,dev,trl,gym,tinker
+bash scripts/setup.sh envs,train,dev,trl,gym,tinker,ray
 # A second interpreter with the newer `openenv` package (it cannot share a venv with openenv-core),
 # used by the interop test that drives its client against an envhub server.
 if [ ! -x .venv-openenv010/bin/python ]; then

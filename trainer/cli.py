@@ -71,6 +71,9 @@ class ConfigCommand(Command):
         parser.add_argument("--gpus", type=int, default=1, help="GPUs to ask the scheduler for (default 1)")
         parser.add_argument("--torchrun", action="store_true",
                             help="with --scheduler: launch under torchrun, one rank per GPU")
+        parser.add_argument("--nodes", type=int, default=1,
+                            help="with --scheduler on its Ray backend: spread --gpus over this many nodes "
+                                 "(one torchrun per node, rendezvous set by the scheduler)")
         parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.steps=10")
 
     def _run(self, args: argparse.Namespace) -> int:
@@ -106,7 +109,7 @@ class ConfigCommand(Command):
         if args.config:
             argv += ["--config", os.path.abspath(args.config)]
         argv += (["--print-config"] if args.print_config else []) + args.overrides
-        return submit_self(args.scheduler, argv, args.gpus, self.kind, torchrun=args.torchrun)
+        return submit_self(args.scheduler, argv, args.gpus, self.kind, torchrun=args.torchrun, nodes=args.nodes)
 
 
 COMMANDS: dict[str, Command] = {}

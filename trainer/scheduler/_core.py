@@ -15,6 +15,7 @@ ports return to the pools and the queue is scheduled again.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import secrets
 import time
@@ -25,10 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from trainer.scheduler import _procs
-from trainer.scheduler._jobs import Job, JobRequest
+from trainer.scheduler._jobs import SERVICE_KINDS, Job, JobRequest
 from trainer.scheduler._resources import Gpu, GpuPool, PortPool
 from trainer.scheduler._store import JobStore, Principal
 from trainer.scheduler.errors import JobNotFoundError, JobRequestError
+
+
+class JobLostError(RuntimeError):
+    """A backend lost a running job's processes (their node died); the message is the job's reason."""
 
 #: environment variables of the scheduler that never reach a job
 _SECRET_ENV_PREFIXES = ("ENVHUB_SCHEDULER_KEY",)
@@ -91,10 +96,10 @@ class Scheduler:
             self._done[job.id] = asyncio.Event()
             if job.state == "running":
                 notes.append(await self._recover_running(job))
-            elif job.state == "queued" and job.gpus_requested > self.gpus.total:
+            elif job.state == "queued" and self._never_fits(job.gpus_requested, job.nodes, job.replicas):
                 # it would hold the head of the queue forever
                 self._mark_ended(job, "failed", f"needs {job.gpus_requested} GPUs; the scheduler restarted "
-                                                f"with {self.gpus.total}")
+                                                f"with {self.gpus_total()}")
                 await self._save(job)
             elif job.state == "queued":
                 self._arm_heartbeat(job)
@@ -132,9 +137,17 @@ class Scheduler:
     # -- requests ---------------------------------------------------------------------------
     async def submit(self, who: Principal, request: JobRequest) -> Job:
         """Queue a job for ``who``; refuses a request the inventory can never satisfy."""
-        if request.gpus > self.gpus.total:
-            raise JobRequestError(f"Expected at most {self.gpus.total} GPUs (the scheduler's inventory), "
-                                  f"got a request for {request.gpus}; ask for fewer GPUs")
+        if request.nodes < 1 or request.gpus % request.nodes:
+            raise JobRequestError(f"Expected --gpus to be a multiple of --nodes, got {request.gpus} GPUs "
+                                  f"on {request.nodes} nodes")
+        if request.replicas > 1 and (request.kind not in SERVICE_KINDS or request.nodes != 1):
+            raise JobRequestError(f"Expected --replicas only for kind service on one node per replica, got kind "
+                                  f"{request.kind!r} with --nodes {request.nodes}")
+        if self._never_fits(request.gpus, request.nodes, request.replicas):
+            raise JobRequestError(f"Expected at most {self.gpus_total()} GPUs (the scheduler's inventory), "
+                                  f"got a request for {request.gpus} on {request.nodes} node(s) x "
+                                  f"{request.replicas} replica(s); ask for fewer (--nodes and --replicas "
+                                  "need the Ray backend)")
         if request.torchrun and request.kind not in ("rl", "sft"):
             raise JobRequestError(f"Expected torchrun only for kind rl or sft, got kind {request.kind!r}")
         self._last_seq += 1  # no await before this: concurrent submits get distinct, ordered numbers
@@ -142,7 +155,7 @@ class Scheduler:
                   gpus_requested=request.gpus, kind=request.kind, name=request.name or Path(request.command[0]).name,
                   priority=request.priority, heartbeat_timeout_s=request.heartbeat_timeout_s, env=request.env,
                   cwd=request.cwd, torchrun=request.torchrun, n_ports=request.ports,
-                  seq=self._last_seq)
+                  nodes=request.nodes, replicas=request.replicas, seq=self._last_seq)
         job.log_path = str(self.log_dir / f"{job.id}.log")
         self.jobs[job.id] = job
         self._done[job.id] = asyncio.Event()
@@ -184,9 +197,61 @@ class Scheduler:
 
     async def authenticate(self, key: str) -> Principal | None:
         """The owner of API key ``key``, or None (looked up off the event loop)."""
-        return await self._in_db(self.store.verify_key, key)
+        principal: Principal | None = await self._in_db(self.store.verify_key, key)
+        return principal
 
-    def gpu_view(self) -> list[dict[str, Any]]:
+    # -- backend hooks: the local backend below; trainer.scheduler._ray overrides them -------------
+    def gpus_total(self) -> int:
+        """GPUs in the whole inventory."""
+        return self.gpus.total
+
+    def _never_fits(self, gpus: int, nodes: int, replicas: int = 1) -> bool:
+        """Whether a job of ``gpus`` GPUs on ``nodes`` nodes (x ``replicas``) can never be placed here."""
+        return nodes != 1 or replicas != 1 or gpus > self.gpus.total
+
+    def _place(self, job: Job) -> bool:
+        """Reserve the job's GPUs and ports; False when they are not free now (nothing reserved then).
+
+        Raises RuntimeError when the job fits but cannot be launched (no free port): it fails.
+        """
+        gpus = self.gpus.take(job.id, job.gpus_requested)
+        if gpus is None:
+            return False
+        try:
+            job.ports = self.ports.take(job.id, job.n_ports)
+        except RuntimeError:
+            self.gpus.release(job.id)
+            raise
+        job.gpus = gpus
+        return True
+
+    def _release(self, job: Job) -> None:
+        """Return the job's GPUs and ports to the pools."""
+        self.gpus.release(job.id)
+        self.ports.release(job.id)
+
+    async def _launch_and_wait(self, job: Job) -> int | None:
+        """Start the job's processes and wait for its main process; returns its exit code."""
+        proc = await self._spawn(job)
+        job.pid, job.pid_start_ticks = proc.pid, _procs.start_ticks(proc.pid)
+        await self._save(job)
+        if job.id in self._ending:  # cancelled while it was being launched
+            self._kill_soon(job)
+        return await proc.wait()
+
+    async def _end_processes(self, job: Job) -> None:
+        """End every process of the job that is still alive; returns once they are gone."""
+        await self._in_pool(_procs.end_job_tree, job.id, job.pid, job.pid, self.config.grace_s)
+
+    def _kill_soon(self, job: Job) -> None:
+        """Start ending the job's processes without waiting (its runner task sees the exit)."""
+        if job.pid is None:
+            return
+        asyncio.get_running_loop().run_in_executor(
+            None, _procs.end_job_tree, job.id, job.pid, job.pid, self.config.grace_s)
+
+    def gpu_view(self) -> builtins.list[dict[str, Any]]:
+        """The inventory as the API shows it: one entry per GPU with the job holding it."""
         return [{"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "job": self.gpus.holder(g.index)}
                 for g in self.gpus.gpus]
 
@@ -226,16 +291,13 @@ class Scheduler:
             return
         queue = sorted((j for j in self.jobs.values() if j.state == "queued"), key=lambda j: (-j.priority, j.seq))
         for job in queue:
-            gpus = self.gpus.take(job.id, job.gpus_requested)
-            if gpus is None:
-                break
             try:
-                ports = self.ports.take(job.id, job.n_ports)
+                if not self._place(job):
+                    break
             except RuntimeError as exc:
-                self.gpus.release(job.id)
                 self._finish_queued(job, "failed", f"launch failed: {exc}")
                 continue
-            job.state, job.gpus, job.ports, job.started_at = "running", gpus, ports, time.time()
+            job.state, job.started_at = "running", time.time()
             self._runners[job.id] = asyncio.get_running_loop().create_task(self._run(job), name=f"job-{job.id}")
 
     async def _run(self, job: Job) -> None:
@@ -243,15 +305,12 @@ class Scheduler:
         exit_code: int | None = None
         launch_error = ""
         try:
-            proc = await self._spawn(job)
-            job.pid, job.pid_start_ticks = proc.pid, _procs.start_ticks(proc.pid)
-            await self._save(job)
-            if job.id in self._ending:  # cancelled while it was being launched
-                self._kill_soon(job)
-            exit_code = await proc.wait()
+            exit_code = await self._launch_and_wait(job)
+        except JobLostError as exc:  # the backend lost the job's processes (a node died)
+            launch_error = str(exc)
         except Exception as exc:  # whatever stops the launch (no program, bad cwd, NUL in argv) fails the job
             launch_error = f"launch failed: {exc}"
-        await self._in_pool(_procs.end_job_tree, job.id, job.pid, job.pid, self.config.grace_s)
+        await self._end_processes(job)
         if launch_error:
             state, reason = "failed", launch_error
         elif job.id in self._ending:
@@ -260,8 +319,7 @@ class Scheduler:
             state = "succeeded" if exit_code == 0 else "failed"
             reason = "" if exit_code == 0 else f"exit code {exit_code}"
         job.exit_code = exit_code
-        self.gpus.release(job.id)
-        self.ports.release(job.id)
+        self._release(job)
         self._runners.pop(job.id, None)
         self._ending.pop(job.id, None)
         self._mark_ended(job, state, reason)
@@ -296,14 +354,8 @@ class Scheduler:
             await self._end_running(job.id)
 
     async def _end_running(self, job_id: str) -> None:
-        job = self.jobs[job_id]
-        if job.pid is not None:
-            self._kill_soon(job)
+        self._kill_soon(self.jobs[job_id])
         await self._done[job_id].wait()
-
-    def _kill_soon(self, job: Job) -> None:
-        asyncio.get_running_loop().run_in_executor(
-            None, _procs.end_job_tree, job.id, job.pid, job.pid, self.config.grace_s)
 
     def _mark_ended(self, job: Job, state: str, reason: str) -> None:
         job.state, job.reason, job.ended_at = state, reason, time.time()

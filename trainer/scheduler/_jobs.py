@@ -18,8 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-JobKind = Literal["rl", "sft", "inference", "service", "cmd"]
-JOB_KINDS: tuple[str, ...] = ("rl", "sft", "inference", "service", "cmd")
+JobKind = Literal["rl", "sft", "inference", "service", "sampler", "cmd"]
+JOB_KINDS: tuple[str, ...] = ("rl", "sft", "inference", "service", "sampler", "cmd")
+SERVICE_KINDS = frozenset({"service", "sampler"})  # long-running servers: may have replicas
 STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
 ACTIVE_STATES = frozenset({"queued", "running"})
 
@@ -39,6 +40,10 @@ class JobRequest(BaseModel):
     cwd: str | None = None
     torchrun: bool = Field(default=False, description="rl/sft only: wrap in torchrun --nproc_per_node=<gpus>")
     ports: int = Field(default=1, ge=0, le=64, description="TCP ports to reserve for the job")
+    nodes: int = Field(default=1, ge=1, le=256, description="nodes to spread the GPUs over (Ray backend)")
+    replicas: int = Field(default=1, ge=1, le=256,
+                          description="service only (Ray backend): copies of the command, each with --gpus GPUs and "
+                                      "its own port ({port} in the command); one that dies is restarted")
 
     @field_validator("command")
     @classmethod
@@ -72,6 +77,9 @@ class Job:
     cwd: str | None = None
     torchrun: bool = False
     n_ports: int = 1
+    nodes: int = 1
+    replicas: int = 1
+    placement: list[dict[str, Any]] = field(default_factory=list)  # Ray: [{node_id, node_ip, gpus}] per node
     state: str = "queued"
     reason: str = ""
     gpus: list[int] = field(default_factory=list)
@@ -98,7 +106,7 @@ class Job:
         environment; any other program runs under ``torchrun --no-python``.
         """
         if not (self.torchrun and self.kind in ("rl", "sft")):
-            return list(self.command)
+            return with_port(self.command, master_port)
         opts = [f"--nproc_per_node={max(self.gpus_requested, 1)}"]
         if master_port is not None:
             opts.append(f"--master_port={master_port}")
@@ -111,6 +119,12 @@ class Job:
         """The job as the API shows it: no environment values (they may hold secrets)."""
         data = asdict(self)
         data["env"] = sorted(self.env)  # names only
-        data["endpoints"] = [f"http://{advertise_host}:{p}" for p in self.ports]
+        replicas = [f"http://{p['node_ip']}:{p['port']}" for p in self.placement if p.get("port")]
+        data["endpoints"] = replicas or [f"http://{advertise_host}:{p}" for p in self.ports]
         data.pop("pid_start_ticks")
         return data
+
+
+def with_port(command: list[str], port: int | None) -> list[str]:
+    """``command`` with ``{port}`` replaced by the job's (or replica's) port, so a server can bind it."""
+    return [arg.replace("{port}", str(port)) for arg in command] if port is not None else list(command)

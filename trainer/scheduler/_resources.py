@@ -43,7 +43,7 @@ def parse_gpus(spec: str | None) -> tuple[list[Gpu], str]:
 def detect_gpus() -> tuple[list[Gpu], str]:
     """GPUs the driver reports, through NVML when importable, else ``nvidia-smi``; else none."""
     try:
-        import pynvml  # optional: nvidia-ml-py
+        import pynvml  # type: ignore[import-not-found, unused-ignore]  # optional: nvidia-ml-py
 
         pynvml.nvmlInit()
         try:
@@ -128,7 +128,7 @@ class PortPool:
         self._holder: dict[int, str] = {}
 
     def take(self, job_id: str, count: int) -> list[int]:
-        ports = []
+        ports: list[int] = []
         for port in range(self.first, self.last + 1):
             if len(ports) == count:
                 break

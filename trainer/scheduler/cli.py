@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the scheduler service")
     serve.add_argument("--gpus", default="", help="declared GPU indices (0,1,2,3) or 'auto' (ask the driver)")
+    serve.add_argument("--backend", choices=["local", "ray"], default="local",
+                       help="local: this machine's GPUs (default); ray: a Ray cluster's nodes and GPUs")
+    serve.add_argument("--ray-address", default=None, help="Ray cluster to join (default: 'auto', the local one)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback needs --auth")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     serve.add_argument("--db", default=None, help=f"SQLite job store (default ${DB_ENV} or ~/.envhub/scheduler.db)")
@@ -72,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--name", default=None)
     submit.add_argument("--priority", type=int, default=0, help="higher runs first")
     submit.add_argument("--torchrun", action="store_true", help="rl/sft: wrap in torchrun --nproc_per_node=GPUS")
+    submit.add_argument("--nodes", type=int, default=1, help="Ray backend: spread the GPUs over this many nodes")
+    submit.add_argument("--replicas", type=int, default=1,
+                        help="Ray backend, service/sampler: copies with --gpus each, port via {port}; restarted")
     submit.add_argument("--ports", type=int, default=1, help="TCP ports to reserve (ENVHUB_JOB_PORTS)")
     submit.add_argument("--heartbeat-timeout-s", type=float, default=None)
     submit.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra job environment")
@@ -98,7 +104,14 @@ def _serve(args: argparse.Namespace) -> int:
     config = SchedulerConfig(gpus=gpus, db_path=args.db or _default_db(), log_dir=args.log_dir, grace_s=args.grace_s,
                              port_first=args.ports[0], port_last=args.ports[1],
                              advertise_host=socket.getfqdn() if wildcard else args.host)
-    scheduler = Scheduler(config)
+    if args.backend == "ray":
+        from trainer.scheduler._ray import RayScheduler  # imports ray: only when asked for
+
+        ray_scheduler = RayScheduler(config, address=args.ray_address)
+        note = f"Ray cluster: {ray_scheduler.gpus_total()} GPU(s) on {len(ray_scheduler.gpu_nodes())} node(s)"
+        scheduler: Scheduler = ray_scheduler
+    else:
+        scheduler = Scheduler(config)
     auth = resolve_auth(args.host, args.auth, scheduler.store.key_count())
     sock = bind_socket(args.host, args.port)
     port = sock.getsockname()[1]
@@ -150,7 +163,8 @@ def _client_command(args: argparse.Namespace) -> int:
                 raise SchedulerError("Expected a command after --, e.g. `envhub-sched submit --gpus 1 -- python x.py`")
             job = client.submit(command, gpus=args.gpus, kind=args.kind, name=args.name, priority=args.priority,
                                 heartbeat_timeout_s=args.heartbeat_timeout_s, env=_parse_env(args.env),
-                                cwd=os.getcwd(), torchrun=args.torchrun, ports=args.ports)
+                                cwd=os.getcwd(), torchrun=args.torchrun, ports=args.ports,
+                                nodes=args.nodes, replicas=args.replicas)
             print(job["id"])
         elif args.cmd == "status":
             _print_json(client.status(args.id))

@@ -16,6 +16,7 @@ named by ``ENVHUB_SCHEDULER_KEY_FILE``; it travels only in the ``Authorization``
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 import threading
@@ -23,7 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import httpx
 
@@ -92,29 +93,34 @@ class SchedulerClient:
     # -- the API ------------------------------------------------------------------------------
     def submit(self, command: list[str], *, gpus: int = 0, kind: str = "cmd", name: str | None = None,
                priority: int = 0, heartbeat_timeout_s: float | None = None, env: dict[str, str] | None = None,
-               cwd: str | None = None, torchrun: bool = False, ports: int = 1) -> dict[str, Any]:
+               cwd: str | None = None, torchrun: bool = False, ports: int = 1, nodes: int = 1,
+               replicas: int = 1) -> dict[str, Any]:
         """Queue ``command`` (an argv list, run as given); returns the new job (``id``, ``state``...)."""
         body = {"command": list(command), "gpus": gpus, "kind": kind, "name": name, "priority": priority,
                 "heartbeat_timeout_s": heartbeat_timeout_s, "env": dict(env or {}), "cwd": cwd,
-                "torchrun": torchrun, "ports": ports}
-        return self._call("POST", "/jobs", json=body)
+                "torchrun": torchrun, "ports": ports, "nodes": nodes, "replicas": replicas}
+        return cast("dict[str, Any]", self._call("POST", "/jobs", json=body))
 
     def status(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/jobs/{job_id}")
+        return cast("dict[str, Any]", self._call("GET", f"/jobs/{job_id}"))
 
-    def list(self, all_users: bool = True) -> list[dict[str, Any]]:
+    def list(self, all_users: bool = True) -> builtins.list[dict[str, Any]]:
         """Jobs you may see, oldest first (an admin sees everyone's unless ``all_users=False``)."""
-        return self._call("GET", "/jobs", params={"all": str(all_users).lower()})
+        return cast("builtins.list[dict[str, Any]]", self._call("GET", "/jobs", params={"all": str(all_users).lower()}))
+
+    def endpoints(self, job_id: str) -> builtins.list[str]:
+        """URLs of a running service's live replicas (one per replica; a replica being restarted is left out)."""
+        return cast("builtins.list[str]", self.status(job_id)["endpoints"])
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel; returns the job once its whole process tree is gone."""
-        return self._call("POST", f"/jobs/{job_id}/cancel")
+        return cast("dict[str, Any]", self._call("POST", f"/jobs/{job_id}/cancel"))
 
     def heartbeat(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/jobs/{job_id}/heartbeat")
+        return cast("dict[str, Any]", self._call("POST", f"/jobs/{job_id}/heartbeat"))
 
-    def gpus(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/gpus")
+    def gpus(self) -> builtins.list[dict[str, Any]]:
+        return cast("builtins.list[dict[str, Any]]", self._call("GET", "/gpus"))
 
     def logs(self, job_id: str, tail: int | None = None, follow: bool = False) -> Any:
         """The job's output: a ``str``, or with ``follow=True`` an iterator of text until the job ends."""
@@ -155,7 +161,7 @@ class SchedulerClient:
             time.sleep(poll_s)
 
     @contextmanager
-    def job(self, command: list[str], *, heartbeat_timeout_s: float = 30.0, **submit: Any) -> Iterator[JobHandle]:
+    def job(self, command: builtins.list[str], *, heartbeat_timeout_s: float = 30.0, **submit: Any) -> Iterator[JobHandle]:
         """Submit a job that lives as long as the ``with`` block.
 
         Heartbeats go out from a background thread every third of ``heartbeat_timeout_s``; when
@@ -177,7 +183,7 @@ class SchedulerClient:
 
 
     @contextmanager
-    def training_service(self, *, gpus: int = 1, args: list[str] | None = None, heartbeat_timeout_s: float = 60.0,
+    def training_service(self, *, gpus: int = 1, args: builtins.list[str] | None = None, heartbeat_timeout_s: float = 60.0,
                          start_timeout_s: float = 600.0, name: str = "envhub-train-serve") -> Iterator[JobHandle]:
         """Run ``envhub-train serve`` as a ``service`` job for the ``with`` block; yields its handle once the
         service answers, with ``handle.url`` its base URL (for ``tinker.ServiceClient(base_url=...)``).
@@ -202,7 +208,7 @@ def _wait_for_service(client: SchedulerClient, job_id: str, timeout_s: float) ->
             raise SchedulerError(f"Training service job {job_id} ended ({job['state']}: {job.get('reason', '')}) "
                                  f"before answering; its log:\n{client.logs(job_id, tail=4000)}")
         if job["state"] == "running" and job["endpoints"]:
-            url = job["endpoints"][0]
+            url: str = job["endpoints"][0]
             try:
                 if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
                     return url
@@ -249,8 +255,9 @@ class JobHandle:
         return self.client.cancel(self.id)
 
 
-def submit_self(url: str, argv: list[str], gpus: int, kind: str = "rl", *, name: str | None = None,
-                torchrun: bool = False, heartbeat_timeout_s: float = 60.0, out: TextIO | None = None) -> int:
+def submit_self(url: str, argv: builtins.list[str], gpus: int, kind: str = "rl", *, name: str | None = None,
+                torchrun: bool = False, heartbeat_timeout_s: float = 60.0, out: TextIO | None = None,
+                nodes: int = 1) -> int:
     """Run ``argv`` as a scheduler job from this process: stream its log, return its exit code.
 
     For ``envhub-train --scheduler URL``: pass the training command without ``--scheduler``
@@ -260,7 +267,7 @@ def submit_self(url: str, argv: list[str], gpus: int, kind: str = "rl", *, name:
     """
     out = out or sys.stdout
     with SchedulerClient(url) as client:
-        with client.job(argv, gpus=gpus, kind=kind, name=name, torchrun=torchrun, cwd=os.getcwd(),
+        with client.job(argv, gpus=gpus, kind=kind, name=name, torchrun=torchrun, nodes=nodes, cwd=os.getcwd(),
                         heartbeat_timeout_s=heartbeat_timeout_s) as job:
             print(f"envhub-sched: job {job.id} submitted to {client.url}", file=sys.stderr, flush=True)
             for text in job.logs(follow=True):

@@ -65,7 +65,8 @@ router = APIRouter()
 
 def scheduler_of(request: Request) -> Scheduler:
     """The scheduler the app serving ``request`` was created for."""
-    return request.app.state.scheduler
+    scheduler: Scheduler = request.app.state.scheduler
+    return scheduler
 
 
 async def principal(request: Request, authorization: str | None = Header(default=None)) -> Principal:

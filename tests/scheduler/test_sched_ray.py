@@ -1,0 +1,253 @@
+"""The Ray backend against a real multi-node Ray cluster on this machine (a head and a worker raylet,
+each declaring two fake GPUs): placement by node and GPU, multi-node jobs, cancel across nodes, and
+a worker node killed mid-job. Skipped where ray is not installed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sched_helpers import PY, make_config
+
+from trainer.scheduler import _procs
+from trainer.scheduler._jobs import Job, JobRequest
+from trainer.scheduler._store import JobStore, Principal
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+ENVHUB = str(Path(sys.executable).with_name("envhub"))
+ME = Principal(user="alice", admin=False)
+_NODE = {"num_cpus": 1, "num_gpus": 2, "object_store_memory": 100 * 1024 * 1024}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head and one worker node, two fake GPUs each; shut down (and ray disconnected) at the end."""
+    temp = tempfile.mkdtemp(prefix="envhub-ray-")
+    old_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp  # Ray's session files stay in our own directory, apart from anyone's
+    os.makedirs(os.path.join(temp, "ray"))
+    c = cluster_utils.Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False,
+                                                                    "temp_dir": os.path.join(temp, "ray")})
+    c.add_node(**_NODE)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+        if old_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old_tmpdir
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+async def rsched(cluster: Any, tmp_path: Path):
+    from trainer.scheduler._ray import RayScheduler
+
+    scheduler = RayScheduler(make_config(tmp_path), address=cluster.address)
+    await scheduler.start()
+    yield scheduler
+    if scheduler.started:
+        await scheduler.stop()
+
+
+def _req(code: str, gpus: int, nodes: int = 1) -> JobRequest:
+    return JobRequest(command=[PY, "-c", code], gpus=gpus, nodes=nodes)
+
+
+async def _running(sched: Any, job_id: str, timeout_s: float = 60) -> None:
+    for _ in range(int(timeout_s / 0.1)):
+        job = sched.jobs[job_id]
+        log = Path(job.log_path)
+        if job.state == "running" and job.placement and log.exists() and log.stat().st_size:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"job {job_id} never printed: {sched.jobs[job_id]}")
+
+
+async def test_inventory_is_the_clusters_gpus_per_node(rsched: Any) -> None:
+    view = rsched.gpu_view()
+    assert len(view) == 4
+    assert len({g["node_id"] for g in view}) == 2
+
+
+async def test_single_node_job_gets_its_gpus_on_one_node(rsched: Any) -> None:
+    code = "import os; print('CVD', os.environ['CUDA_VISIBLE_DEVICES'])"
+    job = await rsched.submit(ME, _req(code, gpus=2))
+    job = await rsched.wait(job.id, 120)
+    assert job.state == "succeeded", job.reason
+    assert len(job.placement) == 1 and sorted(job.placement[0]["gpus"]) == [0, 1]
+    assert "CVD 0,1" in Path(job.log_path).read_text() or "CVD 1,0" in Path(job.log_path).read_text()
+
+
+async def test_multi_node_job_spreads_and_cancel_ends_every_node(rsched: Any) -> None:
+    code = "import os, time; print('rank', os.environ['ENVHUB_NODE_RANK'], flush=True); time.sleep(600)"
+    job = await rsched.submit(ME, _req(code, gpus=2, nodes=2))
+    await _running(rsched, job.id)
+    assert len({p["node_id"] for p in job.placement}) == 2
+    assert all(len(p["gpus"]) == 1 for p in job.placement)
+    pg_before = len([g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"])
+    await rsched.cancel(ME, job.id)
+    assert job.state == "cancelled"
+    pg_after = len([g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"])
+    assert pg_after == pg_before - 1
+    log = Path(job.log_path).read_text()
+    assert "rank 0" in log and "rank 1" in log
+
+
+async def test_a_request_larger_than_any_node_is_refused(rsched: Any) -> None:
+    from trainer.scheduler.errors import JobRequestError
+
+    with pytest.raises(JobRequestError):
+        await rsched.submit(ME, _req("pass", gpus=4))
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def _live_endpoints(sched: Any, job_id: str, count: int, timeout_s: float = 90) -> list[str]:
+    for _ in range(int(timeout_s / 0.3)):
+        urls = sched.jobs[job_id].public()["endpoints"]
+        if len(urls) == count and all(await asyncio.gather(*(asyncio.to_thread(_healthy, u) for u in urls))):
+            return list(urls)
+        await asyncio.sleep(0.3)
+    job = sched.jobs[job_id]
+    raise AssertionError(f"no {count} healthy replicas: {job.placement}\n{Path(job.log_path).read_text()[-3000:]}")
+
+
+async def test_env_server_replicas_report_their_urls_and_a_dead_one_is_restarted(rsched: Any) -> None:
+    cmd = [ENVHUB, "serve", "envhub.testing:EchoEnv", "--host", "0.0.0.0", "--port", "{port}"]
+    job = await rsched.submit(ME, JobRequest(command=cmd, kind="service", replicas=2, gpus=1))
+    urls = await _live_endpoints(rsched, job.id, 2)
+    assert len(set(urls)) == 2
+    assert len(job.gpus) == 2
+    victim = job.placement[0]
+    killed = _servers_on(victim["port"])
+    assert killed, "the replica's server process was not found"
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(300):  # the restart shows in the record before the new server is up
+        if job.placement[0]["restarts"] == 1:
+            break
+        await asyncio.sleep(0.1)
+    urls_after = await _live_endpoints(rsched, job.id, 2)
+    assert job.placement[0]["restarts"] == 1 and urls[1] in urls_after
+    await rsched.cancel(ME, job.id)
+    assert job.state == "cancelled"
+    assert not any(_servers_on(int(u.rsplit(":", 1)[1])) for u in urls + urls_after)
+    assert not any(await asyncio.gather(*(asyncio.to_thread(_healthy, u) for u in urls_after)))
+
+
+def _servers_on(port: int) -> list[int]:
+    """Pids of EchoEnv servers started on ``port`` (their command line names it)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"envhub.testing:EchoEnv" in argv and str(port).encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+_DDP_STEP = '''
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo")
+torch.manual_seed(dist.get_rank())  # different data per rank, same initial weights (DDP broadcasts them)
+model = DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loss = model(torch.randn(8, 4)).pow(2).mean()
+loss.backward()
+opt.step()
+weights = model.module.weight.detach().clone()
+gathered = [torch.zeros_like(weights) for _ in range(dist.get_world_size())]
+dist.all_gather(gathered, weights)
+same = all(torch.equal(g, gathered[0]) for g in gathered)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} node_rank {os.environ['GROUP_RANK']} "
+      f"step done, weights equal across ranks: {same}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+async def test_two_node_gloo_torchrun_job_runs_a_training_step(rsched: Any, tmp_path: Path) -> None:
+    script = tmp_path / "ddp_step.py"
+    script.write_text(_DDP_STEP)
+    request = JobRequest(command=[PY, str(script)], gpus=2, nodes=2, kind="sft", torchrun=True)
+    job = await rsched.submit(ME, request)
+    job = await rsched.wait(job.id, 300)
+    log = Path(job.log_path).read_text()
+    assert job.state == "succeeded", f"{job.reason}\n{log}"
+    assert len({p["node_id"] for p in job.placement}) == 2
+    assert "rank 0/2 node_rank 0 step done, weights equal across ranks: True" in log
+    assert "rank 1/2 node_rank 1 step done, weights equal across ranks: True" in log
+
+
+async def test_a_restarted_ray_scheduler_keeps_records_and_marks_running_jobs_failed(
+        cluster: Any, tmp_path: Path) -> None:
+    from trainer.scheduler._ray import RayScheduler
+
+    store = JobStore(str(tmp_path / "sched.db"))
+    store.save(Job(id="jrunning", user="alice", command=["sleep", "600"], gpus_requested=2, state="running",
+                   placement=[{"node_id": "gone", "node_ip": "127.0.0.1", "gpus": [0, 1]}]))
+    store.save(Job(id="jqueued", user="alice", command=["true"], gpus_requested=0, seq=2,
+                   log_path=str(tmp_path / "jqueued.log")))
+    store.close()
+    sched = RayScheduler(make_config(tmp_path), address=cluster.address)
+    notes = await sched.start()
+    try:
+        assert any("jrunning" in n and "scheduler restarted" in n for n in notes)
+        assert sched.jobs["jrunning"].state == "failed" and "Ray actors ended" in sched.jobs["jrunning"].reason
+        queued = await sched.wait("jqueued", 120)  # the queue carries on with what was queued
+        assert queued.state == "succeeded", queued.reason
+    finally:
+        await sched.stop()
+
+
+async def test_worker_node_killed_fails_its_job_moves_its_replica_and_the_queue_goes_on(
+        rsched: Any, cluster: Any) -> None:
+    """Runs last: it takes the worker node away for good."""
+    code = "import time; print('up', flush=True); time.sleep(600)"
+    job = await rsched.submit(ME, _req(code, gpus=2, nodes=2))
+    await _running(rsched, job.id)
+    cmd = [ENVHUB, "serve", "envhub.testing:EchoEnv", "--host", "0.0.0.0", "--port", "{port}"]
+    service = await rsched.submit(ME, JobRequest(command=cmd, kind="service", replicas=2, gpus=0))
+    await _live_endpoints(rsched, service.id, 2)
+    worker = next(n for n in cluster.worker_nodes)
+    on_worker = [i for i, p in enumerate(service.placement) if p["node_id"] == worker.node_id]
+    cluster.remove_node(worker, allow_graceful=False)
+    job = await rsched.wait(job.id, 120)
+    assert job.state == "failed" and "lost" in job.reason, job.reason
+    assert not _procs_of(job.id)
+    await _live_endpoints(rsched, service.id, 2, timeout_s=120)
+    assert all(p["node_id"] != worker.node_id for p in service.placement)
+    assert all(service.placement[i]["restarts"] == 1 for i in on_worker)
+    after = await rsched.submit(ME, _req("print('next')", gpus=2))
+    after = await rsched.wait(after.id, 120)
+    assert after.state == "succeeded", after.reason
+    await rsched.cancel(ME, service.id)
+
+
+def _procs_of(job_id: str) -> list[int]:
+    """Pids of any process (on this machine, where every test node runs) marked with a share of ``job_id``."""
+    return [pid for share in range(4) for pid in _procs.job_processes(f"{job_id}.{share}")]

@@ -1,0 +1,222 @@
+"""The Ray backend: the same queue, API and records, placed on a Ray cluster's nodes and GPUs.
+
+Placement is Ray's: a job of N GPUs on K nodes gets a placement group of K bundles of N/K GPUs
+(STRICT_PACK for one node, STRICT_SPREAD for several), and one :class:`NodeSupervisor` actor per
+bundle runs the job's share on its node. The queue decides *whether* a job starts (strict order, as
+locally) from a per-node count of free GPUs kept beside Ray's; Ray decides *where*, and the record
+says where it went (``job.placement``). A multi-node torchrun job runs
+``torch.distributed.run --nnodes K --node_rank r`` on each node, rendezvous at rank 0's node.
+
+A node that dies takes its actor with it: the next log pull raises, the job fails with the node in
+its reason, the other nodes' shares are ended and the placement group is removed. Actors are tied
+to the scheduler's driver, so a scheduler restart ends them (their processes die with them through
+``PR_SET_PDEATHSIG``) and the job is marked failed with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trainer.scheduler._core import _SECRET_ENV_PREFIXES, JobLostError, Scheduler, SchedulerConfig
+from trainer.scheduler._jobs import Job, with_port
+from trainer.scheduler._ray_node import NodeSupervisor, ref_result
+from trainer.scheduler._ray_replicas import ReplicaSet
+
+_BUNDLE_CPU = 0.01  # a bundle needs some resource; a 0-GPU share holds almost no CPU
+_POLL_S = 0.3
+_PLACE_TIMEOUT_S = 120.0
+
+
+class RayScheduler(Scheduler):
+    """A :class:`Scheduler` whose inventory is a Ray cluster's GPUs, per node."""
+
+    def __init__(self, config: SchedulerConfig, address: str | None = None):
+        super().__init__(config)
+        if not ray.is_initialized():
+            ray.init(address=address or "auto", namespace="envhub-sched", log_to_driver=False,
+                     include_dashboard=False)
+        self._node_gpus: dict[str, int] = {}  # alive node id -> GPUs it declares
+        self._node_ip: dict[str, str] = {}
+        self._held: dict[str, dict[str, int]] = {}  # job id -> node id -> GPUs booked there
+        self._groups: dict[str, PlacementGroup] = {}
+        self._actors: dict[str, list[Any]] = {}
+        self._refresh_nodes()
+
+    # -- inventory ----------------------------------------------------------------------------
+    def _refresh_nodes(self) -> None:
+        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        self._node_gpus = {n["NodeID"]: int(n.get("Resources", {}).get("GPU", 0)) for n in alive}
+        self._node_ip = {n["NodeID"]: str(n.get("NodeManagerAddress", "")) for n in alive}
+
+    def _free_by_node(self) -> dict[str, int]:
+        free = dict(self._node_gpus)
+        for booked in self._held.values():
+            for node, n in booked.items():
+                if node in free:
+                    free[node] -= n
+        return free
+
+    def gpu_nodes(self) -> list[str]:
+        """Ids of the alive nodes that declare GPUs."""
+        return [node for node, n in self._node_gpus.items() if n > 0]
+
+    def gpus_total(self) -> int:
+        return sum(self._node_gpus.values())
+
+    def _never_fits(self, gpus: int, nodes: int, replicas: int = 1) -> bool:
+        if replicas > 1:
+            return gpus > 0 and sum(n // gpus for n in self._node_gpus.values()) < replicas
+        per_node = gpus // nodes
+        return sum(1 for n in self._node_gpus.values() if n >= per_node) < nodes
+
+    def gpu_view(self) -> list[dict[str, Any]]:
+        """One entry per GPU of each alive node: its node, its index there and the job holding it."""
+        self._refresh_nodes()
+        view = []
+        for node, count in sorted(self._node_gpus.items(), key=lambda kv: self._node_ip[kv[0]] + kv[0]):
+            holders = [job for job, booked in self._held.items() for _ in range(booked.get(node, 0))]
+            for i in range(count):
+                view.append({"index": i, "node_id": node, "node_ip": self._node_ip[node], "name": "ray",
+                             "memory_mib": None, "job": holders[i] if i < len(holders) else None})
+        return view
+
+    # -- placement ----------------------------------------------------------------------------
+    def _place(self, job: Job) -> bool:
+        self._refresh_nodes()
+        if job.replicas > 1:
+            return self._place_replicas(job)
+        per_node = job.gpus_requested // job.nodes
+        free = self._free_by_node()
+        fitting = sorted((n for n, f in free.items() if f >= per_node), key=lambda n: free[n])
+        if len(fitting) < job.nodes:
+            return False
+        self._held[job.id] = dict.fromkeys(fitting[:job.nodes], per_node)  # rebooked once Ray has placed it
+        return True
+
+    def _place_replicas(self, job: Job) -> bool:
+        free, booked = self._free_by_node(), {}
+        need = job.replicas
+        for node, n in sorted(free.items(), key=lambda kv: -kv[1]):
+            fit = need if job.gpus_requested == 0 else min(need, n // job.gpus_requested)
+            if fit > 0:
+                booked[node], need = fit * job.gpus_requested, need - fit
+        if need:
+            return False
+        self._held[job.id] = booked
+        return True
+
+    def _release(self, job: Job) -> None:
+        self._held.pop(job.id, None)
+
+    async def _launch_and_wait(self, job: Job) -> int | None:
+        supervisors = await self._place_group(job)
+        if job.replicas > 1:
+            return await ReplicaSet(self, job, supervisors).run()
+        where = await asyncio.gather(*(ref_result(s.where.remote()) for s in supervisors))
+        job.placement = list(where)
+        self._held[job.id] = {w["node_id"]: job.gpus_requested // job.nodes for w in where}
+        job.gpus = [g for w in where for g in w["gpus"]]
+        job.ports = await ref_result(supervisors[0].free_ports.remote(max(job.n_ports, 1 if job.nodes > 1 else 0)))
+        for rank, sup in enumerate(supervisors):
+            await ref_result(sup.start.remote(self._rank_argv(job, rank), self.rank_env(job, rank), job.cwd))
+        await self._save(job)
+        return await self._pump(job, supervisors)
+
+    async def _place_group(self, job: Job) -> list[Any]:
+        per_node = job.gpus_requested // job.nodes
+        shares = max(job.nodes, job.replicas)
+        bundle: dict[str, float] = {"CPU": _BUNDLE_CPU, **({"GPU": float(per_node)} if per_node else {})}
+        # replicas spread where they can (a node's loss takes fewer of them); a multi-node job must
+        strategy = "SPREAD" if job.replicas > 1 else "STRICT_PACK" if job.nodes == 1 else "STRICT_SPREAD"
+        group = placement_group([dict(bundle) for _ in range(shares)], name=f"envhub-sched-{job.id}",
+                                strategy=strategy)
+        self._groups[job.id] = group
+        try:
+            await asyncio.wait_for(ref_result(group.ready()), _PLACE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise JobLostError(f"placement failed: Ray placed no group of {job.nodes} x {bundle} "
+                               f"within {_PLACE_TIMEOUT_S:g} s") from None
+        supervisors = [self.new_supervisor(job, i) for i in range(shares)]
+        self._actors[job.id] = supervisors
+        return supervisors
+
+    def new_supervisor(self, job: Job, bundle_index: int) -> Any:
+        """A supervisor actor in bundle ``bundle_index`` of the job's placement group."""
+        return ray.remote(NodeSupervisor).options(
+            num_cpus=_BUNDLE_CPU, num_gpus=job.gpus_requested // job.nodes, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._groups[job.id],
+                                                                 placement_group_bundle_index=bundle_index),
+        ).remote(job.id, bundle_index)
+
+    def _rank_argv(self, job: Job, rank: int) -> list[str]:
+        if not (job.torchrun and job.kind in ("rl", "sft")):
+            return with_port(job.command, job.ports[0] if job.ports else None)
+        opts = [f"--nnodes={job.nodes}", f"--nproc_per_node={max(job.gpus_requested // job.nodes, 1)}",
+                f"--node_rank={rank}", f"--master_addr={job.placement[0]['node_ip']}",
+                f"--master_port={job.ports[0]}"]
+        program, *args = job.command
+        if os.path.basename(program).startswith("python"):
+            return [program, "-m", "torch.distributed.run", *opts, *args]
+        return ["torchrun", *opts, "--no-python", program, *args]
+
+    def rank_env(self, job: Job, rank: int) -> dict[str, str]:
+        """The environment of share ``rank`` of the job (the scheduler's own secrets left out)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_SECRET_ENV_PREFIXES)}
+        env.update(job.env)
+        env.update({"ENVHUB_JOB_ID": job.id, "ENVHUB_JOB_PORTS": ",".join(map(str, job.ports)),
+                    "ENVHUB_NODE_RANK": str(rank), "ENVHUB_NNODES": str(job.nodes)})
+        if job.ports and job.replicas == 1:
+            env.update({"MASTER_ADDR": job.placement[0]["node_ip"], "MASTER_PORT": str(job.ports[0])})
+        return env
+
+    async def _pump(self, job: Job, supervisors: list[Any]) -> int | None:
+        """Pull every node's output into the job's log until all exit, one fails, or it is ended."""
+        codes: dict[int, int] = {}
+        with open(job.log_path, "ab", buffering=0) as log:
+            while True:
+                for rank, sup in enumerate(supervisors):
+                    try:
+                        chunk, code = await ref_result(sup.poll.remote())
+                    except ActorUnavailableError:
+                        continue  # unreachable for now (the cluster is handling a lost node): ask again
+                    except RayActorError as exc:
+                        node = job.placement[rank]
+                        raise JobLostError(f"node {node['node_id'][:12]} ({node['node_ip']}) lost: "
+                                           f"{type(exc).__name__}") from None
+                    log.write(chunk)
+                    if code is not None:
+                        codes[rank] = code
+                if len(codes) == len(supervisors) or any(codes.values()):
+                    return next((c for c in codes.values() if c), 0)
+                if job.id in self._ending:
+                    return None
+                await asyncio.sleep(_POLL_S)
+
+    # -- ending -------------------------------------------------------------------------------
+    async def _end_processes(self, job: Job) -> None:
+        supervisors = self._actors.pop(job.id, [])
+        stops = [asyncio.wait_for(ref_result(s.stop.remote(self.config.grace_s)), self.config.grace_s + 10)
+                 for s in supervisors]
+        await asyncio.gather(*stops, return_exceptions=True)  # a lost node's share died with it
+        for sup in supervisors:
+            ray.kill(sup)
+        group = self._groups.pop(job.id, None)
+        if group is not None:
+            remove_placement_group(group)
+
+    def _kill_soon(self, job: Job) -> None:
+        pass  # the pump sees job.id in self._ending on its next turn; _end_processes then ends every node
+
+    async def _recover_running(self, job: Job) -> str:
+        reason = "scheduler restarted; its Ray actors ended with the previous scheduler (processes killed)"
+        job.state, job.reason, job.ended_at = "failed", reason, time.time()
+        await self._save(job)
+        return f"job {job.id}: {reason}"
