@@ -1,0 +1,40 @@
+"""What every scenario runner returns, and how its validation curve is read back from a run's metrics."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "examples" / "configs"
+
+
+@dataclass
+class RunResult:
+    """One seed of one scenario: the validation curve (``(step, value)``) and the run's wall time."""
+
+    curve: list[tuple[int, float]]
+    seconds: float
+    extra: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # curves plotted beside it
+
+    @property
+    def before(self) -> float:
+        return self.curve[0][1]
+
+    @property
+    def after(self) -> float:
+        return self.curve[-1][1]
+
+
+def metric_curve(metrics_path: Path, key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` for every record of ``metrics.jsonl`` holding ``key``, one value per step (the last)."""
+    by_step: dict[int, float] = {}
+    with open(metrics_path) as fh:
+        for line in fh:
+            record = json.loads(line)
+            if key in record:
+                by_step[int(record["step"])] = float(record[key])
+    if not by_step:
+        raise ValueError(f"{metrics_path} holds no {key!r}: did the run evaluate?")
+    return sorted(by_step.items())

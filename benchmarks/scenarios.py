@@ -1,0 +1,142 @@
+"""Every training scenario learns: held-out validation before and over training, one panel each, on CPU.
+
+``python -m benchmarks.scenarios [--out DIR] [--only NAME,...] [--seeds N] [--smoke]`` trains each
+scenario from its config under ``examples/configs/`` and writes ``DIR/scenarios.png`` (one panel per
+scenario: validation over training steps, the before-training level dashed, the band over seeds) and
+``DIR/summary.json`` (one entry per scenario: ``name``, ``metric``, ``before``, ``after``, ``rise``,
+``target``, ``seeds_met``, ``steps``, ``seconds``). It compares each scenario's validation after training
+with its own level before, against the rise the scenario must reach. ``--smoke`` trains one step per
+scenario (seconds; the targets are not checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script (`python benchmarks/scenarios.py`) from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._scenarios.common import RunResult  # noqa: E402
+from benchmarks._scenarios.math import run_math  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named training run from ``config``, its validation ``metric`` and the ``target`` rise it must reach."""
+
+    name: str
+    config: str
+    metric: str
+    target: float
+    run: Callable[[str, int, Path, bool], RunResult]
+
+
+SCENARIOS = [
+    Scenario("math", "scenario_math.toml", "validation accuracy (greedy, held-out sums)", 0.3,
+             lambda cfg, seed, out, smoke: run_math(cfg, seed, out, smoke=smoke)),
+    Scenario("math-lora", "scenario_math_lora.toml", "validation accuracy (greedy, held-out sums)", 0.3,
+             lambda cfg, seed, out, smoke: run_math(cfg, seed, out, smoke=smoke)),
+]
+
+
+def pick(only: str | None) -> list[Scenario]:
+    """The scenarios named in ``only`` (comma-separated), or all; an unknown name is an error naming the known ones."""
+    if not only:
+        return SCENARIOS
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {s.name: s for s in SCENARIOS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"Unknown scenario(s) {unknown}; expected some of {sorted(known)}.")
+    return [known[n] for n in names]
+
+
+def summarise(scenario: Scenario, runs: list[RunResult]) -> dict[str, Any]:
+    """The summary entry: means over seeds, and how many seeds reached the target rise."""
+    rises = [r.after - r.before for r in runs]
+    return {"name": scenario.name, "metric": scenario.metric, "config": f"examples/configs/{scenario.config}",
+            "before": round(statistics.mean(r.before for r in runs), 4),
+            "after": round(statistics.mean(r.after for r in runs), 4),
+            "rise": round(statistics.mean(rises), 4), "target": scenario.target,
+            "seeds": len(runs), "seeds_met": sum(rise >= scenario.target for rise in rises),
+            "rise_per_seed": [round(x, 4) for x in rises], "steps": runs[0].curve[-1][0],
+            "seconds": round(sum(r.seconds for r in runs), 1)}
+
+
+def plot(results: list[tuple[Scenario, list[RunResult]]], path: Path) -> Path:
+    """One panel per scenario: the mean validation curve over seeds, the min-max band, the before level dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.4), squeeze=False)
+    for ax, (scenario, runs) in zip(axes[0], results):
+        steps = [s for s, _ in runs[0].curve]
+        columns = [[dict(r.curve).get(s, r.curve[-1][1]) for r in runs] for s in steps]
+        mean = [statistics.mean(c) for c in columns]
+        ax.plot(steps, mean, marker="o", label="validation")
+        if len(runs) > 1:
+            ax.fill_between(steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.25)
+        ax.axhline(mean[0], linestyle="--", color="grey", label="before training")
+        rise = mean[-1] - mean[0]
+        ax.set_title(f"{scenario.name}: {mean[0]:.2f} -> {mean[-1]:.2f} ({rise:+.2f}, target +{scenario.target})",
+                     fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(scenario.metric, fontsize=8)
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scenarios", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/scenarios", help="where scenarios.png, summary.json and each run go")
+    p.add_argument("--only", default=None, help=f"comma-separated names among {[s.name for s in SCENARIOS]}")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per scenario (0, 1, ...); the figure shows the band")
+    p.add_argument("--smoke", action="store_true", help="one training step per scenario, seconds (CI)")
+    args = p.parse_args(argv)
+    if not 1 <= args.seeds <= 10:
+        p.error(f"Expected --seeds between 1 and 10, got {args.seeds}.")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # the tiny models run fastest on one thread; the env servers get the other core
+    out = Path(args.out)
+    results = []
+    for scenario in pick(args.only):
+        runs = []
+        for seed in range(args.seeds):
+            print(f"[scenarios] {scenario.name}, seed {seed}: {scenario.config}", flush=True)
+            runs.append(scenario.run(scenario.config, seed, out / scenario.name / f"seed{seed}", args.smoke))
+            print(f"[scenarios] {scenario.name}, seed {seed}: {runs[-1].before:.3f} -> {runs[-1].after:.3f} "
+                  f"in {runs[-1].seconds:.0f} s", flush=True)
+        results.append((scenario, runs))
+    summary = [summarise(s, runs) for s, runs in results]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    figure = plot(results, out / "scenarios.png")
+    for entry in summary:
+        print(f"[scenarios] {entry['name']:<10} {entry['before']:.3f} -> {entry['after']:.3f}  rise {entry['rise']:+.3f} "
+              f"(target +{entry['target']}, {entry['seeds_met']}/{entry['seeds']} seeds met)  {entry['seconds']:.0f} s")
+    print(f"[scenarios] wrote {out / 'summary.json'} and {figure}", flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The scenario suite (``benchmarks/scenarios.py``): each scenario's config trains a step; the summary and figure are right."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import scenarios  # noqa: E402
+from benchmarks._scenarios.common import RunResult, metric_curve  # noqa: E402
+from trainer.config import load_config  # noqa: E402
+
+
+@pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=[s.name for s in scenarios.SCENARIOS])
+def test_each_scenario_config_loads_as_envhub_train_reads_it(scenario: scenarios.Scenario) -> None:
+    cfg = load_config(ROOT / "examples" / "configs" / scenario.config)
+    assert cfg.env.eval_task["split"] == "validation" != cfg.env.train_task["split"]
+
+
+@pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=[s.name for s in scenarios.SCENARIOS])
+def test_each_scenario_starts_and_trains_a_step(scenario: scenarios.Scenario, tmp_path: Path) -> None:
+    result = scenario.run(scenario.config, 0, tmp_path, True)
+    assert [step for step, _ in result.curve] == [0, 1]  # validated before training and after its one step
+    assert all(0.0 <= value <= 1.0 for _, value in result.curve)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/reward_mean" in r for r in records)
+
+
+def test_summary_counts_the_seeds_that_met_the_target_and_means_the_rest() -> None:
+    scenario = scenarios.Scenario("s", "x.toml", "accuracy", 0.3, lambda *a: RunResult([], 0.0))
+    runs = [RunResult([(0, 0.2), (10, 0.6)], 5.0), RunResult([(0, 0.3), (10, 0.4)], 7.0)]
+    entry = scenarios.summarise(scenario, runs)
+    assert entry["before"] == 0.25 and entry["after"] == 0.5 and entry["rise"] == 0.25
+    assert entry["seeds_met"] == 1 and entry["seeds"] == 2 and entry["rise_per_seed"] == [0.4, 0.1]
+    assert entry["steps"] == 10 and entry["seconds"] == 12.0
+
+
+def test_the_figure_has_one_panel_per_scenario(tmp_path: Path) -> None:
+    scenario = scenarios.Scenario("s", "x.toml", "accuracy", 0.3, lambda *a: RunResult([], 0.0))
+    runs = [RunResult([(0, 0.2), (5, 0.4), (10, 0.6)], 1.0), RunResult([(0, 0.3), (5, 0.3), (10, 0.4)], 1.0)]
+    path = scenarios.plot([(scenario, runs), (scenario, runs[:1])], tmp_path / "scenarios.png")
+    from PIL import Image
+
+    width, height = Image.open(path).size
+    assert width > 1.8 * height  # two panels side by side
+
+
+def test_an_unknown_scenario_name_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(SystemExit, match="math-lora"):
+        scenarios.pick("math,nope")
+    assert [s.name for s in scenarios.pick("math-lora")] == ["math-lora"]
+
+
+def test_metric_curve_keeps_one_value_per_step_and_refuses_a_run_that_never_evaluated(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "eval/reward_mean": 0.1}\n{"step": 3, "train/reward_mean": 0.5}\n'
+                    '{"step": 3, "eval/reward_mean": 0.4}\n')
+    assert metric_curve(path, "eval/reward_mean") == [(0, 0.1), (3, 0.4)]
+    with pytest.raises(ValueError, match="holds no"):
+        metric_curve(path, "eval/win_rate")
