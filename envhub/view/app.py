@@ -9,6 +9,7 @@ Routes (every query parameter bounded; no route takes a path, so nothing outside
     GET /api/episodes/{i}/tokens   the episode's token runs, trained (mask 1) or not (mask 0)
     GET /api/metrics?key=K         the curve of one metric of metrics.jsonl (repeat key for several)
     GET /api/failures              the last records of failures.jsonl
+    GET /health                    200 once the server answers (for scripts and process supervisors)
 """
 
 from __future__ import annotations
@@ -154,6 +155,10 @@ def create_view_app(root: str | Path, *, allowed_hosts: list[str] | None = None)
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
         return resources.files("envhub.view").joinpath("page.html").read_text(encoding="utf-8")
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
 
     @app.get("/api/info")
     def info() -> dict[str, Any]:

@@ -85,6 +85,8 @@ def fresh_venv(where: Path, *packages: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.live
 def test_init_install_list_serve_check_eval_in_a_fresh_venv(tmp_path: Path, serve_process) -> None:
+    import httpx
+
     from envhub import EnvClient
 
     init = subprocess.run([sys.executable, "-m", "envhub", "init", "guess_demo", "--tools", "--multi-turn"],
@@ -125,3 +127,11 @@ def test_init_install_list_serve_check_eval_in_a_fresh_venv(tmp_path: Path, serv
     assert len(records) == 4 and all(r["failure"] is None and r["reward"] is not None for r in records)
     summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
     assert summary["env"] == "guess_demo" and summary["episodes_done"] == 4 and set(summary["pass_at_k"]) == {"1", "2"}
+
+    viewer = serve_process([str(python), "-m", "envhub", "view", "ev"], cwd=tmp_path, env=env)
+    info = httpx.get(viewer.url + "/api/info", timeout=10).json()
+    assert info["kind"] == "eval" and info["summary"]["episodes_done"] == 4
+    page = httpx.get(viewer.url + "/api/episodes", params={"limit": 10}, timeout=10).json()
+    assert page["total"] == 4 and sum("sample 1" in row["title"] for row in page["rows"]) == 2
+    episode = httpx.get(viewer.url + "/api/episodes/0", timeout=10).json()
+    assert episode["messages"] and episode["messages"][0]["role"] in ("system", "user")
