@@ -1,7 +1,9 @@
 """``envhub view``: a local web page over a training run or an eval directory (episodes, tokens, reward curve).
 
 >>> from envhub.view import create_view_app   # doctest: +SKIP
->>> app = create_view_app("runs/quickstart")   # serve it with uvicorn, or `envhub view runs/quickstart`
+>>> app = create_view_app("runs/quickstart")   # doctest: +SKIP
+
+Serve ``app`` with uvicorn, or run ``envhub view runs/quickstart``.
 
 FastAPI loads on first use of :func:`create_view_app` or :func:`serve_view`, not on import.
 """

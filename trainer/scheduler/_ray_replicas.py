@@ -11,17 +11,30 @@ names a dead replica. A replica that keeps dying fails the service.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from trainer.scheduler._core import JobLostError
+from trainer.scheduler._core import JobLostError, SchedulerConfig
 from trainer.scheduler._jobs import Job, with_port
 from trainer.scheduler._ray_node import ref_result
 
-if TYPE_CHECKING:
-    from trainer.scheduler._ray import RayScheduler
+
+class ReplicaHost(Protocol):
+    """What a replica set needs of the Ray scheduler that owns it (named here, so the two modules do not
+    import each other)."""
+
+    config: SchedulerConfig
+    _ending: dict[str, tuple[str, str]]
+    _actors: dict[str, list[Any]]
+    _held: dict[str, dict[str, int]]
+
+    async def _save(self, job: Job) -> None: ...
+
+    def new_supervisor(self, job: Job, bundle_index: int) -> Any: ...
+
+    def rank_env(self, job: Job, rank: int) -> dict[str, str]: ...
 
 MAX_RESTARTS = 5  # per replica: past this the service fails instead of crash-looping
 _POLL_S = 0.3
@@ -31,7 +44,7 @@ STOP_SLACK_S = 10.0  # beyond the grace: how long a supervisor may take to repor
 class ReplicaSet:
     """The replicas of one service job, from first start until the job is ended."""
 
-    def __init__(self, scheduler: RayScheduler, job: Job, supervisors: list[Any]):
+    def __init__(self, scheduler: ReplicaHost, job: Job, supervisors: list[Any]):
         self.scheduler, self.job, self.supervisors = scheduler, job, supervisors
         self.restarts = [0] * len(supervisors)
         job.placement = [{"node_id": "", "node_ip": "", "gpus": [], "port": None, "restarts": 0}
