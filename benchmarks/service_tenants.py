@@ -48,6 +48,9 @@ class TenantRun:
     rewards: list[float] = field(default_factory=list)
     sampled_tokens: int = 0
     trained_tokens: int = 0
+    sample_s: float = 0.0  # of the steps' time: sampling, rewards (the env server), training
+    reward_s: float = 0.0
+    train_s: float = 0.0
     error: str | None = None
 
 
@@ -55,10 +58,13 @@ def grpo_step(tc: Any, episodes: MathEpisodes, indices: list[int], args: argpars
     """One shortened GRPO step of ``examples/tinker_rl.py``, every sample trained on (see the module docstring)."""
     from tinker import types
 
+    began = time.perf_counter()
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompts = [episodes.prompt("train", i) for i in indices]
     groups = sample_all(sampler, prompts, args.group, 1.0, args.max_tokens)
+    sampled = time.perf_counter()
     rewards = episodes.rewards([("train", i, s.tokens) for i, g in zip(indices, groups) for s in g])
+    rewarded = time.perf_counter()
     rows = []
     for k, (prompt, group) in enumerate(zip(prompts, groups)):
         r = rewards[k * args.group:(k + 1) * args.group]
@@ -69,6 +75,9 @@ def grpo_step(tc: Any, episodes: MathEpisodes, indices: list[int], args: argpars
     fb = tc.forward_backward(data, "importance_sampling")
     tc.optim_step(types.AdamParams(learning_rate=args.lr)).result()
     fb.result()
+    run.sample_s += sampled - began
+    run.reward_s += rewarded - sampled
+    run.train_s += time.perf_counter() - rewarded
     run.rewards.append(sum(rewards) / len(rewards))
     run.sampled_tokens += n_tokens
     run.trained_tokens += sum(len(d.model_input.to_ints()) for d in data)
@@ -113,6 +122,7 @@ def phase(url: str, n: int, episodes: MathEpisodes, args: argparse.Namespace) ->
         raise RuntimeError(f"{n} tenants: {errors}")
     return {"n": n, "wall_s": wall_s, "runs": runs, "sampled_tok_s": sum(r.sampled_tokens for r in runs) / wall_s,
             "trained_tok_s": sum(r.trained_tokens for r in runs) / wall_s,
+            "busy": (after["queue"]["busy_s"] - before["queue"]["busy_s"]) / wall_s,
             "swaps": after["sampler_slots"]["swaps"] - before["sampler_slots"]["swaps"],
             "sample_batches": after["queue"]["batches"].get("sample", 0) - before["queue"]["batches"].get("sample", 0),
             "largest_sample_batch": after["queue"]["largest_batch"].get("sample", 0),
@@ -133,6 +143,11 @@ def report(results: list[dict[str, Any]]) -> None:
         print(f"{r['n']:7d}  {r['wall_s']:6.1f}  {r['sampled_tok_s']:13.1f}  {r['trained_tok_s']:13.1f}  "
               f"{speedup:13.2f}  {r['sample_batches']:14d} ({r['largest_sample_batch']:3d})  {r['fwdbwd_batched']:15d}"
               f"  {r['swaps']:5d}")
+    for r in results:
+        runs = r["runs"]
+        parts = {k: statistics.fmean(getattr(x, k) / len(x.step_s) for x in runs) for k in ("sample_s", "reward_s", "train_s")}
+        print(f"  {r['n']} tenants: service worker busy {100 * r['busy']:.0f}% of the wall time; a step's mean "
+              f"sampling {parts['sample_s']:.2f} s, rewards {parts['reward_s']:.2f} s, training {parts['train_s']:.2f} s")
     for r in results:
         per = ", ".join(f"{run.key[4:]}: {statistics.median(run.step_s):.2f} s/step, reward "
                         f"{statistics.fmean(run.rewards):.3f}" for run in r["runs"])

@@ -4,8 +4,9 @@
 the worker, concurrent requests (one client's many prompts, several clients' samplers) with the same decode
 settings run as one engine batch (:func:`~trainer.core.batch_sampling.sample_batch`: each row under its
 own LoRA adapter), bounded by ``--max-sample-tokens`` tokens per batch. A seeded request runs alone, so
-its samples do not depend on what else was queued. Samplers that are not on the training model (vLLM
-views) answer each request in turn.
+its samples do not depend on what else was queued. With ``--sampler vllm`` every request of a batch goes
+into one ``generate`` call (:func:`~trainer.core.vllm_samplers.sample_views`: vLLM's multi-LoRA batches,
+each request with its own parameters and seed).
 
 Which weights a request samples is resolved when its batch runs (``SamplerCache``): a snapshot whose run
 has not stepped since samples the live adapter; otherwise its copy is loaded into one of the
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.core import SamplingClient, SamplingParams
 from trainer.core.batch_sampling import SampleRequest, batch_key, decode_key, sample_batch
+from trainer.core.vllm_samplers import VLLMView, sample_views
 from trainer.service import _paths, _requests, _wire
 from trainer.service._errors import NotFound, UserError
 from trainer.service._queue import PROTOBUF, Batchable
@@ -83,7 +85,8 @@ class Sampling:
         sequence_ids = [f"{key or sampler_id}:{i}" for i in range(req.num_samples)]
         queued = QueuedSample(req, prompt, params)
         tokens = req.num_samples * (len(prompt) + params.max_tokens)
-        settings_key = decode_key(params)
+        # one vLLM generate call takes rows with any parameters, seeds included (vLLM seeds each request)
+        settings_key = "vllm" if ops.host.vllm is not None else decode_key(params)
         batch = None if settings_key is None else Batchable(queued, settings_key, tokens, ops.settings.max_sample_tokens)
 
         def work() -> Result:
@@ -113,7 +116,7 @@ class Sampling:
                     continue
                 request = SampleRequest(client, q.prompt, q.req.num_samples, q.params,  # type: ignore[arg-type]
                                         bool(q.req.prompt_logprobs))
-                groups.setdefault(batch_key(client, q.params) or ("alone", i), []).append((i, request))
+                groups.setdefault(_group(client, q.params, i), []).append((i, request))
             self._run_groups(groups, results)
         finally:
             cache.unpin()
@@ -124,7 +127,10 @@ class Sampling:
                     results: list[Result | BaseException]) -> None:
         for members in groups.values():
             try:
-                if len(members) == 1:
+                if len(members) > 1 and not isinstance(members[0][1].client, SamplingClient):
+                    outs = sample_views([(r.client, r.prompt, r.num_samples, r.params,  # type: ignore[misc]
+                                          r.include_prompt_logprobs) for _, r in members])
+                elif len(members) == 1:
                     r = members[0][1]
                     outs = [r.client.sample(r.prompt, r.num_samples, r.params,
                                             include_prompt_logprobs=r.include_prompt_logprobs)]
@@ -139,7 +145,7 @@ class Sampling:
                     for one in members:
                         Sampling._run_groups({0: [one]}, results)
 
-    def sampler(self, req: _requests.Sample) -> SamplingClient:
+    def sampler(self, req: _requests.Sample) -> SamplingClient | VLLMView:
         """The sampling client a request names, its adapter loaded and pinned (worker thread)."""
         ops = self.ops
         sampler_id = req.sampling_session_id
@@ -155,3 +161,11 @@ class Sampling:
                 raise UserError(f"Unknown checkpoint {model_path}.")
             return ops.samplers.for_checkpoint(Path(checkpoint["path"]))
         return ops.samplers.base()
+
+
+def _group(client: SamplingClient | VLLMView, params: SamplingParams, index: int) -> Any:
+    """Which requests of a batch share one engine call: equal :func:`batch_key` on the HF sampler; every request
+    on one vLLM engine; a seeded HF request is a group of its own."""
+    if not isinstance(client, SamplingClient):
+        return ("vllm", id(client.engine))
+    return batch_key(client, params) or ("alone", index)
