@@ -157,12 +157,12 @@ def test_concurrent_samples_of_several_adapters_share_one_engine_call(server, sc
     samplers.append(sc.create_sampling_client(base_model=BASE))
     greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
     seeded = types.SamplingParams(max_tokens=6, temperature=1.0, stop=[], seed=7)
-    calls = [(s, p) for s in samplers for p in (greedy, seeded)]
-    alone = [s.sample(types.ModelInput.from_ints(PROMPT), 2, p).result().sequences for s, p in calls]
+    calls = [(s, p, n) for s in samplers for p, n in ((greedy, 1), (seeded, 2))]  # vLLM: greedy takes n = 1
+    alone = [s.sample(types.ModelInput.from_ints(PROMPT), n, p).result().sequences for s, p, n in calls]
     assert alone[0][0].tokens != alone[2][0].tokens  # the two adapters differ
     release = threading.Event()
     ops.queue.submit("block", lambda: (release.wait(30), (b"{}", "application/json"))[1], bounded=False)
-    futures = [s.sample(types.ModelInput.from_ints(PROMPT), 2, p) for s, p in calls]
+    futures = [s.sample(types.ModelInput.from_ints(PROMPT), n, p) for s, p, n in calls]
     deadline = time.monotonic() + 30
     while ops.queue.pending() < len(calls) and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -47,7 +47,9 @@ class VLLMView:
 def sample_views(requests: Sequence[tuple[VLLMView, list[int], int, SamplingParams, bool]]) -> list[SampleResponse]:
     """Several ``(view, prompt, num_samples, params, include_prompt_logprobs)`` requests on one engine in ONE
     ``generate`` call: vLLM schedules their rows together, each with its own sampling parameters (a seed stays
-    per request) and its own LoRA adapter (its multi-LoRA batches). Each answer is what ``view.sample`` gives."""
+    per request) and its own LoRA adapter (its multi-LoRA batches). Each answer is what ``view.sample`` gives.
+    Keep base-model views (no adapter) out of a call with LoRA views: vLLM's CPU build (0.11) applies the
+    batch's adapters to them too (observed), so the service sends the two kinds in separate calls."""
     from vllm.exceptions import VLLMValidationError
     from vllm.inputs import TokensPrompt
 

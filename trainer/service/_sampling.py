@@ -164,8 +164,9 @@ class Sampling:
 
 
 def _group(client: SamplingClient | VLLMView, params: SamplingParams, index: int) -> Any:
-    """Which requests of a batch share one engine call: equal :func:`batch_key` on the HF sampler; every request
-    on one vLLM engine; a seeded HF request is a group of its own."""
+    """Which requests of a batch share one engine call: equal :func:`batch_key` on the HF sampler; on one vLLM
+    engine every LoRA request, and apart from them every base-model request (vLLM's CPU build applies a batch's
+    adapters to its rows without one); a seeded HF request is a group of its own."""
     if not isinstance(client, SamplingClient):
-        return ("vllm", id(client.engine))
+        return ("vllm", id(client.engine), client.lora_request is None)
     return batch_key(client, params) or ("alone", index)
