@@ -33,8 +33,10 @@ log = logging.getLogger("envhub.service")
 
 
 @contextlib.contextmanager
-def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 180.0) -> Iterator[str]:
-    """Run ``envhub-train serve --port 0 <args>`` as a subprocess for the block; yields its URL.
+def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 180.0,
+                  cwd: str | Path | None = None) -> Iterator[str]:
+    """Run ``envhub-train serve --port 0 <args>`` as a subprocess for the block (in ``cwd``: a source tree there
+    is imported first); yields its URL.
 
     >>> with local_service(["--full-parameter"], "serve.log") as url:     # doctest: +SKIP
     ...     service = tinker.ServiceClient(base_url=url, api_key="tml-local")
@@ -42,7 +44,7 @@ def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 1
     argv = [sys.executable, "-m", "trainer.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd)
     try:
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: lines.put(_listening_line(proc.stdout)), daemon=True).start()
