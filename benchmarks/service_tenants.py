@@ -131,7 +131,12 @@ def phase(url: str, n: int, episodes: MathEpisodes, args: argparse.Namespace) ->
 
 
 def stats(url: str) -> dict[str, Any]:
-    return dict(httpx.get(f"{url}/api/v1/service_stats", headers={"X-API-Key": "tml-bench"}, timeout=30).json())
+    """The service's scheduler and swap counters (zeros from a service without the stats route: a --baseline)."""
+    resp = httpx.get(f"{url}/api/v1/service_stats", headers={"X-API-Key": "tml-bench"}, timeout=30)
+    if resp.status_code == 404:
+        return {"queue": {"busy_s": 0.0, "batches": {}, "largest_batch": {}, "batched_jobs": {}},
+                "sampler_slots": {"swaps": 0}}
+    return dict(resp.json())
 
 
 def report(results: list[dict[str, Any]]) -> None:
@@ -166,6 +171,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--problems", type=int, default=64, help="train problems the tenants draw from")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--batch-window-ms", type=float, default=5.0, help="the service's --batch-window-ms")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also run every phase against a service from the source tree in DIR (say `git archive` of "
+                        "an earlier commit): before/after in one run")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs")
     args = p.parse_args(argv)
     if args.smoke:
@@ -177,16 +185,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         out = Path(tmp)
         env_url = stack.enter_context(math_server(0, out / "math_server.log"))
-        url = stack.enter_context(local_service(
-            ["--threads", "1", "--state-dir", str(out / "state"), "--max-tenants", str(2 * max(counts)),
-             "--batch-window-ms", str(args.batch_window_ms)], out / "service.log"))
         episodes = stack.enter_context(closing(MathEpisodes(env_url, build_tiny_tokenizer())))
         args.problems = min(args.problems, episodes.size("train"))
-        results = [phase(url, n, episodes, args) for n in counts]
+        runs = {"this service": None, **({f"baseline {args.baseline}": args.baseline} if args.baseline else {})}
+        results = {}
+        for name, source in runs.items():
+            serve_args = ["--threads", "1", "--state-dir", str(out / name.replace("/", "_") / "state"),
+                          "--max-tenants", str(2 * max(counts))]
+            if source is None:
+                serve_args += ["--batch-window-ms", str(args.batch_window_ms)]
+            with local_service(serve_args, out / f"{name.replace('/', '_')}.log", cwd=source) as url:
+                results[name] = [phase(url, n, episodes, args) for n in counts]
     print(f"tiny model, LoRA rank 8, 1 torch thread; {args.steps} GRPO steps per tenant of {args.batch} problems x "
           f"{args.group} samples of <= {args.max_tokens} tokens")
-    report(results)
-    return results
+    for name, result in results.items():
+        print(f"-- {name}")
+        report(result)
+    return results["this service"]
 
 
 if __name__ == "__main__":
