@@ -94,12 +94,14 @@ class InProcess:
 class ThroughService:
     name = "service (tinker SDK, HTTP)"
 
-    def __init__(self, lora: bool, workdir: Path):
+    def __init__(self, lora: bool, workdir: Path, source: str | None = None):
         import tinker
 
         self.types = tinker.types
+        if source:
+            self.name = f"service from {Path(source).name}"
         args = ["--threads", "1", "--state-dir", str(workdir / "state")] + ([] if lora else ["--full-parameter"])
-        self._service = local_service(args, workdir / "service.log")
+        self._service = local_service(args, workdir / "service.log", cwd=source)
         url = self._service.__enter__()
         self.sc = tinker.ServiceClient(base_url=url, api_key="tml-bench")
         self.tc = self.sc.create_lora_training_client(base_model="tiny", rank=8, seed=0).result()
@@ -149,33 +151,45 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--steps", type=int, default=10, help="timed steps per run")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each")
     p.add_argument("--lora", action="store_true", help="a rank-8 LoRA tenant instead of full-parameter training")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also time a service run from the source tree in DIR (say `git archive` of an earlier "
+                        "commit), alternating with this one: before/after side by side")
+    p.add_argument("--kinds", default="sft,grpo", help="which steps to time: sft, grpo or both (default)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
     args = p.parse_args(argv)
     if args.smoke:
         args.steps, args.repeats = 1, 1
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or set(kinds) - {"sft", "grpo"}:
+        p.error(f"Expected --kinds from sft, grpo, got {args.kinds!r}.")
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     with tempfile.TemporaryDirectory() as tmp:
-        local, remote = InProcess(args.lora), ThroughService(args.lora, Path(tmp))
+        local, remote = InProcess(args.lora), ThroughService(args.lora, Path(tmp) / "this")
+        services = [remote] + ([ThroughService(args.lora, Path(tmp) / "baseline", args.baseline)]
+                               if args.baseline else [])
         results: dict[tuple[str, str], list[float]] = {}
         try:
             for r in range(args.repeats):
-                for runner in (local, remote):
-                    for kind in ("sft", "grpo"):
+                for runner in (local, *services):
+                    for kind in kinds:
                         fn = runner.sft_step if kind == "sft" else runner.grpo_step
                         results.setdefault((runner.name, kind), []).append(
                             time_steps(fn, args.steps, 1000 * r))
         finally:
-            remote.close()
+            for service in services:
+                service.close()
     mode = "LoRA rank 8" if args.lora else "full-parameter"
     print(f"tiny model, {mode}, 1 torch thread; median s/step of {args.repeats} alternating runs x {args.steps} steps")
     ratios = {}
-    for kind in ("sft", "grpo"):
-        med = {name: statistics.median(results[name, kind]) for name in (local.name, remote.name)}
+    for kind in kinds:
+        med = {name: statistics.median(results[name, kind]) for name in (local.name, *(s.name for s in services))}
         for name, m in med.items():
             runs = ", ".join(f"{x:.4f}" for x in results[name, kind])
             print(f"  {kind:4s} {name:28s} {m:8.4f} s/step   runs: {runs}")
         ratios[kind] = med[remote.name] / med[local.name]
         print(f"  {kind:4s} ratio service / in process: {ratios[kind]:.3f}  (target <= 1.2)")
+        for service in services[1:]:
+            print(f"  {kind:4s} ratio {service.name} / in process: {med[service.name] / med[local.name]:.3f}")
     return ratios
 
 

@@ -139,3 +139,38 @@ def test_full_parameter_samplers_follow_the_run_through_in_memory_weight_sync(tm
     finally:
         client.close("success").result(timeout=30)
         server.stop()
+
+
+def test_concurrent_samples_of_several_adapters_share_one_engine_call(server, sc):
+    """Requests of two LoRA runs and the base, seeded or not, queued together: one vLLM generate call (multi-LoRA
+    rows), each request answered exactly as alone."""
+    import threading
+    import time
+
+    ops = server[1].state.ops
+    runs = [sc.create_lora_training_client(base_model=BASE, rank=4, seed=s).result() for s in (0, 1)]
+    for tc, ids in zip(runs, (TEXT, TEXT[::-1])):
+        for _ in range(4):
+            tc.forward_backward([sft_datum(ids)], "cross_entropy")
+            tc.optim_step(types.AdamParams(learning_rate=0.1)).result()
+    samplers = [tc.save_weights_and_get_sampling_client().result() for tc in runs]
+    samplers.append(sc.create_sampling_client(base_model=BASE))
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
+    seeded = types.SamplingParams(max_tokens=6, temperature=1.0, stop=[], seed=7)
+    calls = [(s, p, n) for s in samplers for p, n in ((greedy, 1), (seeded, 2))]  # vLLM: greedy takes n = 1
+    alone = [s.sample(types.ModelInput.from_ints(PROMPT), n, p).result().sequences for s, p, n in calls]
+    assert alone[0][0].tokens != alone[2][0].tokens  # the two adapters differ
+    release = threading.Event()
+    ops.queue.submit("block", lambda: (release.wait(30), (b"{}", "application/json"))[1], bounded=False)
+    futures = [s.sample(types.ModelInput.from_ints(PROMPT), n, p) for s, p, n in calls]
+    deadline = time.monotonic() + 30
+    while ops.queue.pending() < len(calls) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    before = ops.queue.stats.batched_jobs.get("sample", 0)
+    release.set()
+    together = [f.result().sequences for f in futures]
+    assert ops.queue.stats.batched_jobs["sample"] - before == len(calls)
+    for got, want in zip(together, alone):
+        assert [s.tokens for s in got] == [s.tokens for s in want]
+        for g, w in zip(got, want):
+            assert g.logprobs == pytest.approx(w.logprobs, abs=TOL)

@@ -42,16 +42,7 @@ class SamplingClient:
         """``num_samples`` completions of ``prompt_tokens``; ``prompt_logprobs`` (None first) when asked."""
         params = sampling_params or SamplingParams()
         prompt = [int(t) for t in prompt_tokens]
-        if not prompt:
-            raise ValueError("Expected a non-empty prompt, got no tokens.")
-        if num_samples < 1:
-            raise ValueError(f"Expected num_samples >= 1, got {num_samples}.")
-        vocab = _vocab_size(self.model)
-        if max(prompt) >= vocab or min(prompt) < 0:
-            raise ValueError(f"Expected prompt token ids in [0, {vocab}), got one out of range.")
-        if self.max_context and len(prompt) + params.max_tokens > self.max_context:
-            raise ValueError(f"Expected prompt + max_tokens <= {self.max_context} (the model's context), got "
-                             f"{len(prompt)} + {params.max_tokens}.")
+        self.check_request(prompt, num_samples, params)
         completions = self._generate(prompt, num_samples, params)
         temperature = params.temperature or 1.0  # greedy ids are scored at temperature 1
         rows = [prompt + ids for ids, _ in completions]
@@ -62,6 +53,20 @@ class SamplingClient:
         if include_prompt_logprobs:
             prompt_lps = [None] + self._logprobs([prompt], 1.0)[0, :len(prompt) - 1].tolist()
         return SampleResponse(sequences, prompt_lps)
+
+    def check_request(self, prompt: list[int], num_samples: int, params: SamplingParams) -> None:
+        """Raise ``ValueError`` for a request this sampler cannot honour (empty prompt, ids outside the vocabulary,
+        past the context)."""
+        if not prompt:
+            raise ValueError("Expected a non-empty prompt, got no tokens.")
+        if num_samples < 1:
+            raise ValueError(f"Expected num_samples >= 1, got {num_samples}.")
+        vocab = _vocab_size(self.model)
+        if max(prompt) >= vocab or min(prompt) < 0:
+            raise ValueError(f"Expected prompt token ids in [0, {vocab}), got one out of range.")
+        if self.max_context and len(prompt) + params.max_tokens > self.max_context:
+            raise ValueError(f"Expected prompt + max_tokens <= {self.max_context} (the model's context), got "
+                             f"{len(prompt)} + {params.max_tokens}.")
 
     def compute_logprobs(self, tokens: Sequence[int]) -> list[float | None]:
         """log p(tokens[i] | tokens[:i]) for every position (None at 0): Tinker's ``compute_logprobs``."""
@@ -74,9 +79,13 @@ class SamplingClient:
     def _adapters(self, n: int) -> list[str] | None:
         return [self.adapter] * n if self.adapter is not None else None
 
-    @torch.no_grad()
     def _logprobs(self, rows: list[list[int]], temperature: float) -> Tensor:
-        """[B, T-1] log-probs of each row's next tokens (right-padded rows), on the CPU."""
+        return self.row_logprobs(rows, temperature, self._adapters(len(rows)))
+
+    @torch.no_grad()
+    def row_logprobs(self, rows: list[list[int]], temperature: float, adapters: list[str] | None) -> Tensor:
+        """[B, T-1] log-probs of each row's next tokens (right-padded rows), row ``b`` under peft adapter
+        ``adapters[b]`` (None: the model as it is), on the CPU."""
         model = self.model
         width = max(len(r) for r in rows)
         tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -85,7 +94,7 @@ class SamplingClient:
             tokens[i, :len(r)], attn[i, :len(r)] = torch.tensor(r), 1
         device = model_device(model)
         with _eval_mode(model):
-            logits, _ = run_model(model, tokens.to(device), attn.to(device), adapters=self._adapters(len(rows)))
+            logits, _ = run_model(model, tokens.to(device), attn.to(device), adapters=adapters)
         return target_logprobs(logits[:, :-1], tokens[:, 1:].to(device), temperature).float().cpu()
 
     @torch.no_grad()

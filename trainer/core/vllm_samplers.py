@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trainer.sampling import SampleResponse, SamplingConfig, SamplingParams
+from trainer.sampling import SampledSequence, SampleResponse, SamplingConfig, SamplingParams
 from trainer.sampling.vllm_engine import VLLMSampler, memory_dir, on_vllm_thread
 
 #: the largest LoRA rank the engine holds unless the host asks for more (slots are allocated at this rank)
@@ -42,6 +42,56 @@ class VLLMView:
                                       include_prompt_logprobs=include_prompt_logprobs, lora_request=self.lora_request)
         except VLLMValidationError as exc:  # bad input (a prompt past the engine's context, say): the caller's error
             raise ValueError(str(exc)) from exc
+
+
+def sample_views(requests: Sequence[tuple[VLLMView, list[int], int, SamplingParams, bool]]) -> list[SampleResponse]:
+    """Several ``(view, prompt, num_samples, params, include_prompt_logprobs)`` requests on one engine in ONE
+    ``generate`` call: vLLM schedules their rows together, each with its own sampling parameters (a seed stays
+    per request) and its own LoRA adapter (its multi-LoRA batches). Each answer is what ``view.sample`` gives.
+    Keep base-model views (no adapter) out of a call with LoRA views: vLLM's CPU build (0.11) applies the
+    batch's adapters to them too (observed), so the service sends the two kinds in separate calls."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.inputs import TokensPrompt
+
+    if not requests:
+        return []
+    engine = requests[0][0].engine
+    if any(view.engine is not engine for view, *_ in requests):
+        raise ValueError("Expected views of one vLLM engine in one batch.")
+    prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in prompt]) for _, prompt, *_ in requests]
+    params = [_engine_params(engine, p, n, logprobs) for _, _, n, p, logprobs in requests]
+    loras = [view.lora_request for view, *_ in requests]
+    try:
+        with engine.weights_lock:
+            outputs = on_vllm_thread(engine.llm.generate, prompts, params, lora_request=loras, use_tqdm=False)
+    except VLLMValidationError as exc:  # bad input (a prompt past the engine's context, say): the caller's error
+        raise ValueError(str(exc)) from exc
+    return [_response(out, prompt, logprobs) for out, (_, prompt, _, _, logprobs) in zip(outputs, requests)]
+
+
+def _engine_params(engine: VLLMSampler, p: SamplingParams, n: int, prompt_logprobs: bool) -> Any:
+    """vLLM's sampling parameters for the core's ``p``, as :meth:`VLLMSampler.sample` builds them."""
+    from vllm import SamplingParams as VParams
+
+    if n < 1:
+        raise ValueError(f"Expected num_samples >= 1, got {n}.")
+    return VParams(n=n, max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                   top_k=p.top_k if p.top_k > 0 else 0, seed=p.seed, logprobs=0, detokenize=bool(p.stop_strings),
+                   stop_token_ids=p.stop_token_ids if p.stop is not None else [engine.eos_id],
+                   stop=p.stop_strings or None, include_stop_str_in_output=True, ignore_eos=p.stop is not None,
+                   prompt_logprobs=0 if prompt_logprobs else None, skip_special_tokens=False)
+
+
+def _response(out: Any, prompt: list[int], prompt_logprobs: bool) -> SampleResponse:
+    seqs = []
+    for c in out.outputs:
+        ids = list(c.token_ids)
+        lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
+        seqs.append(SampledSequence(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
+    prompt_lps = None
+    if prompt_logprobs:
+        prompt_lps = [None] + [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], prompt[1:])]
+    return SampleResponse(seqs, prompt_lps)
 
 
 class VLLMSamplers:
@@ -113,4 +163,4 @@ class VLLMSamplers:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-__all__ = ["DEFAULT_MAX_LORA_RANK", "VLLMSamplers", "VLLMView"]
+__all__ = ["DEFAULT_MAX_LORA_RANK", "VLLMSamplers", "VLLMView", "sample_views"]

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.core import Datum, ModelHost, SamplingClient, TrainingClient
+from trainer.core import Datum, ModelHost, TrainingClient
 from trainer.service import _paths, _proto, _requests, _wire
 from trainer.service._errors import NotFound, UserError
 from trainer.service._limits import Limits
 from trainer.service._lora import checkpoint_lora, linear_parts, lora_targets
-from trainer.service._queue import PROTOBUF, WorkQueue, json_body
+from trainer.service._queue import PROTOBUF, Batchable, WorkQueue, json_body
 from trainer.service._samplers import SamplerCache
+from trainer.service._sampling import Sampling
 from trainer.service._settings import ServiceSettings
 from trainer.service._store import Store
 
@@ -54,9 +55,14 @@ class Ops:
         self.settings = settings
         self.host = host
         self.store = store or Store(settings.state_dir / "service.sqlite")
-        self.queue = WorkQueue(self.store, on_start=self._set_threads, batch_runner=self.forward_backward_batch,
-                               max_pending=settings.max_pending, max_queued_bytes=settings.max_queued_bytes)
-        self.samplers = SamplerCache(host)
+        self.sampling = Sampling(self)
+        runners = {"forward_backward": self.forward_backward_batch, "forward": self.forward_backward_batch,
+                   "sample": self.sampling.run}
+        self.queue = WorkQueue(self.store, on_start=self._set_threads, batch_runners=runners,  # type: ignore[dict-item]
+                               batch_window_s=settings.batch_window_s, windowed=frozenset({"sample"}),
+                               max_pending=settings.max_pending, max_queued=settings.max_queued,
+                               max_queued_bytes=settings.max_queued_bytes)
+        self.samplers = SamplerCache(host, max_loaded=settings.sampler_slots)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
         self._owners: OrderedDict[str, str] = OrderedDict()  # session id -> owner (see _session_owner)
         vocab_size = int(host.base.get_input_embeddings().weight.shape[0])
@@ -181,7 +187,9 @@ class Ops:
             client = self._client(req.model_id)
             run = client.forward if req.forward_only else client.forward_backward
             return _wire.forward_backward_proto(run(req.data, req.loss_fn, req.config)), PROTOBUF
-        batch = None if self.settings.full_parameter else req  # LoRA tenants can share one pass
+        tokens = sum(len(d) for d in req.data)
+        batch = None if self.settings.full_parameter else Batchable(  # LoRA tenants can share one pass
+            req, req.forward_only, tokens, self.settings.max_batch_tokens, one_per_model=True)
         rid = self.queue.submit("forward" if req.forward_only else "forward_backward", work, owner=owner,
                                 cost_bytes=2 * len(body), dedupe_key=_dedupe(req.model_id, wire.seq_id),
                                 model_id=req.model_id, batch=batch)
@@ -286,62 +294,13 @@ class Ops:
             self.host.remove(model_id)
         return json_body({"model_id": model_id})
 
-    # -- sampling ------------------------------------------------------------------------------
-
-    def create_sampling_session(self, owner: str, req: _requests.CreateSamplingSession) -> str:
-        self.check_session(owner, req.session_id)
-        base: str | None = req.base_model
-        if req.model_path is not None:
-            path = self.owned_path(owner, req.model_path)
-            if self.store.checkpoint(str(path)) is None:
-                raise NotFound(f"Unknown checkpoint {path}.")
-            base = self.settings.name
-        else:
-            self.check_base_model(base)
-        sampler_id = _paths.sampler_id(req.session_id, req.sampling_session_seq_id)
-        self.store.add_sampler(sampler_id, req.session_id, str(base), req.model_path, None)
-        return sampler_id
-
-    def sampler_info(self, owner: str, sampler_id: str) -> dict[str, Any]:
-        self.check_owned(owner, sampler_id, "sampler")
-        row = self.store.sampler(sampler_id)
-        if row is None:
-            raise NotFound(f"Unknown sampler {sampler_id!r}.")
-        return {"sampler_id": sampler_id, "base_model": row["base_model"], "model_path": row["model_path"]}
-
-    def submit_sample(self, owner: str, req: _requests.Sample) -> tuple[int, list[str]]:
-        prompt, params = self.limits.sample(req)
-        sampler_id = req.sampling_session_id
-        if sampler_id is not None:
-            self.check_owned(owner, sampler_id, "sampling session")
-        elif req.model_path is not None:
-            self.owned_path(owner, req.model_path)
-        else:
-            self.check_base_model(req.base_model)
-        key = f"{sampler_id}/{req.seq_id}" if sampler_id is not None and req.seq_id is not None else None
-        sequence_ids = [f"{key or sampler_id}:{i}" for i in range(req.num_samples)]
-
-        def work() -> Result:
-            out = self._sampler(req).sample(prompt, req.num_samples, params,
-                                            include_prompt_logprobs=bool(req.prompt_logprobs))
-            return _wire.sample_proto([out]), PROTOBUF
-        rid = self.queue.submit("sample", work, owner=owner, cost_bytes=8 * len(prompt), dedupe_key=key)
-        return rid, sequence_ids
-
-    def _sampler(self, req: _requests.Sample) -> SamplingClient:
-        sampler_id = req.sampling_session_id
-        row = self.store.sampler(sampler_id) if sampler_id is not None else None
-        if sampler_id is not None and row is None:
-            raise UserError(f"Unknown sampling session {sampler_id!r}.")
-        model_path = row["model_path"] if row else req.model_path
-        if row and row["model_id"]:
-            return self.samplers.for_snapshot(str(sampler_id), self.generation.get)
-        if model_path:
-            checkpoint = self.store.checkpoint(str(_paths.parse(str(model_path))))
-            if checkpoint is None:
-                raise UserError(f"Unknown checkpoint {model_path}.")
-            return self.samplers.for_checkpoint(Path(checkpoint["path"]))
-        return self.samplers.base()
+    def stats(self) -> dict[str, Any]:
+        """What the scheduler and the sampler slots did: ``GET /api/v1/service_stats``."""
+        q = self.queue.stats
+        return {"queue": {"pending": self.queue.pending(), "jobs": q.jobs, "busy_s": round(q.busy_s, 3),
+                          "refused": q.refused, "batches": q.batches, "batched_jobs": q.batched_jobs,
+                          "largest_batch": q.largest_batch},
+                "sampler_slots": {"slots": self.samplers.max_loaded, **self.samplers.stats.as_dict()}}
 
     # -- helpers (worker thread) ---------------------------------------------------------------
 

@@ -5,15 +5,19 @@ A sampler is the base model, an ephemeral snapshot of a training run (from
 A snapshot keeps a CPU copy of the run's adapter and the run's weight generation: while the run
 has not stepped since, samples come from the live adapter at no cost (the RL loop's case);
 afterwards the copy is loaded as an adapter of its own (with ``--sampler vllm`` always: the copy is
-registered in the vLLM engine's LoRA slots once, and later samples reuse it). Loaded sampler adapters are an LRU cache
-of ``max_loaded`` entries, and each run keeps its last ``keep_snapshots`` snapshots.
+registered in the vLLM engine's LoRA slots once, and later samples reuse it). Loaded sampler adapters take
+``max_loaded`` slots (``--sampler-slots``); past them the least recently used one is swapped out (and loaded
+again from its CPU copy or checkpoint when next asked for), each swap counted and timed in :class:`SwapStats`.
+Adapters a running batch uses are pinned: they are never the ones swapped out. Each run keeps its last
+``keep_snapshots`` snapshots.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,25 @@ class Snapshot:
     targets: Any = None
 
 
+class SlotsFull(Exception):
+    """Every adapter slot holds an adapter the running batch uses: the batch must run before another loads."""
+
+
+@dataclass
+class SwapStats:
+    """Adapter loads into the sampler slots: all of them, the ones that swapped another out, and their cost."""
+
+    loads: int = 0
+    swaps: int = 0  # loads that first evicted the least recently used adapter
+    load_s: float = 0.0  # time spent loading (and evicting for) adapters, all loads
+    hits: int = 0  # requests served by an adapter already loaded
+
+    def as_dict(self) -> dict[str, float]:
+        out: dict[str, float] = asdict(self)
+        out["mean_swap_s"] = self.load_s / self.loads if self.loads else 0.0
+        return out
+
+
 class SamplerCache:
     """Sampling clients for sampler ids; runs on the work queue's worker thread only."""
 
@@ -42,6 +65,8 @@ class SamplerCache:
         self.snapshots: dict[str, Snapshot] = {}
         self._loaded: OrderedDict[str, tuple[str, SamplingClient]] = OrderedDict()  # key -> (sampler name, client)
         self._slots = 0
+        self._pinned: set[str] = set()  # keys the running batch uses (never evicted)
+        self.stats = SwapStats()
 
     def snapshot(self, sampler_id: str, model_id: str, generation: int) -> None:
         client = self.host.client(model_id)
@@ -101,15 +126,31 @@ class SamplerCache:
             self.drop(key)
             self.snapshots[key] = Snapshot(model_id, -1, None, 0)
 
+    def unpin(self) -> None:
+        """The running batch is done: its adapters may be swapped out again."""
+        self._pinned.clear()
+
     def _load(self, key: str, read: Callable[[], tuple[dict[str, torch.Tensor], int, Any]]) -> SamplingClient:
         if key in self._loaded:
             self._loaded.move_to_end(key)
+            self._pinned.add(key)
+            self.stats.hits += 1
             return self._loaded[key][1]
-        weights, rank, targets = read()
+        start = time.perf_counter()
+        swapped = False
         while len(self._loaded) >= self.max_loaded:
-            self.drop(next(iter(self._loaded)))
+            victim = next((k for k in self._loaded if k not in self._pinned), None)
+            if victim is None:
+                raise SlotsFull(f"all {self.max_loaded} sampler slots are in use by this batch")
+            self.drop(victim)
+            swapped = True
+        weights, rank, targets = read()
         self._slots += 1
         name = f"sampler-{self._slots}"
         client = self.host.load_sampler(name, weights, rank=rank, target_modules=targets)
         self._loaded[key] = (name, client)
+        self._pinned.add(key)
+        self.stats.loads += 1
+        self.stats.swaps += swapped
+        self.stats.load_s += time.perf_counter() - start
         return client

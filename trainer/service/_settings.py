@@ -12,7 +12,7 @@ from pathlib import Path
 #: limits that must be at least 1 (the flag that sets each, where there is one, is named in errors)
 _POSITIVE = ("max_tenants", "max_batch_tokens", "max_batch_datums", "max_samples", "max_sample_tokens",
              "max_lora_rank", "max_request_bytes", "max_json_bytes", "max_inflight_bytes", "max_pending",
-             "max_queued_bytes", "max_sessions", "max_checkpoints_per_run")
+             "max_queued", "max_queued_bytes", "sampler_slots", "max_sessions", "max_checkpoints_per_run")
 
 
 @dataclass
@@ -31,6 +31,8 @@ class ServiceSettings:
     long_poll_s: float = 20.0
     device: str = "auto"
     threads: int | None = None  # torch CPU threads for model work (None: torch's default)
+    batch_window_s: float = 0.005  # a sample request waits this long for others to share its engine batch
+    sampler_slots: int = 4  # sampler adapters loaded at once (LRU swapped past them)
     # -- limits ----------------------------------------------------------------------------------------
     max_batch_tokens: int = 32768  # tokens in one forward_backward
     max_batch_datums: int = 1024  # datums in one forward_backward
@@ -41,6 +43,7 @@ class ServiceSettings:
     max_json_bytes: int = 4 * 2**20  # any other (JSON) body
     max_inflight_bytes: int = 128 * 2**20  # bodies being received at once, all clients
     max_pending: int = 1024  # futures pending per client (API key)
+    max_queued: int = 4096  # futures queued in all, every client: past it the service is overloaded (429)
     max_queued_bytes: int = 512 * 2**20  # request data held by queued work, all clients
     max_sessions: int = 256  # live sessions per client
     max_checkpoints_per_run: int = 128
@@ -59,6 +62,8 @@ class ServiceSettings:
             raise ValueError(f"Expected {flags} >= 1 (limits are positive), got {[getattr(self, n) for n in bad]}.")
         if self.idle_timeout_s <= 0 or self.long_poll_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("Expected --idle-timeout-s, long_poll_s and body_timeout_s > 0.")
+        if not 0 <= self.batch_window_s <= 1:
+            raise ValueError(f"Expected --batch-window-ms in [0, 1000], got {self.batch_window_s * 1000:g}.")
         if self.full_parameter and self.max_tenants != 1:
             self.max_tenants = 1  # a full-parameter run owns the base weights
         if self.sampler not in ("hf", "vllm"):

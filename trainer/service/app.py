@@ -125,11 +125,15 @@ def _session_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
     async def capabilities(request: Request) -> Response:
         return reply({"supported_models": [ops.capabilities()]})
 
+    async def service_stats(request: Request) -> Response:
+        return reply(ops.stats())
+
     return [("GET", "/api/v1/healthz", healthz), ("POST", "/api/v1/client/config", client_config),
             ("POST", "/api/v1/client/dynamic_config", dynamic_config),
             ("POST", "/api/v1/create_session", create_session), ("POST", "/api/v1/session_heartbeat", heartbeat),
             ("POST", "/api/v1/sessions/{session_id}/finish", finish), ("POST", "/api/v1/telemetry", telemetry),
-            ("GET", "/api/v1/get_server_capabilities", capabilities)]
+            ("GET", "/api/v1/get_server_capabilities", capabilities),
+            ("GET", "/api/v1/service_stats", service_stats)]
 
 
 def _training_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
@@ -174,13 +178,13 @@ def _training_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
 def _sampling_routes(ops: Ops) -> list[tuple[str, str, Handler]]:
     async def create_sampling_session(request: Request) -> Response:
         req = parse(_requests.CreateSamplingSession, _body(request))
-        return reply({"sampling_session_id": ops.create_sampling_session(_owner(request), req)})
+        return reply({"sampling_session_id": ops.sampling.create_session(_owner(request), req)})
 
     async def sampler(request: Request) -> Response:
-        return reply(ops.sampler_info(_owner(request), str(request.path_params["sampler_id"])))
+        return reply(ops.sampling.info(_owner(request), str(request.path_params["sampler_id"])))
 
     async def asample(request: Request) -> Response:
-        rid, sequence_ids = ops.submit_sample(_owner(request), parse(_requests.Sample, _body(request)))
+        rid, sequence_ids = ops.sampling.submit(_owner(request), parse(_requests.Sample, _body(request)))
         return _future(rid, None, sample_sequence_ids=sequence_ids)
 
     return [("POST", "/api/v1/create_sampling_session", create_sampling_session),

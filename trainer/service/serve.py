@@ -33,8 +33,10 @@ log = logging.getLogger("envhub.service")
 
 
 @contextlib.contextmanager
-def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 180.0) -> Iterator[str]:
-    """Run ``envhub-train serve --port 0 <args>`` as a subprocess for the block; yields its URL.
+def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 180.0,
+                  cwd: str | Path | None = None) -> Iterator[str]:
+    """Run ``envhub-train serve --port 0 <args>`` as a subprocess for the block (in ``cwd``: a source tree there
+    is imported first); yields its URL.
 
     >>> with local_service(["--full-parameter"], "serve.log") as url:     # doctest: +SKIP
     ...     service = tinker.ServiceClient(base_url=url, api_key="tml-local")
@@ -42,7 +44,7 @@ def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 1
     argv = [sys.executable, "-m", "trainer.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd)
     try:
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: lines.put(_listening_line(proc.stdout)), daemon=True).start()
@@ -97,6 +99,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
                         help=f"unload a session's models after this long without heartbeat (default "
                              f"{d.idle_timeout_s:.0f})")
+    parser.add_argument("--batch-window-ms", type=float, default=d.batch_window_s * 1000,
+                        help=f"how long a sample request waits for others to share its engine batch (default "
+                             f"{d.batch_window_s * 1000:g}; 0: batch only what is already queued)")
+    parser.add_argument("--sampler-slots", type=int, default=d.sampler_slots,
+                        help=f"sampler adapters held loaded at once; past them the least recently used is swapped "
+                             f"out (default {d.sampler_slots})")
     _add_limits(parser, d)
     parser.add_argument("--device", default=d.device,
                         help="torch device: auto (default: cuda when present), cpu, cuda:N")
@@ -119,6 +127,7 @@ def _add_limits(parser: argparse.ArgumentParser, d: ServiceSettings) -> None:
                                              "vllm also the size of the engine's LoRA slots)"),
         ("--max-request-mb", d.max_request_bytes // 2**20, "MiB in one forward_backward body"),
         ("--max-pending", d.max_pending, "requests one client (API key) may have pending"),
+        ("--max-queued", d.max_queued, "requests queued in all, every client (past it: 429, overloaded, retry)"),
         ("--max-sessions", d.max_sessions, "live sessions one client may hold"),
         ("--max-checkpoints-per-run", d.max_checkpoints_per_run, "named checkpoints one training run may save"),
     ]:
@@ -133,7 +142,9 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
                            max_batch_datums=args.max_batch_datums, max_samples=args.max_samples,
                            max_sample_tokens=args.max_sample_tokens, max_lora_rank=args.max_lora_rank,
                            max_request_bytes=args.max_request_mb * 2**20, max_pending=args.max_pending,
-                           max_sessions=args.max_sessions, max_checkpoints_per_run=args.max_checkpoints_per_run)
+                           max_queued=args.max_queued, batch_window_s=args.batch_window_ms / 1000,
+                           sampler_slots=args.sampler_slots, max_sessions=args.max_sessions,
+                           max_checkpoints_per_run=args.max_checkpoints_per_run)
 
 
 def model_config(name: str, overrides: list[str]) -> Any:

@@ -1,0 +1,172 @@
+"""The service's sampling requests: sampling sessions, ``asample``, and the batch runner that merges them.
+
+:meth:`Sampling.submit` checks a request and queues it as :class:`~trainer.service._queue.Batchable` work: on
+the worker, concurrent requests (one client's many prompts, several clients' samplers) with the same decode
+settings run as one engine batch (:func:`~trainer.core.batch_sampling.sample_batch`: each row under its
+own LoRA adapter), bounded by ``--max-sample-tokens`` tokens per batch. A seeded request runs alone, so
+its samples do not depend on what else was queued. With ``--sampler vllm`` every request of a batch goes
+into one ``generate`` call (:func:`~trainer.core.vllm_samplers.sample_views`: vLLM's multi-LoRA batches,
+each request with its own parameters and seed).
+
+Which weights a request samples is resolved when its batch runs (``SamplerCache``): a snapshot whose run
+has not stepped since samples the live adapter; otherwise its copy is loaded into one of the
+``--sampler-slots`` adapter slots, swapping out the least recently used one. Adapters a batch uses are
+pinned while it runs; a batch that needs more adapters than there are slots runs in several passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.core import SamplingClient, SamplingParams
+from trainer.core.batch_sampling import SampleRequest, batch_key, decode_key, sample_batch
+from trainer.core.vllm_samplers import VLLMView, sample_views
+from trainer.service import _paths, _requests, _wire
+from trainer.service._errors import NotFound, UserError
+from trainer.service._queue import PROTOBUF, Batchable
+from trainer.service._samplers import SlotsFull
+
+if TYPE_CHECKING:
+    from trainer.service._ops import Ops
+
+Result = tuple[bytes, str]
+
+
+@dataclass
+class QueuedSample:
+    """A checked ``asample`` request, as queued."""
+
+    req: _requests.Sample
+    prompt: list[int]
+    params: SamplingParams
+
+
+class Sampling:
+    """Sampling sessions and requests over an :class:`~trainer.service._ops.Ops`."""
+
+    def __init__(self, ops: Ops):
+        self.ops = ops
+
+    def create_session(self, owner: str, req: _requests.CreateSamplingSession) -> str:
+        ops = self.ops
+        ops.check_session(owner, req.session_id)
+        base: str | None = req.base_model
+        if req.model_path is not None:
+            path = ops.owned_path(owner, req.model_path)
+            if ops.store.checkpoint(str(path)) is None:
+                raise NotFound(f"Unknown checkpoint {path}.")
+            base = ops.settings.name
+        else:
+            ops.check_base_model(base)
+        sampler_id = _paths.sampler_id(req.session_id, req.sampling_session_seq_id)
+        ops.store.add_sampler(sampler_id, req.session_id, str(base), req.model_path, None)
+        return sampler_id
+
+    def info(self, owner: str, sampler_id: str) -> dict[str, Any]:
+        self.ops.check_owned(owner, sampler_id, "sampler")
+        row = self.ops.store.sampler(sampler_id)
+        if row is None:
+            raise NotFound(f"Unknown sampler {sampler_id!r}.")
+        return {"sampler_id": sampler_id, "base_model": row["base_model"], "model_path": row["model_path"]}
+
+    def submit(self, owner: str, req: _requests.Sample) -> tuple[int, list[str]]:
+        ops = self.ops
+        prompt, params = ops.limits.sample(req)
+        sampler_id = req.sampling_session_id
+        if sampler_id is not None:
+            ops.check_owned(owner, sampler_id, "sampling session")
+        elif req.model_path is not None:
+            ops.owned_path(owner, req.model_path)
+        else:
+            ops.check_base_model(req.base_model)
+        key = f"{sampler_id}/{req.seq_id}" if sampler_id is not None and req.seq_id is not None else None
+        sequence_ids = [f"{key or sampler_id}:{i}" for i in range(req.num_samples)]
+        queued = QueuedSample(req, prompt, params)
+        tokens = req.num_samples * (len(prompt) + params.max_tokens)
+        # one vLLM generate call takes rows with any parameters, seeds included (vLLM seeds each request)
+        settings_key = "vllm" if ops.host.vllm is not None else decode_key(params)
+        batch = None if settings_key is None else Batchable(queued, settings_key, tokens, ops.settings.max_sample_tokens)
+
+        def work() -> Result:
+            out = self.run([queued])[0]
+            if isinstance(out, BaseException):
+                raise out
+            return out
+        rid = ops.queue.submit("sample", work, owner=owner, cost_bytes=8 * len(prompt), dedupe_key=key, batch=batch)
+        return rid, sequence_ids
+
+    def run(self, queued: list[QueuedSample]) -> list[Result | BaseException]:
+        """Answer queued requests, merging those that can share a pass; one result or error per request (worker)."""
+        results: list[Result | BaseException] = [ValueError("not run")] * len(queued)
+        groups: dict[Any, list[tuple[int, SampleRequest]]] = {}
+        cache = self.ops.samplers
+        try:
+            for i, q in enumerate(queued):
+                try:
+                    client = self.sampler(q.req)
+                except SlotsFull:  # this batch needs more adapters than there are slots: run what is resolved
+                    self._run_groups(groups, results)
+                    groups = {}
+                    cache.unpin()
+                    client = self.sampler(q.req)
+                except ValueError as exc:
+                    results[i] = exc
+                    continue
+                request = SampleRequest(client, q.prompt, q.req.num_samples, q.params,  # type: ignore[arg-type]
+                                        bool(q.req.prompt_logprobs))
+                groups.setdefault(_group(client, q.params, i), []).append((i, request))
+            self._run_groups(groups, results)
+        finally:
+            cache.unpin()
+        return results
+
+    @staticmethod
+    def _run_groups(groups: dict[Any, list[tuple[int, SampleRequest]]],
+                    results: list[Result | BaseException]) -> None:
+        for members in groups.values():
+            try:
+                if len(members) > 1 and not isinstance(members[0][1].client, SamplingClient):
+                    outs = sample_views([(r.client, r.prompt, r.num_samples, r.params,  # type: ignore[misc]
+                                          r.include_prompt_logprobs) for _, r in members])
+                elif len(members) == 1:
+                    r = members[0][1]
+                    outs = [r.client.sample(r.prompt, r.num_samples, r.params,
+                                            include_prompt_logprobs=r.include_prompt_logprobs)]
+                else:
+                    outs = sample_batch([r for _, r in members])
+                for (i, _), out in zip(members, outs):
+                    results[i] = (_wire.sample_proto([out]), PROTOBUF)
+            except ValueError as exc:  # a bad request fails alone when it can: retry the group's members one by one
+                if len(members) == 1:
+                    results[members[0][0]] = exc
+                else:
+                    for one in members:
+                        Sampling._run_groups({0: [one]}, results)
+
+    def sampler(self, req: _requests.Sample) -> SamplingClient | VLLMView:
+        """The sampling client a request names, its adapter loaded and pinned (worker thread)."""
+        ops = self.ops
+        sampler_id = req.sampling_session_id
+        row = ops.store.sampler(sampler_id) if sampler_id is not None else None
+        if sampler_id is not None and row is None:
+            raise UserError(f"Unknown sampling session {sampler_id!r}.")
+        model_path = row["model_path"] if row else req.model_path
+        if row and row["model_id"]:
+            return ops.samplers.for_snapshot(str(sampler_id), ops.generation.get)
+        if model_path:
+            checkpoint = ops.store.checkpoint(str(_paths.parse(str(model_path))))
+            if checkpoint is None:
+                raise UserError(f"Unknown checkpoint {model_path}.")
+            return ops.samplers.for_checkpoint(Path(checkpoint["path"]))
+        return ops.samplers.base()
+
+
+def _group(client: SamplingClient | VLLMView, params: SamplingParams, index: int) -> Any:
+    """Which requests of a batch share one engine call: equal :func:`batch_key` on the HF sampler; on one vLLM
+    engine every LoRA request, and apart from them every base-model request (vLLM's CPU build applies a batch's
+    adapters to its rows without one); a seeded HF request is a group of its own."""
+    if not isinstance(client, SamplingClient):
+        return ("vllm", id(client.engine), client.lora_request is None)
+    return batch_key(client, params) or ("alone", index)
