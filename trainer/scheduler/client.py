@@ -120,7 +120,12 @@ class SchedulerClient:
         return cast("dict[str, Any]", self._call("POST", f"/jobs/{job_id}/heartbeat"))
 
     def gpus(self) -> builtins.list[dict[str, Any]]:
+        """One entry per GPU: its index (on its node), name, the job holding it; on Ray also ``node_id``, ``node_ip``."""
         return cast("builtins.list[dict[str, Any]]", self._call("GET", "/gpus"))
+
+    def nodes(self) -> builtins.list[dict[str, Any]]:
+        """One entry per node: ``node_id``, ``node_ip``, ``gpus``, ``gpus_free`` and the ``jobs`` holding some."""
+        return cast("builtins.list[dict[str, Any]]", self._call("GET", "/nodes"))
 
     def logs(self, job_id: str, tail: int | None = None, follow: bool = False) -> Any:
         """The job's output: a ``str``, or with ``follow=True`` an iterator of text until the job ends."""

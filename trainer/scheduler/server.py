@@ -3,7 +3,8 @@
 Routes (JSON unless said otherwise; ``Authorization: Bearer <key>`` when auth is on)::
 
     GET  /health                       liveness, GPU count, whether auth is on
-    GET  /gpus                         inventory and which job holds each GPU
+    GET  /gpus                         inventory and which job holds each GPU (with its node on Ray)
+    GET  /nodes                        inventory per node: GPUs, free GPUs, jobs holding some
     POST /jobs                         submit (body: JobRequest) -> 201, the job
     GET  /jobs[?all=false]             your jobs (an admin sees everyone's unless all=false)
     GET  /jobs/{id}                    one job
@@ -92,12 +93,17 @@ def _host(scheduler: Scheduler) -> str:
 
 @router.get("/health")
 async def health(request: Request, scheduler: Sched) -> dict[str, Any]:
-    return {"ok": True, "gpus": scheduler.gpus.total, "auth": request.app.state.auth}
+    return {"ok": True, "gpus": scheduler.gpus_total(), "auth": request.app.state.auth}
 
 
 @router.get("/gpus")
 async def gpus(scheduler: Sched, who: Caller) -> list[dict[str, Any]]:
     return scheduler.gpu_view()
+
+
+@router.get("/nodes")
+async def nodes(scheduler: Sched, who: Caller) -> list[dict[str, Any]]:
+    return scheduler.node_view()
 
 
 @router.post("/jobs", status_code=201)
