@@ -153,6 +153,7 @@ class RayScheduler(Scheduler):
         return await self._pump(job, supervisors)
 
     async def _place_group(self, job: Job) -> list[Any]:
+        await self._end_leftovers(job)
         per_node = job.gpus_requested // job.nodes
         shares = max(job.nodes, job.replicas)
         bundle: dict[str, float] = {"CPU": _BUNDLE_CPU, **({"GPU": float(per_node)} if per_node else {})}
@@ -267,16 +268,21 @@ class RayScheduler(Scheduler):
         """End whatever is left of a job found broken after a restart, and mark it failed (lost)."""
         what = f"share(s) {gone} no longer ran" if gone else "its Ray actors were gone"
         reason = f"lost: the scheduler restarted and {what} (node lost?); the rest of it was ended"
+        await self._end_leftovers(job)
+        job.state, job.reason, job.ended_at = "failed", reason, time.time()
+        await self._save(job)
+        return f"job {job.id}: {reason}"
+
+    async def _end_leftovers(self, job: Job) -> None:
+        """End every actor and the placement group named after ``job``: what a broken run of it left on
+        the cluster (a scheduler that died between placing a job and saving where it went, say)."""
         prefix = _group_name(job.id) + "-"
-        leftovers = [ray.get_actor(n) for n in ray.util.list_named_actors() if n.startswith(prefix)]
-        self._actors[job.id] = leftovers
+        found = [_actor_named(n) for n in ray.util.list_named_actors() if n.startswith(prefix)]
+        self._actors[job.id] = [a for a in found if a is not None]
         group = _find_group(job.id)
         if group is not None:
             self._groups[job.id] = group
         await self._end_processes(job)
-        job.state, job.reason, job.ended_at = "failed", reason, time.time()
-        await self._save(job)
-        return f"job {job.id}: {reason}"
 
 
 def _group_name(job_id: str) -> str:
@@ -291,13 +297,23 @@ def _find_group(job_id: str) -> PlacementGroup | None:
     return group
 
 
+def _actor_named(name: str) -> Any:
+    """The actor ``name``, or None when it is gone (between listing and lookup)."""
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        return None
+
+
 async def _answering_actor(name: str | None) -> Any:
     """The detached actor ``name`` if it exists and answers, else None."""
     if not name:
         return None
+    actor = _actor_named(name)
+    if actor is None:
+        return None
     try:
-        actor = ray.get_actor(name)
         await asyncio.wait_for(ref_result(actor.where.remote()), _PING_TIMEOUT_S)
-    except (ValueError, RayActorError, ActorUnavailableError, asyncio.TimeoutError):
+    except (RayActorError, ActorUnavailableError, asyncio.TimeoutError):
         return None
     return actor
