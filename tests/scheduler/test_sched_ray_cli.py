@@ -103,6 +103,12 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _supervisor_of(pids: list[int]) -> int:
+    """The parent of the share's first process (the one whose parent is not in the share): its Ray actor."""
+    parents = {pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in pids}
+    return next(ppid for ppid in parents.values() if ppid not in parents and ppid != 1)
+
+
 def _job(url: str, job_id: str) -> dict[str, Any]:
     job: dict[str, Any] = json.loads(sched_cli(url, "status", job_id))
     return job
@@ -141,12 +147,19 @@ def test_cli_places_by_node_survives_a_scheduler_crash_and_cancels_on_every_node
     first.kill()  # a crash: the job's and the service's processes go on running on the cluster
     time.sleep(2)
     assert all(processes_with_marker(f"{job_id}.{share}") for share in (0, 1))
+    old_replica = processes_with_marker(f"{service_id}.1")
+    os.kill(_supervisor_of(old_replica), signal.SIGKILL)  # while no scheduler watches, replica 1's actor dies
     servers.append(second := RaySchedulerProcess(db, ray_cluster.address))
     second.printed(f"job {job_id}: reconnected to its 2 running share(s)")
-    second.printed(f"job {service_id}: reconnected to its 2 running share(s)")
+    second.printed(f"job {service_id}: reconnected to its 1 running share(s) on the Ray cluster; "
+                   "1 replica(s) gone, placed again")
     assert _job(second.url, job_id)["state"] == "running" and _job(second.url, job_id)["placement"] == placement
     with SchedulerClient(second.url) as client:
-        assert client.endpoints(service_id) == urls and all(_healthy(u) for u in urls)
+        wait_for_sync(lambda: len(client.endpoints(service_id)) == 2
+                      and all(_healthy(u) for u in client.endpoints(service_id)), 90, "replica 1 placed again")
+        assert urls[0] in client.endpoints(service_id)  # replica 0 kept running through the restart
+        urls = client.endpoints(service_id)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in old_replica)
     ticks = sched_cli(second.url, "logs", job_id).count("tick")
     wait_for_sync(lambda: sched_cli(second.url, "logs", job_id).count("tick") > ticks + 2, 30, "the log to go on")
     assert {n["gpus_free"] for n in json.loads(sched_cli(second.url, "nodes", "--json"))} == {1}

@@ -11,27 +11,39 @@ names a dead replica. A replica that keeps dying fails the service.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from trainer.scheduler._core import JobLostError
+from trainer.scheduler._core import JobLostError, SchedulerConfig
 from trainer.scheduler._jobs import Job, with_port
 from trainer.scheduler._ray_node import ref_result
-
-if TYPE_CHECKING:
-    from trainer.scheduler._ray import RayScheduler
 
 MAX_RESTARTS = 5  # per replica: past this the service fails instead of crash-looping
 _POLL_S = 0.3
 STOP_SLACK_S = 10.0  # beyond the grace: how long a supervisor may take to report its tree ended
 
 
+class ReplicaHost(Protocol):
+    """What a :class:`ReplicaSet` needs of its scheduler (the Ray backend's ``RayScheduler``)."""
+
+    config: SchedulerConfig
+    _ending: dict[str, tuple[str, str]]  # jobs being ended
+    _actors: dict[str, list[Any]]  # job id -> its supervisors
+    _held: dict[str, dict[str, int]]  # job id -> node id -> GPUs booked there
+
+    def rank_env(self, job: Job, rank: int) -> dict[str, str]: ...
+
+    def new_supervisor(self, job: Job, bundle_index: int) -> Any: ...
+
+    async def _save(self, job: Job) -> None: ...
+
+
 class ReplicaSet:
     """The replicas of one service job, from first start until the job is ended."""
 
-    def __init__(self, scheduler: RayScheduler, job: Job, supervisors: list[Any], resume: bool = False):
+    def __init__(self, scheduler: ReplicaHost, job: Job, supervisors: list[Any], resume: bool = False):
         """``resume``: the replicas run already (found again after a scheduler restart); a None in
         ``supervisors`` is one whose actor is gone, placed and started again."""
         self.scheduler, self.job, self.supervisors, self.resume = scheduler, job, supervisors, resume
