@@ -84,11 +84,26 @@ async def test_multi_node_job_spreads_and_cancel_ends_every_node(rsched: Any) ->
     for share in (0, 1):  # python, sh's two orphans (and sleep's own) on each node
         assert len(processes_with_marker(f"{job.id}.{share}")) >= 3
     pg_before = _groups_created()
+    assert len(_reapers_of(job.id)) == 2  # one per node share
     await rsched.cancel(ME, job.id)
     assert job.state == "cancelled"
     assert not processes_with_marker(job.id + "."), "a process of the job outlived cancel"
     assert _groups_created() == pg_before - 1
+    await _until(lambda: not _reapers_of(job.id), "the shares' reapers to exit once their actors are gone", 30)
     assert sorted(n["gpus_free"] for n in rsched.node_view()) == [2, 2]
+
+
+def _reapers_of(job_id: str) -> list[int]:
+    """Pids of the reapers watching the job's shares (their command line names the share)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"trainer.scheduler._node_reaper" in argv and any(a.startswith(f"{job_id}.".encode()) for a in argv):
+            pids.append(int(proc.name))
+    return pids
 
 
 def _log(job: Job) -> str:
