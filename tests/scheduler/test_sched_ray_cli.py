@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ENVHUB = str(Path(sys.executable).with_name("envhub"))
 ENVHUB_TRAIN = str(Path(sys.executable).with_name("envhub-train"))
 SCHED = str(Path(sys.executable).with_name("envhub-sched"))
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # the page is checked where it is
 # a tick a second, after leaving two orphaned grandchildren (one in its own session) on its node
 _TICKING = ("import os, subprocess, time; subprocess.run(['sh', '-c', 'setsid sleep 600 & sleep 600 &']); "
             "[print('rank', os.environ['ENVHUB_NODE_RANK'], 'tick', i, flush=True) or time.sleep(1) "
@@ -103,6 +106,15 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _page_dom(url: str) -> str:
+    """The scheduler's page after its scripts ran, from headless Chromium."""
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+             "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
+             "--virtual-time-budget=5000", "--dump-dom", url + "/"], capture_output=True, text=True, timeout=90).stdout
+
+
 def _supervisor_of(pids: list[int]) -> int:
     """The parent of the share's first process (the one whose parent is not in the share): its Ray actor."""
     parents = {pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in pids}
@@ -163,6 +175,14 @@ def test_cli_places_by_node_survives_a_scheduler_crash_and_cancels_on_every_node
     ticks = sched_cli(second.url, "logs", job_id).count("tick")
     wait_for_sync(lambda: sched_cli(second.url, "logs", job_id).count("tick") > ticks + 2, 30, "the log to go on")
     assert {n["gpus_free"] for n in json.loads(sched_cli(second.url, "nodes", "--json"))} == {1}
+
+    if CHROMIUM:  # the page: a row per node (GPUs, free, jobs) and where each job went
+        dom = _page_dom(second.url)
+        for node, ip in alive.items():
+            assert f'<tr data-id="{node}"><td>{node[:12]}</td><td>{ip}</td><td>2</td><td>1</td><td>{job_id}</td></tr>' \
+                in dom, dom[-3000:]
+        row = dom.split(f'<tr data-id="{job_id}">', 1)[1].split("</tr>", 1)[0]
+        assert " ".join(f"{p['node_ip']}[{p['gpus'][0]}]" for p in placement) in row, row
 
     assert sched_cli(second.url, "cancel", job_id).strip() == "cancelled"
     assert not processes_with_marker(job_id + "."), "a process of the job outlived cancel"
