@@ -200,7 +200,8 @@ def _stats() -> dict[int, tuple[int, int]]:
 
 
 def processes_with_marker(prefix: str) -> list[int]:
-    """Pids of processes whose ``ENVHUB_SCHED_JOB`` starts with ``prefix`` (a job's shares, on any node here)."""
+    """Pids of processes whose ``ENVHUB_SCHED_JOB`` starts with ``prefix``: ``"<job>."`` for all of a job on
+    any node here, ``"<job>.<share>."`` for one share (the marker is ``<job>.<share>.<actor>``)."""
     pattern = re.compile(rb"(?:^|\0)ENVHUB_SCHED_JOB=" + re.escape(prefix.encode()))
     pids = []
     for p in Path("/proc").iterdir():

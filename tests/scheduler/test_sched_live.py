@@ -79,6 +79,8 @@ def test_cli_submit_list_logs_status_cancel(live, monkeypatch, capsys):
     jobs = json.loads(capsys.readouterr().out)
     assert [(j["id"], j["name"], j["state"], j["gpus"], j["kind"]) for j in jobs] == [
         (job_id, "hi", "succeeded", [0, 1], "sft"), (sleeper, "sleep", "running", [0], "cmd")]
+    assert cli(["nodes"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split() == ["local", "127.0.0.1", "4", "3", sleeper]
     assert cli(["cancel", sleeper]) == 0 and capsys.readouterr().out.strip() == "cancelled"
     assert cli(["status", sleeper]) == 0 and json.loads(capsys.readouterr().out)["state"] == "cancelled"
     assert cli(["submit", "--gpus", "5", "--", "true"]) == 2

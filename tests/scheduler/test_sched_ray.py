@@ -82,7 +82,7 @@ async def test_multi_node_job_spreads_and_cancel_ends_every_node(rsched: Any) ->
     assert sorted(n["gpus_free"] for n in rsched.node_view()) == [1, 1]
     assert all(n["jobs"] == [job.id] for n in rsched.node_view())
     for share in (0, 1):  # python, sh's two orphans (and sleep's own) on each node
-        assert len(processes_with_marker(f"{job.id}.{share}")) >= 3
+        assert len(processes_with_marker(f"{job.id}.{share}.")) >= 3
     pg_before = _groups_created()
     assert len(_reapers_of(job.id)) == 2  # one per node share
     await rsched.cancel(ME, job.id)
@@ -248,7 +248,7 @@ async def test_worker_node_killed_fails_its_job_moves_its_replica_and_the_queue_
     service = await rsched.submit(ME, JobRequest(command=cmd, kind="service", replicas=3, gpus=0))
     await _live_endpoints(rsched, service.id, 3)
     share = next(i for i, p in enumerate(job.placement) if p["node_id"] == victim.node_id)
-    await _until(lambda: len(processes_with_marker(f"{job.id}.{share}")) >= 3, "the victim share's tree")
+    await _until(lambda: len(processes_with_marker(f"{job.id}.{share}.")) >= 3, "the victim share's tree")
     on_victim = [i for i, p in enumerate(service.placement) if p["node_id"] == victim.node_id]
     ray_cluster.kill_raylet(victim)
     job = await rsched.wait(job.id, 120)

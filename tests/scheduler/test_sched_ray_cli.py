@@ -158,8 +158,8 @@ def test_cli_places_by_node_survives_a_scheduler_crash_and_cancels_on_every_node
 
     first.kill()  # a crash: the job's and the service's processes go on running on the cluster
     time.sleep(2)
-    assert all(processes_with_marker(f"{job_id}.{share}") for share in (0, 1))
-    old_replica = processes_with_marker(f"{service_id}.1")
+    assert all(processes_with_marker(f"{job_id}.{share}.") for share in (0, 1))
+    old_replica = processes_with_marker(f"{service_id}.1.")
     os.kill(_supervisor_of(old_replica), signal.SIGKILL)  # while no scheduler watches, replica 1's actor dies
     servers.append(second := RaySchedulerProcess(db, ray_cluster.address))
     second.printed(f"job {job_id}: reconnected to its 2 running share(s)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -39,7 +40,9 @@ class NodeSupervisor:
 
     def __init__(self, job_id: str, share: int, grace_s: float = 5.0, name: str = ""):
         self.job_id, self.name = job_id, name
-        self.marker = f"{job_id}.{share}"  # per share: restarting one replica leaves its neighbours alone
+        # per share and per actor: restarting one replica leaves its neighbours alone, and the reaper of
+        # the actor it replaces cannot take the new one's processes for its own
+        self.marker = f"{job_id}.{share}.{secrets.token_hex(3)}"
         fd, self.log_path = tempfile.mkstemp(prefix=f"envhub-sched-{job_id}-", suffix=".log")
         os.close(fd)
         self.proc: subprocess.Popen[bytes] | None = None
