@@ -10,7 +10,7 @@ Routes (JSON unless said otherwise; ``Authorization: Bearer <key>`` when auth is
     GET  /jobs/{id}                    one job
     POST /jobs/{id}/cancel             cancel; returns when the process tree is gone
     POST /jobs/{id}/heartbeat          keep a job with heartbeat_timeout_s alive
-    GET  /jobs/{id}/logs[?tail=N&follow=true]   text/plain, streamed while following
+    GET  /jobs/{id}/logs[?tail=N&follow=true&offset=B]   text/plain, streamed while following
     GET  /                             a live page of GPUs and jobs
 """
 
@@ -133,9 +133,9 @@ async def heartbeat(job_id: str, scheduler: Sched, who: Caller) -> dict[str, Any
 
 @router.get("/jobs/{job_id}/logs")
 async def logs(job_id: str, scheduler: Sched, who: Caller, tail: int | None = Query(default=None, ge=0),
-               follow: bool = False) -> StreamingResponse:
+               follow: bool = False, offset: int | None = Query(default=None, ge=0)) -> StreamingResponse:
     scheduler.get(who, job_id)  # 404 / 403 before streaming anything
-    return StreamingResponse(scheduler.follow_log(job_id, tail, follow), media_type="text/plain")
+    return StreamingResponse(scheduler.follow_log(job_id, tail, follow, offset), media_type="text/plain")
 
 
 @router.get("/", response_class=HTMLResponse)
