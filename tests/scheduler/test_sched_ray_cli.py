@@ -5,6 +5,7 @@ leaving nothing on any node, and ``envhub-train --scheduler URL --nodes 2 --torc
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import pytest
 from ray_cluster import RayStartCluster, processes_with_marker
 from sched_helpers import PY, wait_for_sync
 
-from trainer.scheduler.client import SchedulerClient
+from trainer.scheduler.client import SchedulerClient, submit_self
 
 pytest.importorskip("ray")
 
@@ -41,9 +42,9 @@ _TICKING = ("import os, subprocess, time; subprocess.run(['sh', '-c', 'setsid sl
 class RaySchedulerProcess:
     """``envhub-sched serve --backend ray`` in its own session, on a free loopback port."""
 
-    def __init__(self, db: Path, address: str):
+    def __init__(self, db: Path, address: str, port: int = 0):
         self.proc = subprocess.Popen(
-            [SCHED, "serve", "--backend", "ray", "--ray-address", address, "--port", "0", "--db", str(db),
+            [SCHED, "serve", "--backend", "ray", "--ray-address", address, "--port", str(port), "--db", str(db),
              "--grace-s", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
         while True:
@@ -135,8 +136,14 @@ def test_cli_places_by_node_survives_a_scheduler_crash_and_cancels_on_every_node
     assert {(n["node_id"], n["node_ip"], n["gpus"], n["gpus_free"]) for n in nodes} == {
         (node, ip, 2, 2) for node, ip in alive.items()}
 
-    job_id = sched_cli(first.url, "submit", "--gpus", "2", "--nodes", "2", "--name", "two-nodes", "--",
-                       PY, "-c", _TICKING).strip()
+    # the job is followed as `envhub-train --scheduler` follows its run: submit_self, heartbeats and all
+    out, result = io.StringIO(), {}
+    follower = threading.Thread(target=lambda: result.setdefault("code", submit_self(
+        first.url, [PY, "-c", _TICKING], gpus=2, kind="cmd", name="two-nodes", nodes=2, out=out, reconnect_s=120)),
+        daemon=True)
+    follower.start()
+    wait_for_sync(lambda: json.loads(sched_cli(first.url, "list", "--json")), 30, "the job submitted")
+    job_id = json.loads(sched_cli(first.url, "list", "--json"))[0]["id"]
     echo = [ENVHUB, "serve", "envhub.testing:EchoEnv", "--host", "0.0.0.0", "--port", "{port}"]
     service_id = sched_cli(first.url, "submit", "--kind", "service", "--replicas", "2", "--", *echo).strip()
     wait_for_sync(lambda: "rank 1 tick" in sched_cli(first.url, "logs", job_id)
@@ -161,7 +168,7 @@ def test_cli_places_by_node_survives_a_scheduler_crash_and_cancels_on_every_node
     assert all(processes_with_marker(f"{job_id}.{share}.") for share in (0, 1))
     old_replica = processes_with_marker(f"{service_id}.1.")
     os.kill(_supervisor_of(old_replica), signal.SIGKILL)  # while no scheduler watches, replica 1's actor dies
-    servers.append(second := RaySchedulerProcess(db, ray_cluster.address))
+    servers.append(second := RaySchedulerProcess(db, ray_cluster.address, port=int(first.url.rsplit(":", 1)[1])))
     second.printed(f"job {job_id}: reconnected to its 2 running share(s)")
     second.printed(f"job {service_id}: reconnected to its 1 running share(s) on the Ray cluster; "
                    "1 replica(s) gone, placed again")
@@ -186,6 +193,11 @@ def test_cli_places_by_node_survives_a_scheduler_crash_and_cancels_on_every_node
 
     assert sched_cli(second.url, "cancel", job_id).strip() == "cancelled"
     assert not processes_with_marker(job_id + "."), "a process of the job outlived cancel"
+    follower.join(30)
+    assert result.get("code") == 130  # it followed the job through the restart to its end
+    for rank in (0, 1):  # every tick of each rank printed once, in order, across the restart
+        ticks = [line for line in out.getvalue().splitlines() if line.startswith(f"rank {rank} tick")]
+        assert len(ticks) > 5 and ticks == [f"rank {rank} tick {i}" for i in range(len(ticks))], ticks
     assert sched_cli(second.url, "cancel", service_id).strip() == "cancelled"
     assert not processes_with_marker(service_id + ".") and not any(_healthy(u) for u in urls)
     assert {n["gpus_free"] for n in json.loads(sched_cli(second.url, "nodes", "--json"))} == {2}
