@@ -35,6 +35,14 @@ async def test_gpus_show_which_job_holds_them(api, sched):
     assert [g["job"] for g in (await api.get("/gpus")).json()] == [None] * 4
 
 
+async def test_nodes_show_the_local_inventory_and_who_holds_it(api, sched):
+    job = (await api.post("/jobs", json={"command": ["sleep", "60"], "gpus": 3})).json()
+    assert (await api.get("/nodes")).json() == [
+        {"node_id": "local", "node_ip": "127.0.0.1", "gpus": 4, "gpus_free": 1, "jobs": [job["id"]]}]
+    await api.post(f"/jobs/{job['id']}/cancel")
+    assert (await api.get("/nodes")).json()[0]["gpus_free"] == 4
+
+
 @pytest.mark.parametrize("body, status, words", [
     ({"command": ["sleep", "1"], "gpus": 5}, 400, "at most 4 GPUs"),
     ({"command": ["sleep", "1"], "kind": "train"}, 422, "kind"),

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
@@ -79,6 +80,8 @@ def test_cli_submit_list_logs_status_cancel(live, monkeypatch, capsys):
     jobs = json.loads(capsys.readouterr().out)
     assert [(j["id"], j["name"], j["state"], j["gpus"], j["kind"]) for j in jobs] == [
         (job_id, "hi", "succeeded", [0, 1], "sft"), (sleeper, "sleep", "running", [0], "cmd")]
+    assert cli(["nodes"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split() == ["local", "127.0.0.1", "4", "3", sleeper]
     assert cli(["cancel", sleeper]) == 0 and capsys.readouterr().out.strip() == "cancelled"
     assert cli(["status", sleeper]) == 0 and json.loads(capsys.readouterr().out)["state"] == "cancelled"
     assert cli(["submit", "--gpus", "5", "--", "true"]) == 2
@@ -176,7 +179,8 @@ def test_web_page_renders_gpus_and_jobs_in_headless_chromium(live):
     row = dom.split(f'<tr data-id="{job["id"]}">', 1)[1].split("</tr>", 1)[0]
     assert "page-check" in row and '<td class="running">running</td>' in row and "<td>0,1</td>" in row
     for index, holder in [(0, job["id"]), (1, job["id"]), (2, "free"), (3, "free")]:
-        assert f'<tr data-id="{index}"><td>{index}</td><td>declared</td><td>{holder}</td></tr>' in dom
+        assert f'<tr data-id="{index}"><td></td><td>{index}</td><td>declared</td><td>{holder}</td></tr>' in dom
+    assert f'<tr data-id="local"><td>local</td><td>127.0.0.1</td><td>4</td><td>2</td><td>{job["id"]}</td></tr>' in dom
 
 
 @pytest.mark.slow
@@ -217,3 +221,32 @@ def test_submit_self_streams_the_log_and_returns_the_exit_code(live, tmp_path, m
     assert out.getvalue() == f"rank env 0,1 {tmp_path}\n"
     with SchedulerClient(live.url) as client:
         assert [(j["state"], j["kind"], j["cwd"]) for j in client.list()] == [("failed", "rl", str(tmp_path))]
+
+
+@pytest.mark.slow
+def test_submit_self_waits_for_a_restarted_scheduler_and_prints_each_line_once(tmp_path):
+    import io
+
+    from trainer.scheduler import submit_self
+
+    sched, url = _serve(tmp_path, "--gpus", "0,1")
+    code = "import time\nfor i in range(600): print('line', i, flush=True); time.sleep(0.05)"
+    out, result = io.StringIO(), {}
+    runner = threading.Thread(target=lambda: result.setdefault("code", submit_self(
+        url, [PY, "-c", code], gpus=1, kind="cmd", out=out, reconnect_s=60)), daemon=True)
+    runner.start()
+    wait_for_sync(lambda: "line 5\n" in out.getvalue(), 30, "the first lines")
+    sched.kill()  # a crash; the job's process goes on writing its log meanwhile
+    sched.wait(10)
+    sched.stdout.close()
+    time.sleep(1.5)
+    sched, _ = _serve(tmp_path, "--gpus", "0,1", "--port", url.rsplit(":", 1)[1])  # same store, same URL
+    try:
+        runner.join(60)
+        assert not runner.is_alive() and result["code"] == 1  # the local backend ends what ran before a restart
+        lines = out.getvalue().splitlines()
+        assert len(lines) > 6 and lines == [f"line {i}" for i in range(len(lines))]  # no gap, nothing twice
+    finally:
+        sched.send_signal(signal.SIGTERM)
+        sched.wait(timeout=15)
+        sched.stdout.close()

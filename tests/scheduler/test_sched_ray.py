@@ -1,65 +1,41 @@
-"""The Ray backend against a real multi-node Ray cluster on this machine (a head and a worker raylet,
-each declaring two fake GPUs): placement by node and GPU, multi-node jobs, cancel across nodes, and
-a worker node killed mid-job. Skipped where ray is not installed."""
+"""The Ray backend against a real multi-node Ray cluster on this machine, started with ``ray start``
+(a head and a worker node, two fake GPUs each; see ``ray_cluster.py``): placement by node and GPU,
+multi-node jobs, cancel across nodes, services with replicas, a worker node killed mid-job.
+Skipped where ray is not installed."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from ray_cluster import RayStartCluster, processes_with_marker
 from sched_helpers import PY, make_config
 
-from trainer.scheduler import _procs
 from trainer.scheduler._jobs import Job, JobRequest
 from trainer.scheduler._store import JobStore, Principal
 
 ray = pytest.importorskip("ray")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ENVHUB = str(Path(sys.executable).with_name("envhub"))
 ME = Principal(user="alice", admin=False)
-_NODE = {"num_cpus": 1, "num_gpus": 2, "object_store_memory": 100 * 1024 * 1024}
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    """A head and one worker node, two fake GPUs each; shut down (and ray disconnected) at the end."""
-    temp = tempfile.mkdtemp(prefix="envhub-ray-")
-    old_tmpdir = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = temp  # Ray's session files stay in our own directory, apart from anyone's
-    os.makedirs(os.path.join(temp, "ray"))
-    c = cluster_utils.Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False,
-                                                                    "temp_dir": os.path.join(temp, "ray")})
-    c.add_node(**_NODE)
-    c.wait_for_nodes()
-    try:
-        yield c
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        c.shutdown()
-        if old_tmpdir is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = old_tmpdir
-        shutil.rmtree(temp, ignore_errors=True)
+# each share leaves two orphaned grandchildren, one in a session of its own: only the job's marker finds them
+_WITH_GRANDCHILDREN = ("import os, subprocess, time; "
+                       "subprocess.run(['sh', '-c', 'setsid sleep 600 & sleep 600 &']); "
+                       "print('rank', os.environ['ENVHUB_NODE_RANK'], flush=True); time.sleep(600)")
 
 
 @pytest.fixture
-async def rsched(cluster: Any, tmp_path: Path):
+async def rsched(ray_cluster: RayStartCluster, tmp_path: Path):
     from trainer.scheduler._ray import RayScheduler
 
-    scheduler = RayScheduler(make_config(tmp_path), address=cluster.address)
+    scheduler = RayScheduler(make_config(tmp_path), address=ray_cluster.address)
     await scheduler.start()
     yield scheduler
     if scheduler.started:
@@ -80,10 +56,12 @@ async def _running(sched: Any, job_id: str, timeout_s: float = 60) -> None:
     raise AssertionError(f"job {job_id} never printed: {sched.jobs[job_id]}")
 
 
-async def test_inventory_is_the_clusters_gpus_per_node(rsched: Any) -> None:
+async def test_inventory_is_the_clusters_gpus_per_node(rsched: Any, ray_cluster: RayStartCluster) -> None:
     view = rsched.gpu_view()
-    assert len(view) == 4
-    assert len({g["node_id"] for g in view}) == 2
+    assert len(view) == 4 and {g["node_id"] for g in view} == {n.node_id for n in ray_cluster.alive_nodes}
+    nodes = rsched.node_view()
+    assert sorted((n["node_id"], n["node_ip"], n["gpus"], n["gpus_free"], n["jobs"]) for n in nodes) == sorted(
+        (n.node_id, n.ip, 2, 2, []) for n in ray_cluster.alive_nodes)
 
 
 async def test_single_node_job_gets_its_gpus_on_one_node(rsched: Any) -> None:
@@ -96,18 +74,52 @@ async def test_single_node_job_gets_its_gpus_on_one_node(rsched: Any) -> None:
 
 
 async def test_multi_node_job_spreads_and_cancel_ends_every_node(rsched: Any) -> None:
-    code = "import os, time; print('rank', os.environ['ENVHUB_NODE_RANK'], flush=True); time.sleep(600)"
-    job = await rsched.submit(ME, _req(code, gpus=2, nodes=2))
+    job = await rsched.submit(ME, _req(_WITH_GRANDCHILDREN, gpus=2, nodes=2))
     await _running(rsched, job.id)
+    await _until(lambda: "rank 0" in _log(job) and "rank 1" in _log(job), "both ranks up")
     assert len({p["node_id"] for p in job.placement}) == 2
     assert all(len(p["gpus"]) == 1 for p in job.placement)
-    pg_before = len([g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"])
+    assert sorted(n["gpus_free"] for n in rsched.node_view()) == [1, 1]
+    assert all(n["jobs"] == [job.id] for n in rsched.node_view())
+    for share in (0, 1):  # python, sh's two orphans (and sleep's own) on each node
+        assert len(processes_with_marker(f"{job.id}.{share}.")) >= 3
+    pg_before = _groups_created()
+    assert len(_reapers_of(job.id)) == 2  # one per node share
     await rsched.cancel(ME, job.id)
     assert job.state == "cancelled"
-    pg_after = len([g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"])
-    assert pg_after == pg_before - 1
-    log = Path(job.log_path).read_text()
-    assert "rank 0" in log and "rank 1" in log
+    assert not processes_with_marker(job.id + "."), "a process of the job outlived cancel"
+    assert _groups_created() == pg_before - 1
+    await _until(lambda: not _reapers_of(job.id), "the shares' reapers to exit once their actors are gone", 30)
+    assert sorted(n["gpus_free"] for n in rsched.node_view()) == [2, 2]
+
+
+def _reapers_of(job_id: str) -> list[int]:
+    """Pids of the reapers watching the job's shares (their command line names the share)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"trainer.scheduler._node_reaper" in argv and any(a.startswith(f"{job_id}.".encode()) for a in argv):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _log(job: Job) -> str:
+    return Path(job.log_path).read_text() if Path(job.log_path).exists() else ""
+
+
+async def _until(predicate: Any, what: str, timeout_s: float = 60) -> None:
+    for _ in range(int(timeout_s / 0.1)):
+        if predicate():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _groups_created() -> int:
+    return len([g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"])
 
 
 async def test_a_request_larger_than_any_node_is_refused(rsched: Any) -> None:
@@ -203,21 +215,22 @@ async def test_two_node_gloo_torchrun_job_runs_a_training_step(rsched: Any, tmp_
     assert "rank 1/2 node_rank 1 step done, weights equal across ranks: True" in log
 
 
-async def test_a_restarted_ray_scheduler_keeps_records_and_marks_running_jobs_failed(
-        cluster: Any, tmp_path: Path) -> None:
+async def test_a_restarted_ray_scheduler_keeps_records_and_marks_jobs_it_cannot_find_lost(
+        ray_cluster: RayStartCluster, tmp_path: Path) -> None:
     from trainer.scheduler._ray import RayScheduler
 
     store = JobStore(str(tmp_path / "sched.db"))
     store.save(Job(id="jrunning", user="alice", command=["sleep", "600"], gpus_requested=2, state="running",
-                   placement=[{"node_id": "gone", "node_ip": "127.0.0.1", "gpus": [0, 1]}]))
+                   placement=[{"node_id": "gone", "node_ip": "127.0.0.1", "gpus": [0, 1], "actor": "envhub-sched-x"}]))
     store.save(Job(id="jqueued", user="alice", command=["true"], gpus_requested=0, seq=2,
                    log_path=str(tmp_path / "jqueued.log")))
     store.close()
-    sched = RayScheduler(make_config(tmp_path), address=cluster.address)
+    sched = RayScheduler(make_config(tmp_path), address=ray_cluster.address)
     notes = await sched.start()
     try:
-        assert any("jrunning" in n and "scheduler restarted" in n for n in notes)
-        assert sched.jobs["jrunning"].state == "failed" and "Ray actors ended" in sched.jobs["jrunning"].reason
+        assert any("jrunning" in n and "lost" in n for n in notes), notes
+        lost = sched.jobs["jrunning"]
+        assert lost.state == "failed" and lost.reason.startswith("lost: the scheduler restarted"), lost.reason
         queued = await sched.wait("jqueued", 120)  # the queue carries on with what was queued
         assert queued.state == "succeeded", queued.reason
     finally:
@@ -225,29 +238,29 @@ async def test_a_restarted_ray_scheduler_keeps_records_and_marks_running_jobs_fa
 
 
 async def test_worker_node_killed_fails_its_job_moves_its_replica_and_the_queue_goes_on(
-        rsched: Any, cluster: Any) -> None:
-    """Runs last: it takes the worker node away for good."""
-    code = "import time; print('up', flush=True); time.sleep(600)"
-    job = await rsched.submit(ME, _req(code, gpus=2, nodes=2))
+        rsched: Any, ray_cluster: RayStartCluster) -> None:
+    """Adds a third node and kills its raylet, so the other tests keep their two nodes."""
+    victim = ray_cluster.add_worker()
+    await _until(lambda: len(rsched.node_view()) == 3, "the third node", 60)
+    job = await rsched.submit(ME, _req(_WITH_GRANDCHILDREN, gpus=3, nodes=3))  # one share on every node
     await _running(rsched, job.id)
     cmd = [ENVHUB, "serve", "envhub.testing:EchoEnv", "--host", "0.0.0.0", "--port", "{port}"]
-    service = await rsched.submit(ME, JobRequest(command=cmd, kind="service", replicas=2, gpus=0))
-    await _live_endpoints(rsched, service.id, 2)
-    worker = next(n for n in cluster.worker_nodes)
-    on_worker = [i for i, p in enumerate(service.placement) if p["node_id"] == worker.node_id]
-    cluster.remove_node(worker, allow_graceful=False)
+    service = await rsched.submit(ME, JobRequest(command=cmd, kind="service", replicas=3, gpus=0))
+    await _live_endpoints(rsched, service.id, 3)
+    share = next(i for i, p in enumerate(job.placement) if p["node_id"] == victim.node_id)
+    await _until(lambda: len(processes_with_marker(f"{job.id}.{share}.")) >= 3, "the victim share's tree")
+    on_victim = [i for i, p in enumerate(service.placement) if p["node_id"] == victim.node_id]
+    ray_cluster.kill_raylet(victim)
     job = await rsched.wait(job.id, 120)
-    assert job.state == "failed" and "lost" in job.reason, job.reason
-    assert not _procs_of(job.id)
-    await _live_endpoints(rsched, service.id, 2, timeout_s=120)
-    assert all(p["node_id"] != worker.node_id for p in service.placement)
-    assert all(service.placement[i]["restarts"] == 1 for i in on_worker)
+    assert job.state == "failed" and "lost" in job.reason and victim.node_id[:12] in job.reason, job.reason
+    await _until(lambda: not processes_with_marker(job.id + "."), "the lost job's processes (grandchildren too) "
+                 "to be gone on every node", 30)
+    await _live_endpoints(rsched, service.id, 3, timeout_s=120)
+    assert all(p["node_id"] != victim.node_id for p in service.placement)
+    assert all(service.placement[i]["restarts"] == 1 for i in on_victim)
+    assert victim.node_id not in {n["node_id"] for n in rsched.node_view()}
     after = await rsched.submit(ME, _req("print('next')", gpus=2))
     after = await rsched.wait(after.id, 120)
     assert after.state == "succeeded", after.reason
     await rsched.cancel(ME, service.id)
-
-
-def _procs_of(job_id: str) -> list[int]:
-    """Pids of any process (on this machine, where every test node runs) marked with a share of ``job_id``."""
-    return [pid for share in range(4) for pid in _procs.job_processes(f"{job_id}.{share}")]
+    assert not processes_with_marker(service.id + ".")

@@ -255,13 +255,23 @@ class Scheduler:
         return [{"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "job": self.gpus.holder(g.index)}
                 for g in self.gpus.gpus]
 
-    async def follow_log(self, job_id: str, tail_lines: int | None, follow: bool) -> AsyncIterator[bytes]:
-        """The job's log: the last ``tail_lines`` lines (all when None), then new output while it runs."""
+    def node_view(self) -> builtins.list[dict[str, Any]]:
+        """The inventory per node as the API shows it: this machine, its GPUs, how many are free, who holds some."""
+        holders = sorted({h for g in self.gpus.gpus if (h := self.gpus.holder(g.index)) is not None})
+        return [{"node_id": "local", "node_ip": self.config.advertise_host, "gpus": self.gpus.total,
+                 "gpus_free": self.gpus.free_count(), "jobs": holders}]
+
+    async def follow_log(self, job_id: str, tail_lines: int | None, follow: bool,
+                         offset_bytes: int | None = None) -> AsyncIterator[bytes]:
+        """The job's log: from byte ``offset_bytes`` (a follower resuming), else the last ``tail_lines``
+        lines (all when None); then new output while it runs."""
         job = self.jobs[job_id]
         path = Path(job.log_path)
         size = path.stat().st_size if path.exists() else 0
         offset = 0
-        if tail_lines is not None:
+        if offset_bytes is not None:
+            offset = min(offset_bytes, size)
+        elif tail_lines is not None:
             start = max(0, size - _TAIL_WINDOW_BYTES)
             lines = _read_from(path, start, size - start).splitlines(keepends=True)
             if tail_lines > 0 and lines[-tail_lines:]:

@@ -8,21 +8,28 @@ says where it went (``job.placement``). A multi-node torchrun job runs
 ``torch.distributed.run --nnodes K --node_rank r`` on each node, rendezvous at rank 0's node.
 
 A node that dies takes its actor with it: the next log pull raises, the job fails with the node in
-its reason, the other nodes' shares are ended and the placement group is removed. Actors are tied
-to the scheduler's driver, so a scheduler restart ends them (their processes die with them through
-``PR_SET_PDEATHSIG``) and the job is marked failed with that reason.
+its reason, the other nodes' shares are ended and the placement group is removed; on the lost node
+the share's reaper ends what is left of its tree (see :mod:`trainer.scheduler._node_reaper`).
+
+Actors and placement groups are detached and named after the job (the actor's name is in its
+share's record), so they outlive a scheduler that crashed or was killed: a scheduler restarted on the
+same job store finds them again by name, books their GPUs and carries on pulling logs (the job keeps
+running). A job whose actors are gone (their node died meanwhile) is ended on every node and marked
+failed, lost, with that reason; a service replica that is gone is placed and started again. A
+scheduler that is *stopped* (SIGINT/SIGTERM) ends its running jobs, as the local backend does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
 from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, get_placement_group, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainer.scheduler._core import _SECRET_ENV_PREFIXES, JobLostError, Scheduler, SchedulerConfig
@@ -33,6 +40,7 @@ from trainer.scheduler._ray_replicas import ReplicaSet
 _BUNDLE_CPU = 0.01  # a bundle needs some resource; a 0-GPU share holds almost no CPU
 _POLL_S = 0.3
 _PLACE_TIMEOUT_S = 120.0
+_PING_TIMEOUT_S = 30.0  # a restarted scheduler asks each found actor this long whether it still answers
 
 
 class RayScheduler(Scheduler):
@@ -48,6 +56,7 @@ class RayScheduler(Scheduler):
         self._held: dict[str, dict[str, int]] = {}  # job id -> node id -> GPUs booked there
         self._groups: dict[str, PlacementGroup] = {}
         self._actors: dict[str, list[Any]] = {}
+        self._adopted: dict[str, list[Any]] = {}  # running jobs found again after a restart -> their actors
         self._refresh_nodes()
 
     # -- inventory ----------------------------------------------------------------------------
@@ -88,6 +97,14 @@ class RayScheduler(Scheduler):
                              "memory_mib": None, "job": holders[i] if i < len(holders) else None})
         return view
 
+    def node_view(self) -> list[dict[str, Any]]:
+        """One entry per alive node: its id and address, GPUs it declares and has free, jobs holding some."""
+        self._refresh_nodes()
+        free = self._free_by_node()
+        return [{"node_id": node, "node_ip": self._node_ip[node], "gpus": count, "gpus_free": free[node],
+                 "jobs": sorted(job for job, booked in self._held.items() if booked.get(node))}
+                for node, count in sorted(self._node_gpus.items(), key=lambda kv: self._node_ip[kv[0]] + kv[0])]
+
     # -- placement ----------------------------------------------------------------------------
     def _place(self, job: Job) -> bool:
         self._refresh_nodes()
@@ -117,6 +134,11 @@ class RayScheduler(Scheduler):
         self._held.pop(job.id, None)
 
     async def _launch_and_wait(self, job: Job) -> int | None:
+        adopted = self._adopted.pop(job.id, None)
+        if adopted is not None:  # found again after a scheduler restart: it runs already
+            if job.replicas > 1:
+                return await ReplicaSet(self, job, adopted, resume=True).run()
+            return await self._pump(job, adopted)
         supervisors = await self._place_group(job)
         if job.replicas > 1:
             return await ReplicaSet(self, job, supervisors).run()
@@ -131,13 +153,14 @@ class RayScheduler(Scheduler):
         return await self._pump(job, supervisors)
 
     async def _place_group(self, job: Job) -> list[Any]:
+        await self._end_leftovers(job)
         per_node = job.gpus_requested // job.nodes
         shares = max(job.nodes, job.replicas)
         bundle: dict[str, float] = {"CPU": _BUNDLE_CPU, **({"GPU": float(per_node)} if per_node else {})}
         # replicas spread where they can (a node's loss takes fewer of them); a multi-node job must
         strategy = "SPREAD" if job.replicas > 1 else "STRICT_PACK" if job.nodes == 1 else "STRICT_SPREAD"
-        group = placement_group([dict(bundle) for _ in range(shares)], name=f"envhub-sched-{job.id}",
-                                strategy=strategy)
+        group = placement_group([dict(bundle) for _ in range(shares)], name=_group_name(job.id),
+                                strategy=strategy, lifetime="detached")
         self._groups[job.id] = group
         try:
             await asyncio.wait_for(ref_result(group.ready()), _PLACE_TIMEOUT_S)
@@ -149,12 +172,18 @@ class RayScheduler(Scheduler):
         return supervisors
 
     def new_supervisor(self, job: Job, bundle_index: int) -> Any:
-        """A supervisor actor in bundle ``bundle_index`` of the job's placement group."""
+        """A supervisor actor in bundle ``bundle_index`` of the job's placement group.
+
+        Detached and named (``envhub-sched-<job>-<share>-<random>``, the name in its ``where()``), so a
+        restarted scheduler can find it; the random part keeps a replacement's name apart from the
+        name of the actor it replaces, which Ray may not have released yet.
+        """
+        name = f"{_group_name(job.id)}-{bundle_index}-{secrets.token_hex(3)}"
         return ray.remote(NodeSupervisor).options(
-            num_cpus=_BUNDLE_CPU, num_gpus=job.gpus_requested // job.nodes, max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self._groups[job.id],
-                                                                 placement_group_bundle_index=bundle_index),
-        ).remote(job.id, bundle_index)
+            name=name, lifetime="detached", num_cpus=_BUNDLE_CPU, num_gpus=job.gpus_requested // job.nodes,
+            max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self._groups[job.id], placement_group_bundle_index=bundle_index),
+        ).remote(job.id, bundle_index, self.config.grace_s, name)
 
     def _rank_argv(self, job: Job, rank: int) -> list[str]:
         if not (job.torchrun and job.kind in ("rl", "sft")):
@@ -202,7 +231,7 @@ class RayScheduler(Scheduler):
 
     # -- ending -------------------------------------------------------------------------------
     async def _end_processes(self, job: Job) -> None:
-        supervisors = self._actors.pop(job.id, [])
+        supervisors = [s for s in self._actors.pop(job.id, []) if s is not None]
         stops = [asyncio.wait_for(ref_result(s.stop.remote(self.config.grace_s)), self.config.grace_s + 10)
                  for s in supervisors]
         await asyncio.gather(*stops, return_exceptions=True)  # a lost node's share died with it
@@ -216,7 +245,75 @@ class RayScheduler(Scheduler):
         pass  # the pump sees job.id in self._ending on its next turn; _end_processes then ends every node
 
     async def _recover_running(self, job: Job) -> str:
-        reason = "scheduler restarted; its Ray actors ended with the previous scheduler (processes killed)"
+        """Find a job that ran under the previous scheduler: adopt it if all of it still runs, else end it."""
+        actors = await asyncio.gather(*(_answering_actor(p.get("actor")) for p in job.placement))
+        group = _find_group(job.id)
+        whole = bool(actors) and (any(actors) if job.replicas > 1 else all(actors))
+        if group is None or not whole:
+            return await self._end_lost(job, [i for i, a in enumerate(actors) if a is None] or None)
+        self._groups[job.id], self._actors[job.id], self._adopted[job.id] = group, list(actors), list(actors)
+        booked: dict[str, int] = {}
+        per_share = job.gpus_requested if job.replicas > 1 else job.gpus_requested // job.nodes
+        for share, actor in zip(job.placement, actors):
+            if actor is not None:
+                booked[share["node_id"]] = booked.get(share["node_id"], 0) + per_share
+        self._held[job.id] = booked
+        self._arm_heartbeat(job)
+        self._runners[job.id] = asyncio.get_running_loop().create_task(self._run(job), name=f"job-{job.id}")
+        gone = sum(a is None for a in actors)
+        return (f"job {job.id}: reconnected to its {len(actors) - gone} running share(s) on the Ray cluster"
+                + (f"; {gone} replica(s) gone, placed again" if gone else ""))
+
+    async def _end_lost(self, job: Job, gone: list[int] | None) -> str:
+        """End whatever is left of a job found broken after a restart, and mark it failed (lost)."""
+        what = f"share(s) {gone} no longer ran" if gone else "its Ray actors were gone"
+        reason = f"lost: the scheduler restarted and {what} (node lost?); the rest of it was ended"
+        await self._end_leftovers(job)
         job.state, job.reason, job.ended_at = "failed", reason, time.time()
         await self._save(job)
         return f"job {job.id}: {reason}"
+
+    async def _end_leftovers(self, job: Job) -> None:
+        """End every actor and the placement group named after ``job``: what a broken run of it left on
+        the cluster (a scheduler that died between placing a job and saving where it went, say)."""
+        prefix = _group_name(job.id) + "-"
+        found = [_actor_named(n) for n in ray.util.list_named_actors() if n.startswith(prefix)]
+        self._actors[job.id] = [a for a in found if a is not None]
+        group = _find_group(job.id)
+        if group is not None:
+            self._groups[job.id] = group
+        await self._end_processes(job)
+
+
+def _group_name(job_id: str) -> str:
+    return f"envhub-sched-{job_id}"
+
+
+def _find_group(job_id: str) -> PlacementGroup | None:
+    try:
+        group: PlacementGroup = get_placement_group(_group_name(job_id))
+    except ValueError:
+        return None
+    return group
+
+
+def _actor_named(name: str) -> Any:
+    """The actor ``name``, or None when it is gone (between listing and lookup)."""
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        return None
+
+
+async def _answering_actor(name: str | None) -> Any:
+    """The detached actor ``name`` if it exists and answers, else None."""
+    if not name:
+        return None
+    actor = _actor_named(name)
+    if actor is None:
+        return None
+    try:
+        await asyncio.wait_for(ref_result(actor.where.remote()), _PING_TIMEOUT_S)
+    except (RayActorError, ActorUnavailableError, asyncio.TimeoutError):
+        return None
+    return actor

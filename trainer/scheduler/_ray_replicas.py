@@ -20,39 +20,47 @@ from trainer.scheduler._core import JobLostError, SchedulerConfig
 from trainer.scheduler._jobs import Job, with_port
 from trainer.scheduler._ray_node import ref_result
 
-
-class ReplicaHost(Protocol):
-    """What a replica set needs of the Ray scheduler that owns it (named here, so the two modules do not
-    import each other)."""
-
-    config: SchedulerConfig
-    _ending: dict[str, tuple[str, str]]
-    _actors: dict[str, list[Any]]
-    _held: dict[str, dict[str, int]]
-
-    async def _save(self, job: Job) -> None: ...
-
-    def new_supervisor(self, job: Job, bundle_index: int) -> Any: ...
-
-    def rank_env(self, job: Job, rank: int) -> dict[str, str]: ...
-
 MAX_RESTARTS = 5  # per replica: past this the service fails instead of crash-looping
 _POLL_S = 0.3
 STOP_SLACK_S = 10.0  # beyond the grace: how long a supervisor may take to report its tree ended
 
 
+class ReplicaHost(Protocol):
+    """What a :class:`ReplicaSet` needs of its scheduler (the Ray backend's ``RayScheduler``)."""
+
+    config: SchedulerConfig
+    _ending: dict[str, tuple[str, str]]  # jobs being ended
+    _actors: dict[str, list[Any]]  # job id -> its supervisors
+    _held: dict[str, dict[str, int]]  # job id -> node id -> GPUs booked there
+
+    def rank_env(self, job: Job, rank: int) -> dict[str, str]: ...
+
+    def new_supervisor(self, job: Job, bundle_index: int) -> Any: ...
+
+    async def _save(self, job: Job) -> None: ...
+
+
 class ReplicaSet:
     """The replicas of one service job, from first start until the job is ended."""
 
-    def __init__(self, scheduler: ReplicaHost, job: Job, supervisors: list[Any]):
-        self.scheduler, self.job, self.supervisors = scheduler, job, supervisors
-        self.restarts = [0] * len(supervisors)
-        job.placement = [{"node_id": "", "node_ip": "", "gpus": [], "port": None, "restarts": 0}
-                         for _ in supervisors]
+    def __init__(self, scheduler: ReplicaHost, job: Job, supervisors: list[Any], resume: bool = False):
+        """``resume``: the replicas run already (found again after a scheduler restart); a None in
+        ``supervisors`` is one whose actor is gone, placed and started again."""
+        self.scheduler, self.job, self.supervisors, self.resume = scheduler, job, supervisors, resume
+        if resume:
+            self.restarts = [int(share.get("restarts", 0)) for share in job.placement]
+        else:
+            self.restarts = [0] * len(supervisors)
+            job.placement = [{"node_id": "", "node_ip": "", "gpus": [], "port": None, "restarts": 0}
+                             for _ in supervisors]
 
     async def run(self) -> int | None:
         """Start every replica and keep them up; returns None once the job is being ended."""
-        await asyncio.gather(*(self._start(i) for i in range(len(self.supervisors))))
+        if self.resume:
+            down = [i for i, sup in enumerate(self.supervisors) if sup is None or not self.job.placement[i]["port"]]
+            await asyncio.gather(*(self._replace(i) for i in down))
+        else:
+            await asyncio.gather(*(self._start(i) for i in range(len(self.supervisors))))
         await self.scheduler._save(self.job)
         await asyncio.gather(*(self._keep(i) for i in range(len(self.supervisors))))
         return None
@@ -95,17 +103,23 @@ class ReplicaSet:
         if self.restarts[i] > MAX_RESTARTS:
             raise JobLostError(f"replica {i} stopped {self.restarts[i]} times (last: {why})")
         log.write(f"\n[envhub-sched: replica {i} stopped: {why}; starting it again]\n".encode())
+        await self._replace(i)
+        await self.scheduler._save(self.job)
+
+    async def _replace(self, i: int) -> None:
+        """End replica ``i``'s actor (if any) and start the replica again in a new one, in the same bundle."""
         old = self.supervisors[i]
-        try:
-            await asyncio.wait_for(ref_result(old.stop.remote(self.scheduler.config.grace_s)),
-                                   self.scheduler.config.grace_s + STOP_SLACK_S)
-        except (RayActorError, asyncio.TimeoutError):
-            pass  # its node is gone, and its processes with it (PR_SET_PDEATHSIG)
-        ray.kill(old)
+        self.job.placement[i] = {**self.job.placement[i], "port": None}
+        if old is not None:
+            try:
+                await asyncio.wait_for(ref_result(old.stop.remote(self.scheduler.config.grace_s)),
+                                       self.scheduler.config.grace_s + STOP_SLACK_S)
+            except (RayActorError, asyncio.TimeoutError):
+                pass  # its node is gone, and its processes with it (PR_SET_PDEATHSIG and the reaper)
+            ray.kill(old)
         self.supervisors[i] = self.scheduler.new_supervisor(self.job, i)
         self.scheduler._actors[self.job.id][i] = self.supervisors[i]
         await self._start(i)
-        await self.scheduler._save(self.job)
 
     def _rebook(self) -> None:
         booked: dict[str, int] = {}

@@ -3,7 +3,7 @@
     envhub-sched serve --gpus 0,1,2,3 [--host 127.0.0.1] [--port 8765] [--db FILE] [--auth]
     envhub-sched keys create --user NAME [--admin]      # prints the new key once
     envhub-sched submit --gpus 2 --kind sft --name run1 -- python train.py --lr 1e-5
-    envhub-sched list [--json] | status ID | logs ID [-f] | cancel ID
+    envhub-sched list [--json] | status ID | logs ID [-f] | cancel ID | gpus [--json] | nodes [--json]
 
 Client commands find the service through ``--url`` or ``ENVHUB_SCHEDULER_URL`` and read the key
 from ``ENVHUB_SCHEDULER_KEY`` or ``ENVHUB_SCHEDULER_KEY_FILE`` — never from the command line.
@@ -90,7 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true")
     logs.add_argument("--tail", type=int, default=None)
     client_cmd("cancel", "cancel a job").add_argument("id")
-    client_cmd("gpus", "the GPU inventory and who holds each GPU")
+    client_cmd("gpus", "the GPU inventory and who holds each GPU").add_argument("--json", action="store_true")
+    client_cmd("nodes", "the inventory per node: GPUs, free GPUs, jobs").add_argument("--json", action="store_true")
     return parser
 
 
@@ -180,8 +181,9 @@ def _client_command(args: argparse.Namespace) -> int:
         elif args.cmd == "cancel":
             print(client.cancel(args.id)["state"])
         elif args.cmd == "gpus":
-            for gpu in client.gpus():
-                print(f"{gpu['index']}  {gpu['name']}  {gpu['job'] or 'free'}")
+            _print_gpus(client.gpus(), as_json=args.json)
+        elif args.cmd == "nodes":
+            _print_nodes(client.nodes(), as_json=args.json)
     return 0
 
 
@@ -193,11 +195,30 @@ def _print_jobs(jobs: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         print(json.dumps(jobs))
         return
-    print(f"{'ID':<10} {'NAME':<20} {'USER':<10} {'KIND':<9} {'STATE':<10} {'GPUS':<8} REASON")
+    print(f"{'ID':<10} {'NAME':<20} {'USER':<10} {'KIND':<9} {'STATE':<10} {'GPUS':<8} {'NODES':<16} REASON")
     for j in jobs:
         gpus = ",".join(map(str, j["gpus"])) or "-"
+        nodes = ",".join(sorted({p["node_ip"] for p in j["placement"] if p.get("node_ip")})) or "-"
         print(f"{j['id']:<10} {j['name'][:20]:<20} {j['user'][:10]:<10} {j['kind']:<9} {j['state']:<10} "
-              f"{gpus:<8} {j['reason']}")
+              f"{gpus:<8} {nodes:<16} {j['reason']}")
+
+
+def _print_gpus(gpus: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(gpus))
+        return
+    for gpu in gpus:
+        node = f"{gpu['node_ip']} {gpu['node_id'][:12]}  " if gpu.get("node_id") else ""
+        print(f"{node}{gpu['index']}  {gpu['name']}  {gpu['job'] or 'free'}")
+
+
+def _print_nodes(nodes: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(nodes))
+        return
+    print(f"{'NODE':<14} {'ADDRESS':<16} {'GPUS':<5} {'FREE':<5} JOBS")
+    for n in nodes:
+        print(f"{n['node_id'][:12]:<14} {n['node_ip']:<16} {n['gpus']:<5} {n['gpus_free']:<5} {','.join(n['jobs']) or '-'}")
 
 
 def main(argv: list[str] | None = None) -> int:

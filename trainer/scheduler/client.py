@@ -17,14 +17,15 @@ named by ``ENVHUB_SCHEDULER_KEY_FILE``; it travels only in the ``Authorization``
 from __future__ import annotations
 
 import builtins
+import codecs
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, TextIO, TypeVar, cast
 
 import httpx
 
@@ -37,6 +38,7 @@ from trainer.scheduler.errors import (
 )
 
 URL_ENV, KEY_ENV, KEY_FILE_ENV = "ENVHUB_SCHEDULER_URL", "ENVHUB_SCHEDULER_KEY", "ENVHUB_SCHEDULER_KEY_FILE"
+_T = TypeVar("_T")
 _ERRORS = {400: JobRequestError, 422: JobRequestError, 401: SchedulerAuthError, 403: SchedulerAuthError,
            404: JobNotFoundError}
 
@@ -120,7 +122,12 @@ class SchedulerClient:
         return cast("dict[str, Any]", self._call("POST", f"/jobs/{job_id}/heartbeat"))
 
     def gpus(self) -> builtins.list[dict[str, Any]]:
+        """One entry per GPU: its index (on its node), name, the job holding it; on Ray also ``node_id``, ``node_ip``."""
         return cast("builtins.list[dict[str, Any]]", self._call("GET", "/gpus"))
+
+    def nodes(self) -> builtins.list[dict[str, Any]]:
+        """One entry per node: ``node_id``, ``node_ip``, ``gpus``, ``gpus_free`` and the ``jobs`` holding some."""
+        return cast("builtins.list[dict[str, Any]]", self._call("GET", "/nodes"))
 
     def logs(self, job_id: str, tail: int | None = None, follow: bool = False) -> Any:
         """The job's output: a ``str``, or with ``follow=True`` an iterator of text until the job ends."""
@@ -145,6 +152,21 @@ class SchedulerClient:
                     response.read()
                     raise _ERRORS.get(response.status_code, SchedulerError)(_detail(response))
                 yield from response.iter_text()
+        except httpx.TransportError as exc:
+            raise SchedulerUnavailableError(f"Lost the scheduler at {self.url} while following job {job_id}: "
+                                            f"{exc}") from exc
+
+    def follow_bytes(self, job_id: str, offset_bytes: int = 0) -> Iterator[bytes]:
+        """The job's log as raw bytes from byte ``offset_bytes`` until the job ends (a follower that
+        resumes after losing the scheduler passes how many bytes it has already had)."""
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        params: dict[str, str | int] = {"follow": "true", "offset": offset_bytes}
+        try:
+            with self._http.stream("GET", f"/jobs/{job_id}/logs", params=params, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _ERRORS.get(response.status_code, SchedulerError)(_detail(response))
+                yield from response.iter_bytes()
         except httpx.TransportError as exc:
             raise SchedulerUnavailableError(f"Lost the scheduler at {self.url} while following job {job_id}: "
                                             f"{exc}") from exc
@@ -257,23 +279,60 @@ class JobHandle:
 
 def submit_self(url: str, argv: builtins.list[str], gpus: int, kind: str = "rl", *, name: str | None = None,
                 torchrun: bool = False, heartbeat_timeout_s: float = 60.0, out: TextIO | None = None,
-                nodes: int = 1) -> int:
+                nodes: int = 1, reconnect_s: float = 300.0) -> int:
     """Run ``argv`` as a scheduler job from this process: stream its log, return its exit code.
 
     For ``envhub-train --scheduler URL``: pass the training command without ``--scheduler``
     (e.g. ``[sys.executable, "-m", "trainer.cli", "--config", ...]``). The job runs in this
     process's working directory; Ctrl-C cancels it; 130 is returned for a cancelled job and 1 for
-    a job that failed without an exit code (lost heartbeat, scheduler stopped).
+    a job that failed without an exit code (lost heartbeat, scheduler stopped). A scheduler that
+    goes away and comes back within ``reconnect_s`` (restarted on the same store: the Ray backend
+    reconnects to jobs that still run) is waited for; the log resumes where it stopped, nothing
+    printed twice, and heartbeats go on.
     """
     out = out or sys.stdout
     with SchedulerClient(url) as client:
         with client.job(argv, gpus=gpus, kind=kind, name=name, torchrun=torchrun, nodes=nodes, cwd=os.getcwd(),
                         heartbeat_timeout_s=heartbeat_timeout_s) as job:
             print(f"envhub-sched: job {job.id} submitted to {client.url}", file=sys.stderr, flush=True)
-            for text in job.logs(follow=True):
-                out.write(text)
-                out.flush()
-            final = job.wait()
+            _follow_through_restarts(client, job.id, out, reconnect_s)
+            final = _through_restarts(client, job.wait, reconnect_s)
     if final["state"] == "cancelled":
         return 130
     return final["exit_code"] if final["exit_code"] is not None else (0 if final["state"] == "succeeded" else 1)
+
+
+_RETRY_S = 1.0  # between attempts to reach a scheduler that went away
+
+
+def _follow_through_restarts(client: SchedulerClient, job_id: str, out: TextIO, reconnect_s: float) -> None:
+    """Copy the job's log to ``out`` until the job ends, resuming at the byte reached after an outage."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
+    received = 0
+
+    def copy() -> None:
+        nonlocal received
+        for chunk in client.follow_bytes(job_id, received):
+            received += len(chunk)
+            out.write(decoder.decode(chunk))
+            out.flush()
+
+    _through_restarts(client, copy, reconnect_s)
+    out.write(decoder.decode(b"", final=True))
+
+
+def _through_restarts(client: SchedulerClient, call: Callable[[], _T], reconnect_s: float) -> _T:
+    """``call()``, again while the scheduler is unreachable, until it has been so for ``reconnect_s``."""
+    lost_since: float | None = None
+    while True:
+        try:
+            return call()
+        except SchedulerUnavailableError:
+            now = time.monotonic()
+            if lost_since is None:
+                lost_since = now
+                print(f"envhub-sched: lost the scheduler at {client.url}; waiting up to {reconnect_s:g} s for it "
+                      "to come back", file=sys.stderr, flush=True)
+            elif now - lost_since > reconnect_s:
+                raise
+            time.sleep(_RETRY_S)

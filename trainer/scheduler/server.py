@@ -3,13 +3,14 @@
 Routes (JSON unless said otherwise; ``Authorization: Bearer <key>`` when auth is on)::
 
     GET  /health                       liveness, GPU count, whether auth is on
-    GET  /gpus                         inventory and which job holds each GPU
+    GET  /gpus                         inventory and which job holds each GPU (with its node on Ray)
+    GET  /nodes                        inventory per node: GPUs, free GPUs, jobs holding some
     POST /jobs                         submit (body: JobRequest) -> 201, the job
     GET  /jobs[?all=false]             your jobs (an admin sees everyone's unless all=false)
     GET  /jobs/{id}                    one job
     POST /jobs/{id}/cancel             cancel; returns when the process tree is gone
     POST /jobs/{id}/heartbeat          keep a job with heartbeat_timeout_s alive
-    GET  /jobs/{id}/logs[?tail=N&follow=true]   text/plain, streamed while following
+    GET  /jobs/{id}/logs[?tail=N&follow=true&offset=B]   text/plain, streamed while following
     GET  /                             a live page of GPUs and jobs
 """
 
@@ -92,12 +93,17 @@ def _host(scheduler: Scheduler) -> str:
 
 @router.get("/health")
 async def health(request: Request, scheduler: Sched) -> dict[str, Any]:
-    return {"ok": True, "gpus": scheduler.gpus.total, "auth": request.app.state.auth}
+    return {"ok": True, "gpus": scheduler.gpus_total(), "auth": request.app.state.auth}
 
 
 @router.get("/gpus")
 async def gpus(scheduler: Sched, who: Caller) -> list[dict[str, Any]]:
     return scheduler.gpu_view()
+
+
+@router.get("/nodes")
+async def nodes(scheduler: Sched, who: Caller) -> list[dict[str, Any]]:
+    return scheduler.node_view()
 
 
 @router.post("/jobs", status_code=201)
@@ -127,9 +133,9 @@ async def heartbeat(job_id: str, scheduler: Sched, who: Caller) -> dict[str, Any
 
 @router.get("/jobs/{job_id}/logs")
 async def logs(job_id: str, scheduler: Sched, who: Caller, tail: int | None = Query(default=None, ge=0),
-               follow: bool = False) -> StreamingResponse:
+               follow: bool = False, offset: int | None = Query(default=None, ge=0)) -> StreamingResponse:
     scheduler.get(who, job_id)  # 404 / 403 before streaming anything
-    return StreamingResponse(scheduler.follow_log(job_id, tail, follow), media_type="text/plain")
+    return StreamingResponse(scheduler.follow_log(job_id, tail, follow, offset), media_type="text/plain")
 
 
 @router.get("/", response_class=HTMLResponse)
