@@ -39,13 +39,13 @@ LATEST = "latest"
 
 
 def save_checkpoint(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     step: int,
     data_cursor: Any,
-    extra: dict | None = None,
+    extra: dict[str, Any] | None = None,
     scheduler: Any = None,
     keep_last: int | None = None,
     modules: dict[str, nn.Module] | None = None,
@@ -89,9 +89,9 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any = None,
+    path: str | os.PathLike[str], *, model: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any = None,
     modules: dict[str, nn.Module] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Restore weights (or adapter), optimizer, scheduler, extra ``modules`` and this rank's RNG states
     (a rank the checkpoint holds none for, on resuming with more ranks, keeps its own).
 
@@ -133,7 +133,7 @@ def load_checkpoint(
     return {"step": meta["step"], "data_cursor": meta["data_cursor"], "extra": meta["extra"]}
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     """A checkpoint directory from a checkpoint or run directory; raises FileNotFoundError with the fix."""
     path = Path(path)
     if (path / "meta.json").exists():
@@ -146,7 +146,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
-def export_hf(model: nn.Module, tokenizer: Any, path: str | os.PathLike, *, merge_lora: bool = True) -> Path:
+def export_hf(model: nn.Module, tokenizer: Any, path: str | os.PathLike[str], *, merge_lora: bool = True) -> Path:
     """Write ``model`` (and ``tokenizer`` when it has ``save_pretrained``) in Hugging Face format.
 
     For a peft model, ``merge_lora=True`` saves a plain model with the adapter folded into the
@@ -160,10 +160,10 @@ def export_hf(model: nn.Module, tokenizer: Any, path: str | os.PathLike, *, merg
         )
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    model = unwrap(model, peft=False)
-    if _is_peft(model) and merge_lora:
-        model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(out)
+    pretrained: Any = unwrap(model, peft=False)  # a Hugging Face (or peft) model: save_pretrained
+    if _is_peft(pretrained) and merge_lora:
+        pretrained = copy.deepcopy(pretrained).merge_and_unload()
+    pretrained.save_pretrained(out)
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(out)
     return out
@@ -185,14 +185,14 @@ def _is_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def _full_state_options():
+def _full_state_options() -> Any:  # a StateDictOptions (imported lazily: torch.distributed)
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     # whole (unsharded) tensors on CPU, materialised on rank 0 only
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     if _is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -212,12 +212,12 @@ def _check_module_names(modules: dict[str, nn.Module] | None) -> dict[str, nn.Mo
     return modules
 
 
-def _plain_state(module: nn.Module) -> dict:
+def _plain_state(module: nn.Module) -> dict[str, Any]:
     """A small unsharded module's state dict (DDP unwrapped), on CPU."""
     return {k: v.detach().cpu().clone() for k, v in unwrap(module, peft=False).state_dict().items()}
 
 
-def _model_state(model: nn.Module) -> dict:
+def _model_state(model: nn.Module) -> dict[str, Any]:
     """Full weights, or the LoRA adapter alone for a peft model (FSDP models: full weights, gathered)."""
     if _is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -231,7 +231,7 @@ def _model_state(model: nn.Module) -> dict:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-def _load_model_state(model: nn.Module, state: dict) -> None:
+def _load_model_state(model: nn.Module, state: dict[str, Any]) -> None:
     if _is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -252,8 +252,10 @@ def _load_model_state(model: nn.Module, state: dict) -> None:
     model.load_state_dict(state)
 
 
-def _rng_state() -> dict:
-    np_name, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+def _rng_state() -> dict[str, Any]:
+    # the legacy tuple form (get_state(legacy=True), the default): name, key array, position, gauss cache
+    np_name, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
+    assert isinstance(np_key, np.ndarray)
     state = {
         "python": random.getstate(),
         # torch.load(weights_only=True) refuses numpy arrays, so the key travels as a tensor
@@ -265,7 +267,7 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_name, np_key, np_pos, np_has_gauss, np_gauss = state["numpy"]
@@ -295,7 +297,7 @@ def _prune(run_dir: Path, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _json_or_raise(meta: dict) -> str:
+def _json_or_raise(meta: dict[str, Any]) -> str:
     try:
         return json.dumps(meta, indent=2)
     except TypeError as exc:

@@ -198,6 +198,15 @@ def hidden_size_of(model: nn.Module) -> int:
     return int(config.get_text_config().hidden_size)
 
 
+def vocab_size_of(model: nn.Module) -> int:
+    """Rows of a (possibly DDP- or peft-wrapped) model's input embedding: the ids it accepts."""
+    get_embeddings: Any = getattr(unwrap(model), "get_input_embeddings", None)  # a Hugging Face model's accessor
+    table = get_embeddings() if callable(get_embeddings) else None
+    if not isinstance(table, nn.Embedding):
+        raise TypeError(f"Expected a Hugging Face model with an input embedding, got {type(unwrap(model)).__name__}.")
+    return int(table.num_embeddings)
+
+
 def unwrap(model: nn.Module, *, peft: bool = True) -> nn.Module:
     """``model`` under its DDP wrapper (the model in ``.module``) and, with ``peft`` (the default), under its
     peft wrapper too: the Hugging Face base model. ``peft=False`` keeps a peft model, which knows its
@@ -223,5 +232,5 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 __all__ = ["ModelConfig", "load_policy", "load_tokenizer", "build_tiny_model", "apply_lora",
-           "resolve_dtype", "for_vllm", "VLLM_HEAD_SIZES", "unwrap", "frozen_copy", "hidden_size_of",
+           "resolve_dtype", "for_vllm", "VLLM_HEAD_SIZES", "unwrap", "frozen_copy", "hidden_size_of", "vocab_size_of",
            "trainable_parameters", "TINY", "TINY_VL"]

@@ -247,3 +247,17 @@ def test_save_and_load_state_continue_exactly(client, base_client, tmp_path):
         resumed.load_state(tmp_path / "weights_only")
     with pytest.raises(FileNotFoundError, match="save_state"):
         resumed.load_state(tmp_path / "nowhere")
+
+
+def test_a_forward_only_client_saves_and_loads_weights_without_an_optimizer(client, base_client, tmp_path):
+    data = [ce_datum([5, 6, 7, 8, 9])]
+    client.forward_backward(data)
+    client.optim_step(AdamParams(learning_rate=1e-2))
+    client.save_state(tmp_path / "trained")  # with optimizer.pt: a forward-only client has nothing to load it into
+    frozen = TrainingClient(copy.deepcopy(base_client.model), base_client.tokenizer, params=[])
+    frozen.save_state(tmp_path / "frozen")  # and without one, though optimizer=True is the default
+    assert not (tmp_path / "frozen" / "optimizer.pt").exists()
+    assert frozen.load_state(tmp_path / "trained")["version"] == 1
+    trained = dict(client.model.named_parameters())
+    assert all(torch.equal(p, trained[name]) for name, p in frozen.model.named_parameters())
+    assert frozen.load_state(tmp_path / "frozen")["version"] == 0

@@ -24,4 +24,5 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden_BTH: Tensor) -> Tensor:
         """hidden_BTH: [B, T, H] -> values_BT: [B, T] (float32)."""
-        return self.proj(hidden_BTH.float()).squeeze(-1)
+        values_BT1: Tensor = self.proj(hidden_BTH.float())
+        return values_BT1.squeeze(-1)

@@ -26,7 +26,7 @@ from trainer.core.forward import Padded, model_device, pad, run_model, target_lo
 from trainer.core.losses import check_loss, weighted_loss
 from trainer.core.sampling import SamplingClient
 from trainer.core.types import AdamParams, Datum, ForwardBackwardOutput, SampleResponse, SamplingParams
-from trainer.model import unwrap
+from trainer.model import unwrap, vocab_size_of
 
 
 class TrainingClient:
@@ -127,7 +127,7 @@ class TrainingClient:
         return version
 
     # -- state ------------------------------------------------------------------------------------
-    def save_state(self, path: str | os.PathLike, *, optimizer: bool = True, metadata: dict | None = None) -> Path:
+    def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, metadata: dict[str, Any] | None = None) -> Path:
         """Write this policy's trainable weights (the adapter alone for LoRA), value head and, with
         ``optimizer``, its AdamW state to directory ``path`` (written aside, then renamed into place)."""
         final = Path(path)
@@ -146,27 +146,28 @@ class TrainingClient:
         os.replace(tmp, final)
         return final
 
-    def load_state(self, path: str | os.PathLike, *, optimizer: bool = True) -> dict:
+    def load_state(self, path: str | os.PathLike[str], *, optimizer: bool = True) -> dict[str, Any]:
         """Restore what :meth:`save_state` wrote (the optimizer too when asked); returns its metadata."""
         path = Path(path)
         if not (path / "weights.pt").exists():
             raise FileNotFoundError(f"Expected {path / 'weights.pt'}; pass a directory written by save_state.")
+        optimizer = optimizer and self.optimizer is not None  # a forward-only client has no optimizer state
         if optimizer and not (path / "optimizer.pt").exists():
             raise FileNotFoundError(f"Expected {path / 'optimizer.pt'}: this state was saved without the optimizer; "
                                     "load it with optimizer=False.")
         self.load_weights_state(torch.load(path / "weights.pt", map_location="cpu", weights_only=True))
         if self.value_head is not None and (path / "value_head.pt").exists():
             unwrap(self.value_head, peft=False).load_state_dict(torch.load(path / "value_head.pt", weights_only=True))
-        if optimizer:
+        if optimizer and self.optimizer is not None:
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-        meta = json.loads((path / "meta.json").read_text())
+        meta: dict[str, Any] = json.loads((path / "meta.json").read_text())
         self.version = int(meta.get("version", 0))
         return meta
 
     @property
     def lora_rank(self) -> int:
         """The rank of this policy's LoRA adapter; 0 when it trains full parameters."""
-        model = unwrap(self.model, peft=False)
+        model: Any = unwrap(self.model, peft=False)  # a peft model: its adapters' configs by name
         if not _is_peft(model):
             return 0
         return int(model.peft_config[self.adapter or "default"].r)
@@ -224,7 +225,8 @@ class TrainingClient:
         tokens = max(totals["tokens:sum"], 1.0)
         return ForwardBackwardOutput(outputs, {k: v if k.endswith(":sum") else v / tokens for k, v in totals.items()})
 
-    def loss(self, padded: Padded, loss_fn: str, config: dict[str, float]):
+    def loss(self, padded: Padded, loss_fn: str, config: dict[str, float]
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, dict[str, Tensor]]:
         """One pass: ``(loss, elementwise [B, T], target log-probs [B, T], values [B, T] or None, metrics)``."""
         adapters = [self.adapter] * len(padded.lengths) if self.adapter is not None else None
         logits, hidden = run_model(self.model, padded.tokens_BT, padded.attn_BT, adapters=adapters,
@@ -236,7 +238,8 @@ class TrainingClient:
         return loss, elementwise_BT, lp_BT, values_BT, metrics
 
 
-def _per_datum(padded: Padded, lp_BT: Tensor, elementwise_BT: Tensor, values_BT: Tensor | None) -> list[dict]:
+def _per_datum(padded: Padded, lp_BT: Tensor, elementwise_BT: Tensor, values_BT: Tensor | None
+               ) -> list[dict[str, Tensor]]:
     out = []
     for i, n in enumerate(padded.lengths):
         row = {"logprobs": lp_BT[i, :n].detach().float().cpu(),
@@ -249,7 +252,7 @@ def _per_datum(padded: Padded, lp_BT: Tensor, elementwise_BT: Tensor, values_BT:
 
 def _check_ids(model: nn.Module, data: list[Datum]) -> None:
     """Refuse token ids outside the vocabulary before any pass (an embedding lookup would fail mid-batch)."""
-    vocab = int(unwrap(model, peft=False).get_input_embeddings().num_embeddings)
+    vocab = vocab_size_of(model)
     for i, d in enumerate(data):
         ids = [d.model_input] + ([d.loss_fn_inputs["target_tokens"]] if "target_tokens" in d.loss_fn_inputs else [])
         if any(int(t.min()) < 0 or int(t.max()) >= vocab for t in ids):

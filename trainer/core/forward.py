@@ -49,7 +49,7 @@ def pad(data: Sequence[Datum], device: torch.device | str) -> Padded:
     attn = torch.zeros((B, T), dtype=torch.long)
     inputs = {k: torch.zeros((B, T), dtype=data[0].loss_fn_inputs[k].dtype) for k in keys}
     for i, (d, n) in enumerate(zip(data, lengths)):
-        tokens[i, :n], attn[i, :n] = d.model_input, 1
+        tokens[i, :n], attn[i, :n] = torch.as_tensor(d.model_input), 1  # a tensor already (Datum's check)
         for k in keys:
             inputs[k][i, :n] = d.loss_fn_inputs[k]
     if "weights" not in inputs:  # padding must never count, whatever a loss's default weight is
@@ -68,7 +68,8 @@ def run_model(model: Any, tokens_BT: Tensor, attn_BT: Tensor, *, adapters: list[
     if images_B and any(images_B):
         from trainer.model import unwrap
 
-        kwargs.update(vision_inputs(images_B, tokens_BT, unwrap(model).config.image_token_id))
+        config: Any = unwrap(model).config  # a Hugging Face vision-language config
+        kwargs.update(vision_inputs(images_B, tokens_BT, int(config.image_token_id)))
     # no padding: no mask, so attention keeps its fastest (purely causal) path
     mask = None if bool(attn_BT.all()) else attn_BT
     out = model(input_ids=tokens_BT, attention_mask=mask, output_hidden_states=hidden, use_cache=False, **kwargs)
@@ -83,7 +84,8 @@ def target_logprobs(logits_BTV: Tensor, targets_BT: Tensor, temperature: float =
 
 
 def model_device(model: Any) -> torch.device:
-    return next(model.parameters()).device
+    device: torch.device = next(model.parameters()).device
+    return device
 
 
 __all__ = ["Padded", "pad", "run_model", "target_logprobs", "model_device", "BASE_ADAPTER"]

@@ -21,16 +21,23 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from trainer.core.client import TrainingClient, _per_datum
 from trainer.core.forward import BASE_ADAPTER, Padded, model_device, pad, run_model, target_logprobs
 from trainer.core.losses import check_loss, weighted_loss
 from trainer.core.sampling import SamplingClient
 from trainer.core.types import Datum, ForwardBackwardOutput
+
+if TYPE_CHECKING:
+    from trainer.core.vllm_samplers import VLLMSamplers, VLLMView
+
+#: one checked request of a batched pass: (its slot, its tenant's adapter, its padded rows, its loss and config)
+_Prepared = tuple[int, str, Padded, str, dict[str, float]]
 
 
 class TenantError(ValueError):
@@ -64,7 +71,7 @@ class ModelHost:
         self._adapters = 0  # adapters get internal names (tenant0, tenant1, ...): peft is picky about names
         if sampler not in ("hf", "vllm"):
             raise ValueError(f"Expected sampler 'hf' or 'vllm', got {sampler!r}.")
-        self.vllm: Any = None  # the VLLMSamplers when sampler == "vllm"
+        self.vllm: VLLMSamplers | None = None  # when sampler == "vllm"
         if sampler == "vllm":
             from trainer.core.vllm_samplers import VLLMSamplers
 
@@ -122,7 +129,7 @@ class ModelHost:
             self._reload_base()
             if self.vllm is not None:
                 self.vllm.restore_base(self.base)
-        else:
+        elif client.adapter is not None:  # every other tenant is a LoRA adapter on the shared base
             self._delete_adapter(client.adapter)
 
     def client(self, name: str) -> TrainingClient:
@@ -131,7 +138,7 @@ class ModelHost:
         return self.clients[name]
 
     # -- sampling ---------------------------------------------------------------------------------
-    def base_sampler(self) -> SamplingClient:
+    def base_sampler(self) -> SamplingClient | VLLMView:
         """Samples from the untrained base model."""
         if self.full is not None:
             raise TenantError(f"Tenant {self.full!r} is training the base weights; base sampling is unavailable.")
@@ -140,7 +147,7 @@ class ModelHost:
         adapter = BASE_ADAPTER if self.model is not self.base else None
         return SamplingClient(self.model, self.tokenizer, adapter=adapter)
 
-    def snapshot(self, client: TrainingClient, name: str) -> SamplingClient:
+    def snapshot(self, client: TrainingClient, name: str) -> SamplingClient | VLLMView:
         """A sampler frozen at ``client``'s current weights (a copy of its adapter named ``name``).
 
         A full-parameter tenant's sampler is live instead: copying the whole model would double memory.
@@ -149,7 +156,7 @@ class ModelHost:
             return self.live_sampler(client)
         return self.load_sampler(name, client.weights_state(), rank=self._rank(client.adapter))
 
-    def live_sampler(self, client: TrainingClient, generation: int | None = None) -> SamplingClient:
+    def live_sampler(self, client: TrainingClient, generation: int | None = None) -> SamplingClient | VLLMView:
         """A sampler over ``client``'s live weights. With vLLM only a full-parameter tenant has one: its weights
         are synced into the engine when ``generation`` (a count of its optimizer steps; None: always) moved."""
         if self.vllm is None:
@@ -160,7 +167,7 @@ class ModelHost:
         name = next(n for n, c in self.clients.items() if c is client)
         return self.vllm.live(name, client.model, -1 if generation is None else generation)
 
-    def sampler_from_state(self, name: str, path: Any) -> SamplingClient:
+    def sampler_from_state(self, name: str, path: Any) -> SamplingClient | VLLMView:
         """A sampler over the weights a LoRA tenant's ``save_state`` wrote to ``path``."""
         import json
         from pathlib import Path
@@ -175,7 +182,7 @@ class ModelHost:
         return self.load_sampler(name, weights, rank=rank)
 
     def load_sampler(self, name: str, weights: dict[str, torch.Tensor], *, rank: int, alpha: int = 32,
-                     target_modules: Any = None) -> SamplingClient:
+                     target_modules: Any = None) -> SamplingClient | VLLMView:
         """A sampler over saved adapter ``weights`` (from :meth:`TrainingClient.weights_state`); ``target_modules``
         are the layers the adapter was trained on (default: those of the host's adapters)."""
         from peft import set_peft_model_state_dict
@@ -196,7 +203,7 @@ class ModelHost:
         return SamplingClient(self.model, self.tokenizer, adapter=adapter)
 
     # -- batched training -------------------------------------------------------------------------
-    def forward_backward_batch(self, requests: Sequence[tuple[TrainingClient, Sequence[Datum], str, dict]], *,
+    def forward_backward_batch(self, requests: Sequence[tuple[TrainingClient, Sequence[Datum], str, dict[str, float]]], *,
                                backward: bool = True) -> list[ForwardBackwardOutput]:
         """One forward (and backward) pass for several tenants' requests, each scored with its own loss.
 
@@ -205,7 +212,7 @@ class ModelHost:
         (its error in its slot) and the others still run.
         """
         results: list[Any] = [None] * len(requests)
-        good: list[tuple[int, TrainingClient, Padded, str, dict]] = []
+        good: list[_Prepared] = []
         for i, (client, data, loss_fn, config) in enumerate(requests):
             try:
                 config = dict(config or {})
@@ -214,7 +221,7 @@ class ModelHost:
                 data = list(data)
                 for d in data:
                     check_loss(loss_fn, d.loss_fn_inputs, config)
-                good.append((i, client, pad(data, model_device(self.model)), loss_fn, config))
+                good.append((i, client.adapter, pad(data, model_device(self.model)), loss_fn, config))
             except (ValueError, TypeError) as exc:
                 results[i] = exc
         if good:
@@ -223,27 +230,29 @@ class ModelHost:
                     results[i] = out
         return results
 
-    def _batched(self, good: list, backward: bool) -> list[tuple[int, ForwardBackwardOutput]]:
+    def _batched(self, good: list[_Prepared], backward: bool) -> list[tuple[int, ForwardBackwardOutput]]:
         width = max(p.tokens_BT.shape[1] for _, _, p, _, _ in good)
         tokens = torch.cat([F.pad(p.tokens_BT, (0, width - p.tokens_BT.shape[1])) for _, _, p, _, _ in good])
         attn = torch.cat([F.pad(p.attn_BT, (0, width - p.attn_BT.shape[1])) for _, _, p, _, _ in good])
-        adapters = [c.adapter for _, c, p, _, _ in good for _ in p.lengths]
-        images_B = [imgs for _, _, p, _, _ in good for imgs in p.images_B]
+        adapters = [adapter for _, adapter, p, _, _ in good for _ in p.lengths]
+        images_B = [imgs for _, _, p, _, _ in good for imgs in (p.images_B or [[] for _ in p.lengths])]
         logits, _ = run_model(self.model, tokens, attn, adapters=adapters, images_B=images_B)
-        total, outs, row = 0.0, [], 0
-        for i, _client, padded, loss_fn, config in good:
+        losses: list[Tensor] = []
+        outs: list[tuple[int, ForwardBackwardOutput]] = []
+        row = 0
+        for i, _adapter, padded, loss_fn, config in good:
             B, T = padded.tokens_BT.shape
             logits_BTV = logits[row:row + B, :T]
             lp_BT = target_logprobs(logits_BTV, padded.inputs["target_tokens"], config.get("temperature", 1.0))
             loss, elementwise_BT, metrics = weighted_loss(loss_fn, lp_BT, padded.inputs, config, logits_BTV=logits_BTV)
-            total = total + loss
+            losses.append(loss)
             active = float((padded.inputs["weights"] != 0).sum())
             out_metrics = {"loss:sum": float(loss.detach()), "tokens:sum": active,
                            **{k: float(v) for k, v in metrics.items()}}
             outs.append((i, ForwardBackwardOutput(_per_datum(padded, lp_BT, elementwise_BT, None), out_metrics)))
             row += B
         if backward:
-            total.backward()
+            torch.stack(losses).sum().backward()
         return outs
 
     # -- internals --------------------------------------------------------------------------------

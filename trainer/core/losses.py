@@ -31,6 +31,11 @@ from torch import Tensor
 
 from trainer.algos.advantages import masked_mean
 
+#: a per-token loss [B, T] and its metrics (masked means, each a 0-dim tensor)
+LossTerms = tuple[Tensor, dict[str, Tensor]]
+#: (log-probs [B, T], the batch's inputs, the loss config, the active-token mask [B, T]) -> LossTerms
+PolicyLoss = Callable[[Tensor, dict[str, Tensor], dict[str, float], Tensor], LossTerms]
+
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 #: loss_fn_inputs each loss needs besides target_tokens
 REQUIRED_INPUTS = {"cross_entropy": ("weights",), "importance_sampling": ("advantages",),
@@ -105,7 +110,8 @@ def weighted_loss(loss_fn: str, lp_BT: Tensor, inputs: dict[str, Tensor], config
     return elementwise_BT.sum(), elementwise_BT, metrics
 
 
-def _cross_entropy(lp_BT: Tensor, inputs: dict[str, Tensor], config: dict[str, float], active_BT: Tensor):
+def _cross_entropy(lp_BT: Tensor, inputs: dict[str, Tensor], config: dict[str, float],
+                   active_BT: Tensor) -> LossTerms:
     return -lp_BT, {"nll:mean": masked_mean(-lp_BT.detach(), active_BT)}
 
 
@@ -124,13 +130,13 @@ def _ratio_metrics(lp_BT: Tensor, ratio_BT: Tensor, inputs: dict[str, Tensor], a
                 "approx_kl:mean": masked_mean(k3_kl(lp_BT.detach(), old_BT.detach()), active_BT)}
 
 
-def _importance_sampling(lp_BT, inputs, config, active_BT):
+def _importance_sampling(lp_BT: Tensor, inputs: dict[str, Tensor], config: dict[str, float], active_BT: Tensor) -> LossTerms:
     ratio_BT = _ratio(lp_BT, inputs)
     loss_BT = -ratio_BT * inputs["advantages"]
     return loss_BT, _ratio_metrics(lp_BT, ratio_BT, inputs, active_BT, torch.zeros_like(lp_BT))
 
 
-def _ppo(lp_BT, inputs, config, active_BT):
+def _ppo(lp_BT: Tensor, inputs: dict[str, Tensor], config: dict[str, float], active_BT: Tensor) -> LossTerms:
     lo, hi = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
     adv_BT = inputs["advantages"]
     ratio_BT = _ratio(lp_BT, inputs)
@@ -140,7 +146,7 @@ def _ppo(lp_BT, inputs, config, active_BT):
     return loss_BT, _ratio_metrics(lp_BT, ratio_BT, inputs, active_BT, clipped_BT > unclipped_BT)
 
 
-def _cispo(lp_BT, inputs, config, active_BT):
+def _cispo(lp_BT: Tensor, inputs: dict[str, Tensor], config: dict[str, float], active_BT: Tensor) -> LossTerms:
     lo, hi = config.get("clip_low_threshold", 0.0), config.get("clip_high_threshold", 4.0)
     ratio_BT = _ratio(lp_BT, inputs)
     weight_BT = ratio_BT.clamp(lo, hi).detach()
@@ -149,11 +155,12 @@ def _cispo(lp_BT, inputs, config, active_BT):
     return loss_BT, _ratio_metrics(lp_BT, ratio_BT, inputs, active_BT, clipped_BT)
 
 
-_POLICY_LOSSES: dict[str, Callable] = {"cross_entropy": _cross_entropy, "importance_sampling": _importance_sampling,
+_POLICY_LOSSES: dict[str, PolicyLoss] = {"cross_entropy": _cross_entropy, "importance_sampling": _importance_sampling,
                                        "ppo": _ppo, "cispo": _cispo}
 
 
-def _value_loss(values_BT: Tensor, inputs: dict[str, Tensor], config: dict[str, float], active_BT: Tensor):
+def _value_loss(values_BT: Tensor, inputs: dict[str, Tensor], config: dict[str, float],
+                active_BT: Tensor) -> LossTerms:
     """Clipped value loss per token: 0.5 * max((v - R)^2, (v_clip - R)^2), v_clip = old + clip(v - old, ±eps)."""
     eps = config.get("value_clip_eps", 0.2)
     returns_BT = inputs["returns"]

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from trainer.core import Datum, ModelHost, TrainingClient
+from trainer.model import vocab_size_of
 from trainer.service import _paths, _proto, _requests, _wire
 from trainer.service._errors import NotFound, UserError
 from trainer.service._limits import Limits
 from trainer.service._lora import checkpoint_lora, linear_parts, lora_targets
-from trainer.service._queue import PROTOBUF, Batchable, WorkQueue, json_body
+from trainer.service._queue import PROTOBUF, Batchable, BatchRunner, WorkQueue, json_body
 from trainer.service._samplers import SamplerCache
 from trainer.service._sampling import Sampling
 from trainer.service._settings import ServiceSettings
@@ -56,16 +57,16 @@ class Ops:
         self.host = host
         self.store = store or Store(settings.state_dir / "service.sqlite")
         self.sampling = Sampling(self)
-        runners = {"forward_backward": self.forward_backward_batch, "forward": self.forward_backward_batch,
+        runners: dict[str, BatchRunner] = {"forward_backward": self.forward_backward_batch, "forward": self.forward_backward_batch,
                    "sample": self.sampling.run}
-        self.queue = WorkQueue(self.store, on_start=self._set_threads, batch_runners=runners,  # type: ignore[dict-item]
+        self.queue = WorkQueue(self.store, on_start=self._set_threads, batch_runners=runners,
                                batch_window_s=settings.batch_window_s, windowed=frozenset({"sample"}),
                                max_pending=settings.max_pending, max_queued=settings.max_queued,
                                max_queued_bytes=settings.max_queued_bytes)
         self.samplers = SamplerCache(host, max_loaded=settings.sampler_slots)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
         self._owners: OrderedDict[str, str] = OrderedDict()  # session id -> owner (see _session_owner)
-        vocab_size = int(host.base.get_input_embeddings().weight.shape[0])
+        vocab_size = vocab_size_of(host.base)
         self.limits = Limits.of(settings, vocab_size=vocab_size, context=self._max_context())
         self.bounds = self.limits.proto_bounds()
         self.parts = linear_parts(host.base)

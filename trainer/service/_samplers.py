@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from trainer.core import ModelHost, SamplingClient
+from trainer.core.vllm_samplers import VLLMView
 from trainer.service._lora import checkpoint_lora
 
 
@@ -63,7 +64,7 @@ class SamplerCache:
         self.max_loaded = max_loaded
         self.keep_snapshots = keep_snapshots
         self.snapshots: dict[str, Snapshot] = {}
-        self._loaded: OrderedDict[str, tuple[str, SamplingClient]] = OrderedDict()  # key -> (sampler name, client)
+        self._loaded: OrderedDict[str, tuple[str, SamplingClient | VLLMView]] = OrderedDict()  # key -> (sampler name, client)
         self._slots = 0
         self._pinned: set[str] = set()  # keys the running batch uses (never evicted)
         self.stats = SwapStats()
@@ -81,7 +82,7 @@ class SamplerCache:
             self.drop(old)
             self.snapshots[old] = Snapshot(model_id, -1, None, 0)  # remembered, but its weights are gone
 
-    def for_snapshot(self, sampler_id: str, generation_of: Callable[[str], int | None]) -> SamplingClient:
+    def for_snapshot(self, sampler_id: str, generation_of: Callable[[str], int | None]) -> SamplingClient | VLLMView:
         snap = self.snapshots.get(sampler_id)
         if snap is None:
             raise ValueError(f"Sampler {sampler_id!r} has no weights on this server (ephemeral samplers do not "
@@ -104,7 +105,7 @@ class SamplerCache:
         weights = snap.weights
         return self._load(sampler_id, lambda: (weights, snap.rank, snap.targets))
 
-    def for_checkpoint(self, directory: Path) -> SamplingClient:
+    def for_checkpoint(self, directory: Path) -> SamplingClient | VLLMView:
         def read() -> tuple[dict[str, torch.Tensor], int, list[str]]:
             if self.host.full is not None:
                 raise ValueError("This server trains the full model (--full-parameter); it samples only from the "
@@ -113,7 +114,7 @@ class SamplerCache:
             return torch.load(directory / "weights.pt", map_location="cpu", weights_only=True), rank, targets
         return self._load(f"path:{directory}", read)
 
-    def base(self) -> SamplingClient:
+    def base(self) -> SamplingClient | VLLMView:
         return self.host.base_sampler()
 
     def drop(self, key: str) -> None:
@@ -130,7 +131,7 @@ class SamplerCache:
         """The running batch is done: its adapters may be swapped out again."""
         self._pinned.clear()
 
-    def _load(self, key: str, read: Callable[[], tuple[dict[str, torch.Tensor], int, Any]]) -> SamplingClient:
+    def _load(self, key: str, read: Callable[[], tuple[dict[str, torch.Tensor], int, Any]]) -> SamplingClient | VLLMView:
         if key in self._loaded:
             self._loaded.move_to_end(key)
             self._pinned.add(key)

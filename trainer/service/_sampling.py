@@ -18,20 +18,52 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from trainer.core import SamplingClient, SamplingParams
+from trainer.core import ModelHost, SampleResponse, SamplingClient, SamplingParams
 from trainer.core.batch_sampling import SampleRequest, batch_key, decode_key, sample_batch
 from trainer.core.vllm_samplers import VLLMView, sample_views
 from trainer.service import _paths, _requests, _wire
 from trainer.service._errors import NotFound, UserError
-from trainer.service._queue import PROTOBUF, Batchable
-from trainer.service._samplers import SlotsFull
+from trainer.service._limits import Limits
+from trainer.service._queue import PROTOBUF, Batchable, WorkQueue
+from trainer.service._samplers import SamplerCache, SlotsFull
+from trainer.service._settings import ServiceSettings
+from trainer.service._store import Store
 
-if TYPE_CHECKING:
-    from trainer.service._ops import Ops
+
+class Ops(Protocol):
+    """What sampling needs of the service's operations (:class:`trainer.service._ops.Ops`), named here so
+    the two modules do not import each other."""
+
+    settings: ServiceSettings
+    host: ModelHost
+    store: Store
+    queue: WorkQueue
+    samplers: SamplerCache
+    generation: dict[str, int]
+    limits: Limits
+
+    def check_session(self, owner: str, session_id: str) -> None: ...
+
+    def check_owned(self, owner: str, run_or_sampler_id: str, what: str = "training run") -> None: ...
+
+    def owned_path(self, owner: str, path: str, kind: str | None = None) -> _paths.TinkerPath: ...
+
+    def check_base_model(self, name: str | None) -> None: ...
 
 Result = tuple[bytes, str]
+
+
+@dataclass
+class Pending:
+    """One resolved request of a batch: ``num_samples`` completions of ``prompt`` from ``client``."""
+
+    client: SamplingClient | VLLMView
+    prompt: list[int]
+    num_samples: int
+    params: SamplingParams
+    include_prompt_logprobs: bool
 
 
 @dataclass
@@ -100,7 +132,7 @@ class Sampling:
     def run(self, queued: list[QueuedSample]) -> list[Result | BaseException]:
         """Answer queued requests, merging those that can share a pass; one result or error per request (worker)."""
         results: list[Result | BaseException] = [ValueError("not run")] * len(queued)
-        groups: dict[Any, list[tuple[int, SampleRequest]]] = {}
+        groups: dict[Any, list[tuple[int, Pending]]] = {}
         cache = self.ops.samplers
         try:
             for i, q in enumerate(queued):
@@ -114,8 +146,7 @@ class Sampling:
                 except ValueError as exc:
                     results[i] = exc
                     continue
-                request = SampleRequest(client, q.prompt, q.req.num_samples, q.params,  # type: ignore[arg-type]
-                                        bool(q.req.prompt_logprobs))
+                request = Pending(client, q.prompt, q.req.num_samples, q.params, bool(q.req.prompt_logprobs))
                 groups.setdefault(_group(client, q.params, i), []).append((i, request))
             self._run_groups(groups, results)
         finally:
@@ -123,19 +154,16 @@ class Sampling:
         return results
 
     @staticmethod
-    def _run_groups(groups: dict[Any, list[tuple[int, SampleRequest]]],
+    def _run_groups(groups: dict[Any, list[tuple[int, Pending]]],
                     results: list[Result | BaseException]) -> None:
         for members in groups.values():
             try:
-                if len(members) > 1 and not isinstance(members[0][1].client, SamplingClient):
-                    outs = sample_views([(r.client, r.prompt, r.num_samples, r.params,  # type: ignore[misc]
-                                          r.include_prompt_logprobs) for _, r in members])
-                elif len(members) == 1:
+                if len(members) == 1:
                     r = members[0][1]
                     outs = [r.client.sample(r.prompt, r.num_samples, r.params,
                                             include_prompt_logprobs=r.include_prompt_logprobs)]
                 else:
-                    outs = sample_batch([r for _, r in members])
+                    outs = _run_group([r for _, r in members])
                 for (i, _), out in zip(members, outs):
                     results[i] = (_wire.sample_proto([out]), PROTOBUF)
             except ValueError as exc:  # a bad request fails alone when it can: retry the group's members one by one
@@ -161,6 +189,20 @@ class Sampling:
                 raise UserError(f"Unknown checkpoint {model_path}.")
             return ops.samplers.for_checkpoint(Path(checkpoint["path"]))
         return ops.samplers.base()
+
+
+def _run_group(group: list[Pending]) -> list[SampleResponse]:
+    """Several requests that :func:`_group` put together, in one engine call: all on one vLLM engine, or all
+    HF samplers with one decode setting."""
+    views = [r.client for r in group if isinstance(r.client, VLLMView)]
+    if len(views) == len(group):
+        return sample_views([(v, r.prompt, r.num_samples, r.params, r.include_prompt_logprobs)
+                             for v, r in zip(views, group)])
+    rows = [SampleRequest(r.client, r.prompt, r.num_samples, r.params, r.include_prompt_logprobs)
+            for r in group if isinstance(r.client, SamplingClient)]
+    if len(rows) != len(group):
+        raise TypeError("Expected one kind of sampler in a batch (the HF sampler or one vLLM engine), got both.")
+    return sample_batch(rows)
 
 
 def _group(client: SamplingClient | VLLMView, params: SamplingParams, index: int) -> Any:
