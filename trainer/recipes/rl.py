@@ -85,6 +85,7 @@ from trainer.sampling import make_sampler
 from trainer.update import (
     adam_params,
     compute_advantages,
+    episode_metrics,
     frozen_reference,
     gae_advantages,
     pack,
@@ -122,7 +123,9 @@ def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
 
 def evaluate(engine: RolloutEngine, cfg: TrainConfig, logger: MetricsLogger | None = None,
              step: int = 0) -> dict[str, float]:
-    """Greedy episodes on ``run.eval_problems`` held-out tasks; mean reward over those that ran.
+    """Greedy episodes on ``run.eval_problems`` held-out tasks; mean reward over those that ran, and how they
+    went (:func:`~trainer.update.episode_metrics`: win/loss/draw rates of a game, tool-call rate, penalised
+    turns, each named reward component's mean).
 
     ``eval/distinct_answers`` counts different completions: a policy answering everything the same
     way scores by luck, and this shows it.
@@ -136,7 +139,7 @@ def evaluate(engine: RolloutEngine, cfg: TrainConfig, logger: MetricsLogger | No
     completions = {tuple(t.tokens[t.prompt_len:]) for t in ok}
     return {"eval/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1), "eval/episodes": float(len(ok)),
             "eval/infra_failures": float(len(trajs) - len(ok)), "eval/distinct_answers": float(len(completions)),
-            "eval/tokens_mean": sum(t.num_policy_tokens for t in ok) / max(len(ok), 1)}
+            "eval/tokens_mean": sum(t.num_policy_tokens for t in ok) / max(len(ok), 1), **episode_metrics(ok, "eval")}
 
 
 # -- the loop ----------------------------------------------------------------------------------

@@ -382,12 +382,14 @@ class RolloutEngine:
 
     async def _step(self, session: EnvSession, action: dict[str, Any], traj: Trajectory) -> StepResult:
         try:
-            return await session.step(action)
+            result = await session.step(action)
         except (ActionValidationError, EpisodeStateError) as exc:
             # The env refused what the policy did: a policy failure, trained on with the reward so far.
             traj.parse_errors += 1
             traj.note_failure("validation_error", str(exc))
             raise _Stop(StopReason.PARSE_ERROR, str(exc)) from exc
+        traj.note_step(result.info or {})
+        return result
 
 
 def load_function(path: str) -> Callable[..., Any]:

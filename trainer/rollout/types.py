@@ -6,6 +6,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_REWARD_COMPONENTS = 32  # named reward components kept per episode
+MAX_INFO_TEXT = 100         # characters kept of an env's ``outcome``, ``end_reason`` and component names
+
 
 class EpisodeState(str, enum.Enum):
     """The rollout state machine: PENDING -> GENERATING -> INTERACTING -> ... -> TERMINATED."""
@@ -75,6 +78,7 @@ class Trajectory:
     failure: str | None = None          # the first failure: parse_error | validation_error | env_error | timeout
     failure_message: str | None = None  # ... and what it said
     failed_turns: int = 0               # turns whose reply was malformed or refused by the env
+    reward_components: dict[str, float] = field(default_factory=dict)  # the env's named rewards, summed over steps
 
     @property
     def group_id(self) -> int:
@@ -99,6 +103,22 @@ class Trajectory:
             self.failed_turns += 1
         if self.failure is None:
             self.failure, self.failure_message = kind, message
+
+    def note_step(self, info: dict[str, Any]) -> None:
+        """Keep what one env step's ``info`` says about the episode: its named reward components
+        (``info["rewards"]``, summed over the steps; a non-numeric value is skipped) and, once the episode
+        ends, ``outcome`` / ``end_reason`` (:class:`envhub.types.Outcome`)."""
+        rewards = info.get("rewards")
+        if isinstance(rewards, dict):
+            for name, value in rewards.items():
+                key = str(name)[:MAX_INFO_TEXT]
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or (
+                        key not in self.reward_components and len(self.reward_components) >= MAX_REWARD_COMPONENTS):
+                    continue  # an env sending unbounded names cannot grow the trajectory (or the metrics) without end
+                self.reward_components[key] = self.reward_components.get(key, 0.0) + float(value)
+        for key in ("outcome", "end_reason"):
+            if isinstance(info.get(key), str):
+                self.info[key] = info[key][:MAX_INFO_TEXT]
 
     @property
     def num_policy_tokens(self) -> int:
@@ -135,7 +155,8 @@ class Trajectory:
                "parse_errors": self.parse_errors, "error": self.error, "failure": self.failure,
                "failure_message": self.failure_message, "tokens": self.tokens, "mask": self.mask,
                "logprobs": [round(x, 5) for x in self.logprobs],
-               "images": [list(f.grid_thw) for f in self.images]}
+               "images": [list(f.grid_thw) for f in self.images], "reward_components": self.reward_components,
+               "outcome": self.info.get("outcome")}
         if tokenizer is not None:
             rec["text"] = tokenizer.decode(self.tokens)
             rec["completion"] = tokenizer.decode([t for t, m in zip(self.tokens, self.mask) if m])

@@ -1,22 +1,52 @@
-"""Reward, length and failure statistics of one step's rollouts, as every RL recipe logs them."""
+"""Reward, length, failure and outcome statistics of rollouts, as every RL recipe logs them."""
 
 from __future__ import annotations
 
+from envhub.types import Outcome
 from trainer.rollout import GroupedBatch, Trajectory
+
+#: the game results :func:`episode_metrics` reports as ``<prefix>/<result>_rate``
+RESULTS = (Outcome.WIN, Outcome.LOSS, Outcome.DRAW)
 
 
 def rollout_metrics(trajs: list[Trajectory], grouped: GroupedBatch) -> dict[str, float]:
-    """Reward, length and failure statistics of one step's rollouts (means over those without an infra failure)."""
+    """Reward, length and failure statistics of one step's rollouts (means over those without an infra failure),
+    with the step's :func:`episode_metrics` under ``train/``."""
     ok = [t for t in trajs if not t.infra_failed]
     n = max(len(ok), 1)
     return {"train/reward_mean": sum(t.reward for t in ok) / n,
             "train/policy_tokens_mean": sum(t.num_policy_tokens for t in ok) / n,
             "train/turns_mean": sum(t.num_turns for t in ok) / n,
             "train/parse_errors": float(sum(t.parse_errors for t in ok)),
-            # turns the env penalised (invalid moves, malformed answers...) among all turns
-            "train/penalised_turn_frac": sum(r < 0 for t in ok for r in t.turn_rewards)
-            / max(sum(len(t.turn_rewards) for t in ok), 1),
+            **episode_metrics(ok, "train"),
             **{f"rollout/{k}": v for k, v in grouped.metrics().items()}}
 
 
-__all__ = ["rollout_metrics"]
+def episode_metrics(episodes: list[Trajectory], prefix: str) -> dict[str, float]:
+    """What the env reported about how ``episodes`` went, the same rule for every env:
+
+    - ``<prefix>/penalised_turn_frac``: turns the env rewarded below zero (invalid moves, malformed
+      answers...) among all turns;
+    - ``<prefix>/tool_call_rate``: episodes with at least one tool call; ``<prefix>/tool_calls_mean`` per episode;
+    - ``<prefix>/win_rate``, ``loss_rate``, ``draw_rate``: final ``info["outcome"]``
+      (:class:`envhub.types.Outcome`) over all episodes, reported when any episode carries one (a game env);
+    - ``<prefix>/rewards/<name>_mean``: each named reward component (an env's ``@reward``, its
+      ``info["rewards"]``), summed over the episode, mean over episodes (0 for one that never reported it).
+
+    Pass the episodes to count: those without an infrastructure failure.
+    """
+    n = max(len(episodes), 1)
+    turns = max(sum(len(t.turn_rewards) for t in episodes), 1)
+    metrics = {f"{prefix}/penalised_turn_frac": sum(r < 0 for t in episodes for r in t.turn_rewards) / turns,
+               f"{prefix}/tool_call_rate": sum(t.tool_calls > 0 for t in episodes) / n,
+               f"{prefix}/tool_calls_mean": sum(t.tool_calls for t in episodes) / n}
+    outcomes = [Outcome.of(t.info) for t in episodes]
+    if any(o is not None for o in outcomes):
+        metrics.update({f"{prefix}/{o.value}_rate": outcomes.count(o) / n for o in RESULTS})
+    names = sorted({name for t in episodes for name in t.reward_components})
+    metrics.update({f"{prefix}/rewards/{name}_mean": sum(t.reward_components.get(name, 0.0) for t in episodes) / n
+                    for name in names})
+    return metrics
+
+
+__all__ = ["episode_metrics", "rollout_metrics"]
