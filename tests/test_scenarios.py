@@ -31,6 +31,22 @@ def test_each_scenario_starts_and_trains_a_step(scenario: scenarios.Scenario, tm
     assert any("train/reward_mean" in r for r in records)
 
 
+def test_gomoku_logs_its_outcome_metrics_and_warms_up_on_legal_games(tmp_path: Path) -> None:
+    from benchmarks._scenarios.gomoku import random_games
+    from trainer.recipes.setup import in_process_env
+
+    result = scenarios.pick("gomoku")[0].run("scenario_gomoku.toml", 0, tmp_path, True)
+    assert [step for step, _ in result.extra["invalid-move rate"]] == [0, 1]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all({"eval/penalised_turn_frac", "eval/tool_call_rate"} <= set(r) for r in records if "eval/episodes" in r)
+    assert any("train/penalised_turn_frac" in r for r in records)
+    cfg = load_config(ROOT / "examples" / "configs" / "scenario_gomoku.toml")
+    demos = random_games(in_process_env(cfg.env), "sys", 3, cfg.rollout.max_turns, seed=0)
+    moves = [m for d in demos for m in d["messages"] if m["role"] == "assistant"]
+    replies = [m["content"] for d in demos for m in d["messages"][3::2]]
+    assert len(moves) >= 3 * 5 and not any("ERROR" in r for r in replies)  # every demo move was a legal one
+
+
 def test_summary_counts_the_seeds_that_met_the_target_and_means_the_rest() -> None:
     scenario = scenarios.Scenario("s", "x.toml", "accuracy", 0.3, lambda *a: RunResult([], 0.0))
     runs = [RunResult([(0, 0.2), (10, 0.6)], 5.0), RunResult([(0, 0.3), (10, 0.4)], 7.0)]
@@ -63,3 +79,6 @@ def test_metric_curve_keeps_one_value_per_step_and_refuses_a_run_that_never_eval
     assert metric_curve(path, "eval/reward_mean") == [(0, 0.1), (3, 0.4)]
     with pytest.raises(ValueError, match="holds no"):
         metric_curve(path, "eval/win_rate")
+    path.write_text('{"step": 0, "eval/episodes": 4, "eval/win_rate": 0.25}\n{"step": 2, "train/reward_mean": 1}\n'
+                    '{"step": 5, "eval/episodes": 4}\n')
+    assert metric_curve(path, "eval/win_rate", absent=0.0) == [(0, 0.25), (5, 0.0)]  # no outcome: no win

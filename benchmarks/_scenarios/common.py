@@ -27,14 +27,21 @@ class RunResult:
         return self.curve[-1][1]
 
 
-def metric_curve(metrics_path: Path, key: str) -> list[tuple[int, float]]:
-    """``(step, value)`` for every record of ``metrics.jsonl`` holding ``key``, one value per step (the last)."""
+def metric_curve(metrics_path: Path, key: str, *, absent: float | None = None) -> list[tuple[int, float]]:
+    """``(step, value)`` for every record of ``metrics.jsonl`` holding ``key``, one value per step (the last).
+
+    ``absent``: the value of a validation record (one holding ``eval/episodes``) without ``key``. The
+    trainer logs a game's win/loss/draw rates only when some episode reported an outcome, so a validation
+    whose games all ran out of turns holds no ``eval/win_rate``: no game was won, ``absent=0.0``.
+    """
     by_step: dict[int, float] = {}
     with open(metrics_path) as fh:
         for line in fh:
             record = json.loads(line)
             if key in record:
                 by_step[int(record["step"])] = float(record[key])
+            elif absent is not None and "eval/episodes" in record:
+                by_step[int(record["step"])] = absent
     if not by_step:
         raise ValueError(f"{metrics_path} holds no {key!r}: did the run evaluate?")
     return sorted(by_step.items())

@@ -29,6 +29,9 @@ from envhub import Action, Env, Observation, StepResult, tool
 from envhub.errors import ActionValidationError
 
 
+SPLITS = ("train", "validation")
+
+
 class GomokuEnv(Env):
     """Gomoku (five in a row) on an N×N board against a scripted opponent.
 
@@ -58,10 +61,18 @@ class GomokuEnv(Env):
 
     # -- episode -----------------------------------------------------------------------------
     def reset(self, seed: int | None = None, board_size: int | None = None, opponent: str | None = None,
-              render_image: bool | None = None, opening: list[list[int]] | None = None) -> Observation:
-        """Start a game, from ``opening`` if given, else from a random legal opening drawn with the seed."""
+              render_image: bool | None = None, opening: list[list[int]] | None = None,
+              split: str = "train") -> Observation:
+        """Start a game, from ``opening`` if given, else from a random legal opening drawn with the seed.
+
+        ``split`` (``"train"`` or ``"validation"``) picks the stream the seed draws from: the same seed
+        gives a different game (opening and opponent moves) in each, so a trainer that validates on seeds
+        0..N-1 of ``"validation"`` never scores itself on a game it trained on.
+        """
+        if split not in SPLITS:
+            raise ActionValidationError(f"Invalid gomoku reset: expected split in {SPLITS}, got {split!r}.")
         if seed is not None:
-            self.rng = random.Random(seed)
+            self.rng = random.Random(seed if split == "train" else f"{split}:{seed}")
         changes = {k: v for k, v in (("board_size", board_size), ("opponent", opponent),
                                      ("render_image", render_image)) if v is not None}
         try:

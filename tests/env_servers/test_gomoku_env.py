@@ -193,6 +193,18 @@ async def test_a_seed_reproduces_a_game():
     assert await history(11) != await history(12)
 
 
+async def test_a_split_draws_its_own_games_from_the_same_seeds():
+    async def history(seed, split):
+        runner = EnvRunner(GomokuEnv(opponent="random"))
+        first, steps = await play(runner, random_policy, seed=seed, split=split)
+        return first.observation.text, [s.observation.text for s in steps]
+
+    assert await history(3, "validation") == await history(3, "validation")
+    assert await history(3, "validation") != await history(3, "train") == await history(3, "train")
+    with pytest.raises(ActionValidationError, match="split"):
+        await EnvRunner(GomokuEnv()).reset(seed=0, split="test")
+
+
 async def test_tool_schema():
     (spec,) = GomokuEnv.tools()
     assert spec.name == "place_stone" and spec.parameters["required"] == ["row", "col"]
