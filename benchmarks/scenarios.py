@@ -75,7 +75,8 @@ def summarise(scenario: Scenario, runs: list[RunResult]) -> dict[str, Any]:
 
 
 def plot(results: list[tuple[Scenario, list[RunResult]]], path: Path) -> Path:
-    """One panel per scenario: the mean validation curve over seeds, the min-max band, the before level dashed."""
+    """One panel per scenario: the mean validation curve over seeds, the min-max band, the before level dashed,
+    and the scenario's curves plotted beside it (``RunResult.extra``, dotted)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,6 +90,11 @@ def plot(results: list[tuple[Scenario, list[RunResult]]], path: Path) -> Path:
         ax.plot(steps, mean, marker="o", label="validation")
         if len(runs) > 1:
             ax.fill_between(steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.25)
+        for name in runs[0].extra:  # plotted beside the metric (e.g. gomoku's invalid-move rate), seed mean
+            curves = [dict(r.extra[name]) for r in runs if name in r.extra]
+            beside = sorted(set().union(*curves))
+            ax.plot(beside, [statistics.mean(c[s] for c in curves if s in c) for s in beside], linestyle=":",
+                    marker=".", label=name)
         ax.axhline(mean[0], linestyle="--", color="grey", label="before training")
         rise = mean[-1] - mean[0]
         ax.set_title(f"{scenario.name}: {mean[0]:.2f} -> {mean[-1]:.2f} ({rise:+.2f}, target +{scenario.target})",

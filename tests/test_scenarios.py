@@ -58,7 +58,8 @@ def test_summary_counts_the_seeds_that_met_the_target_and_means_the_rest() -> No
 
 def test_the_figure_has_one_panel_per_scenario(tmp_path: Path) -> None:
     scenario = scenarios.Scenario("s", "x.toml", "accuracy", 0.3, lambda *a: RunResult([], 0.0))
-    runs = [RunResult([(0, 0.2), (5, 0.4), (10, 0.6)], 1.0), RunResult([(0, 0.3), (5, 0.3), (10, 0.4)], 1.0)]
+    runs = [RunResult([(0, 0.2), (5, 0.4), (10, 0.6)], 1.0, extra={"invalid": [(0, 0.9), (10, 0.1)]}),
+            RunResult([(0, 0.3), (5, 0.3), (10, 0.4)], 1.0, extra={"invalid": [(0, 0.7), (5, 0.5)]})]
     path = scenarios.plot([(scenario, runs), (scenario, runs[:1])], tmp_path / "scenarios.png")
     from PIL import Image
 

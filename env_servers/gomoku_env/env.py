@@ -28,7 +28,6 @@ from env_servers.gomoku_env.render import render_png
 from envhub import Action, Env, Observation, StepResult, tool
 from envhub.errors import ActionValidationError
 
-
 SPLITS = ("train", "validation")
 
 
