@@ -44,7 +44,7 @@ class HFBackend:
         model, tokenizer = load_policy(dataclasses.replace(model_cfg, lora_rank=0), device)
         for p in model.parameters():
             p.requires_grad_(False)
-        self.base = model.eval()
+        self.base: Any = model.eval()
         self.peft: Any = None  # the peft wrapper, once an adapter was loaded
         self.tokenizer = tokenizer
         self.model_name = served_name or model_cfg.name
@@ -112,7 +112,7 @@ class HFBackend:
     def plan_full(self, header: StreamHeader) -> dict[str, torch.Tensor]:
         """Fresh tensors for a full update: every parameter of the model, by name, with its shape."""
         params = self._base_params()
-        _check_names(header, set(params), "the model's parameters")
+        _check_names(header, set(params), "the model's parameters (start the server with the trainer's model settings)")
         plan = {}
         for name, spec in header.specs.items():
             if spec.shape != tuple(params[name].shape) or not spec.dtype.is_floating_point:

@@ -79,7 +79,7 @@ def encode(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> 
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         if flat.numel() == 0:
             continue
-        view = memoryview(flat.view(torch.uint8).numpy())
+        view = flat.view(torch.uint8).numpy().data
         for start in range(0, len(view), CHUNK_BYTES):
             yield view[start:start + CHUNK_BYTES]
 
@@ -189,7 +189,7 @@ class TensorStreamReader:
             if dest.dtype != spec.dtype or tuple(dest.shape) != spec.shape or not dest.is_contiguous():
                 raise WeightFormatError(f"Planned tensor {name!r} does not match its header entry.")
             if spec.end > spec.begin:
-                self._targets.append((memoryview(dest.reshape(-1).view(torch.uint8).numpy()), spec.end))
+                self._targets.append((dest.reshape(-1).view(torch.uint8).numpy().data, spec.end))
         return rest
 
 
