@@ -4,8 +4,8 @@
 updates are received into fresh tensors and swapped in under ``lock``, the same lock every batched
 decode holds, so no sample ever comes from half-updated weights. LoRA adapters are peft adapters on
 that model, each in a slot of its own: a replacement fills a new slot while the old one keeps
-serving, then the name moves to the new slot under the lock. The vLLM backend wraps
-:class:`trainer.rollout.vllm_sampler.VLLMSampler`'s engine (:func:`make_backend`).
+serving, then the name moves to the new slot under the lock. The vLLM backend is
+:mod:`trainer.sampler_server.vllm_backend`.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class HFBackend:
     def plan_full(self, header: StreamHeader) -> dict[str, torch.Tensor]:
         """Fresh tensors for a full update: every parameter of the model, by name, with its shape."""
         params = self._base_params()
-        _check_names(header, set(params), "the model's parameters (start the server with the trainer's model settings)")
+        check_names(header, set(params), "the model's parameters (start the server with the trainer's model settings)")
         plan = {}
         for name, spec in header.specs.items():
             if spec.shape != tuple(params[name].shape) or not spec.dtype.is_floating_point:
@@ -136,7 +136,7 @@ class HFBackend:
         """A new slot for adapter ``name`` (shaped by ``lora_config``); the tensors to stream into it."""
         from peft import LoraConfig, get_peft_model
 
-        config = _lora_config(lora_config, self.max_lora_rank)
+        config = lora_settings(lora_config, self.max_lora_rank)
         if name not in self._slots and len(self._slots) + len(self._filling) >= self.max_adapters:
             raise BadRequestError(f"Expected at most {self.max_adapters} adapters; unload one first "
                                   f"(loaded: {sorted(self._slots)}).")
@@ -155,7 +155,7 @@ class HFBackend:
         self._filling[name] = slot
         params = self._slot_params(slot)
         try:
-            _check_names(header, set(params), f"the adapter's tensors for {config}")
+            check_names(header, set(params), f"the adapter's tensors for {config}")
             for key, spec in header.specs.items():
                 if spec.shape != tuple(params[key].shape) or spec.dtype != params[key].dtype:
                     raise WeightFormatError(f"Expected {key} as {params[key].dtype} of shape "
@@ -210,20 +210,7 @@ class HFBackend:
         """Nothing to free beyond the model (garbage-collected)."""
 
 
-def make_backend(kind: str, model_cfg: ModelConfig, *, device: str = "cpu", served_name: str | None = None,
-                 max_lora_rank: int = 256, max_adapters: int = 8) -> Any:
-    """The backend ``kind`` names: ``hf`` (:class:`HFBackend`) or ``vllm``."""
-    if kind == "hf":
-        return HFBackend(model_cfg, device=device, served_name=served_name, max_lora_rank=max_lora_rank,
-                         max_adapters=max_adapters)
-    if kind == "vllm":
-        from trainer.sampler_server.vllm_backend import VLLMBackend
-
-        return VLLMBackend(model_cfg, served_name=served_name, max_lora_rank=max_lora_rank, max_adapters=max_adapters)
-    raise ValueError(f"Expected backend 'hf' or 'vllm', got {kind!r}.")
-
-
-def _check_names(header: StreamHeader, expected: set[str], what: str) -> None:
+def check_names(header: StreamHeader, expected: set[str], what: str) -> None:
     got = set(header.specs)
     missing, unknown = sorted(expected - got), sorted(got - expected)
     if missing or unknown:
@@ -232,7 +219,7 @@ def _check_names(header: StreamHeader, expected: set[str], what: str) -> None:
                                 f"{'...' if len(unknown) > 3 else ''}.")
 
 
-def _lora_config(raw: dict[str, Any], max_rank: int) -> dict[str, Any]:
+def lora_settings(raw: dict[str, Any], max_rank: int) -> dict[str, Any]:
     """The LoRA settings a push may carry, checked and bounded (rank, alpha, target modules, rsLoRA)."""
     unknown = sorted(set(raw) - LORA_KEYS)
     if unknown:
@@ -282,4 +269,4 @@ class _seeded:
             self.fork.__exit__(None, None, None)
 
 
-__all__ = ["HFBackend", "make_backend"]
+__all__ = ["HFBackend", "check_names", "lora_settings"]

@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
-from trainer.sampler_server.protocol import ServerLimits
+from trainer.sampler_server.protocol import Backend, ServerLimits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +60,6 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from trainer.sampler_server.app import create_app
-    from trainer.sampler_server.backends import make_backend
 
     try:
         cfg = model_config(args)
@@ -69,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limits = ServerLimits(max_batch_rows=args.max_batch_rows, max_new_tokens=args.max_new_tokens,
                           max_adapters=args.max_adapters)
-    backend = make_backend(args.backend, cfg, device=device, served_name=args.served_name,  # type: ignore[arg-type]
+    backend = make_backend(args.backend, cfg, device=device, served_name=args.served_name,
                            max_adapters=args.max_adapters)
     token = args.token or os.environ.get("ENVHUB_SAMPLER_TOKEN") or None
     app = create_app(backend, limits=limits, token=token, backend_kind=args.backend, tool_parser=args.tool_parser)
@@ -80,6 +80,21 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         backend.close()
     return 0
+
+
+def make_backend(kind: str, model_cfg: Any, *, device: str = "cpu", served_name: str | None = None,
+                 max_lora_rank: int = 256, max_adapters: int = 8) -> Backend:
+    """The backend ``kind`` names: ``hf`` (:class:`HFBackend`) or ``vllm``."""
+    if kind == "hf":
+        from trainer.sampler_server.backends import HFBackend
+
+        return HFBackend(model_cfg, device=device, served_name=served_name, max_lora_rank=max_lora_rank,
+                         max_adapters=max_adapters)
+    if kind == "vllm":
+        from trainer.sampler_server.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model_cfg, served_name=served_name, max_lora_rank=max_lora_rank, max_adapters=max_adapters)
+    raise ValueError(f"Expected backend 'hf' or 'vllm', got {kind!r}.")
 
 
 def main(argv: list[str] | None = None) -> int:
