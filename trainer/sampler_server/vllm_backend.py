@@ -23,7 +23,7 @@ from trainer.model import ModelConfig, load_policy
 from trainer.sampler_server.backends import check_names, lora_settings
 from trainer.sampler_server.protocol import BadRequestError, NotFoundError, Sample, SampleJob
 from trainer.sampling.types import SamplingConfig
-from trainer.sampling.vllm_engine import VLLMSampler, base_state_dict, memory_dir, on_vllm_thread
+from trainer.sampling.vllm_engine import VLLMSampler, memory_dir, on_vllm_thread
 from trainer.sampling.wire import StreamHeader, WeightFormatError
 
 #: "all-linear" in vLLM's terms: the projections of a Llama-family decoder layer
@@ -38,7 +38,9 @@ class VLLMBackend:
         model: Any
         model, tokenizer = load_policy(dataclasses.replace(model_cfg, lora_rank=0), "cpu")
         # names and shapes of the base weights (what a full update must match); the weights stay in vLLM
-        self._specs = {name: (tuple(t.shape), t.dtype) for name, t in base_state_dict(model).items()}
+        # (parameters, as the trainer pushes them: a tied output head is the embedding's, sent once)
+        self._specs = {name: (tuple(p.shape), p.dtype) for name, p in model.named_parameters()}
+        self._tied = _tied_names(model)  # e.g. lm_head.weight -> model.embed_tokens.weight: vLLM loads both
         self._max_context = min(max_model_len, int(getattr(model.config, "max_position_embeddings", max_model_len)))
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.sampler = VLLMSampler(model, tokenizer, SamplingConfig(backend="vllm"), lora=True,
@@ -120,7 +122,9 @@ class VLLMBackend:
         """Reload the engine's weights in place, under the engine's lock."""
         with self.sampler.weights_lock:
             on_vllm_thread(self.sampler.llm.collective_rpc, "reload_weights",
-                           kwargs={"weights_iterator": list(tensors.items()), "is_checkpoint_format": True})
+                           kwargs={"weights_iterator": [*tensors.items(), *((alias, tensors[name]) for alias, name
+                                                                          in self._tied.items())],
+                                   "is_checkpoint_format": True})
             on_vllm_thread(self.sampler.llm.reset_prefix_cache)
             self.version = version
 
@@ -197,6 +201,13 @@ class VLLMBackend:
         """Free the engine and the adapter files."""
         self.sampler.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _tied_names(model: Any) -> dict[str, str]:
+    """State-dict names that are another parameter's tensor (a tied output head), mapped to that parameter."""
+    by_storage = {p.data_ptr(): name for name, p in model.named_parameters()}
+    return {name: by_storage[t.data_ptr()] for name, t in model.state_dict().items()
+            if t.data_ptr() in by_storage and by_storage[t.data_ptr()] != name}
 
 
 __all__ = ["VLLMBackend", "ALL_LINEAR"]
