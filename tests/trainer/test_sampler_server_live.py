@@ -78,9 +78,22 @@ def test_a_killed_server_has_its_turns_resampled_a_late_joiner_gets_weights_firs
         sampler = RemoteSampler([a.url, b.url], model, log=messages.append)
         assert turns(sampler, [[1, 2, 3]] * 4)  # both servers in rotation
 
+        async def episode() -> None:  # three turns, each on the episode's server
+            for _ in range(3):
+                await sampler.generate(GenRequest([1, 2, 3], 2))
+
+        async def episodes(n: int) -> None:
+            await asyncio.gather(*(episode() for _ in range(n)))
+
+        for n, expected in ((1, [0, 3]), (2, [3, 3])):  # a second episode goes to the less loaded server
+            before = [a.metric("requests_total"), b.metric("requests_total")]
+            asyncio.run(episodes(n))
+            assert sorted([a.metric("requests_total") - before[0], b.metric("requests_total") - before[1]]) == expected
+
         async def kill_mid_run() -> list:
             pending = [asyncio.ensure_future(sampler.generate(GenRequest([1, 2, 3 + i], 300))) for i in range(8)]
-            while a.metric("requests_total") < 1 + 2:  # a holds turns of this batch (2 came from the first one)
+            start = a.metric("requests_total")
+            while a.metric("requests_total") < start + 1:  # a holds turns of this batch
                 await asyncio.sleep(0.01)
             a.kill()
             return list(await asyncio.gather(*pending))
@@ -126,18 +139,22 @@ def test_a_killed_server_has_its_turns_resampled_a_late_joiner_gets_weights_firs
 
 
 @pytest.mark.slow
-def test_grpo_learns_through_two_sampler_servers(tmp_path) -> None:
+def test_grpo_learns_through_two_sampler_servers_with_asynchronous_rollouts(tmp_path) -> None:
     servers = [ServerProcess(tmp_path, *TINY) for _ in range(2)]
     try:
         torch.manual_seed(0)
         urls = json.dumps([s.url for s in servers])
-        cfg = recipe_config(tmp_path, "run.steps=12", "run.batch_size=8", "optim.lr=1e-2", f"sampling.servers={urls}")
+        # asynchronous rollouts: the next batch is sampled on the servers while a step trains
+        cfg = recipe_config(tmp_path, "run.steps=12", "run.batch_size=8", "optim.lr=1e-2", f"sampling.servers={urls}",
+                            "rollout.max_staleness=1")
         summary = train(cfg, log=lambda s: None)
         records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
         rewards = [r["train/reward_mean"] for r in records if "train/reward_mean" in r]
         assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards  # as in process (test_recipes.py)
         assert summary["val_reward_after"] >= 0.5
-        assert all(r["sampler/servers_in_rotation"] == 2 for r in records if "train/reward_mean" in r)
+        steps = [r for r in records if "train/reward_mean" in r]
+        assert all(r["sampler/servers_in_rotation"] == 2 for r in steps)
+        assert all(r["rollout/staleness_max"] <= 1 for r in steps) and any(r["rollout/staleness_max"] == 1 for r in steps)
         assert all(s.metric("requests_total") > 50 and s.metric("policy_version") == 12 for s in servers)
     finally:
         for s in servers:

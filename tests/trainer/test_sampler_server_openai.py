@@ -30,7 +30,7 @@ def taught_tool_call() -> TrainingClient:
                         add_special_tokens=False)
     reply = tok.encode(REPLY, add_special_tokens=False)
     datum = Datum.from_sequence(prompt + reply, weights=[0] * len(prompt) + [1] * len(reply))
-    for _ in range(300):
+    for _ in range(80):  # greedy decoding gives REPLY after about 50 (seed 0)
         client.forward_backward([datum])
         client.optim_step(AdamParams(learning_rate=1e-2))
     return client

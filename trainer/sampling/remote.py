@@ -5,7 +5,7 @@
 
 - **routing**: every turn of an episode goes to the server that sampled its first turn (its prompt
   prefix is cached there), a new episode to the server with the fewest requests in flight;
-- **weights**: ``update_weights`` streams the new weights (:mod:`.weights`; a LoRA run sends only its
+- **weights**: ``update_weights`` streams the new weights (:mod:`.wire`; a LoRA run sends only its
   adapter) to every server at once, straight from the parameters, no checkpoint on disk; each sample
   reports the version that drew it;
 - **faults**: a server that fails a request (connection lost, 5xx, lost its weights) leaves the
