@@ -112,7 +112,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         check_job(job, limits, backend.vocab_size(), backend.max_context())
         samples, version = await state.batcher.submit(job)
         return {"samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
-                            for s in samples], "version": version}
+                            for s in samples], "version": version, "instance": state.instance}
 
     @app.put("/weights")
     async def put_weights(request: Request) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             tensors, version, nbytes, start = await _receive(request, reader, "full")
             await asyncio.to_thread(backend.apply_full, tensors, version)
             _count_push(state, "full", nbytes, start)
-        return {"version": version, "tensors": len(tensors), "bytes": nbytes}
+        return {"version": version, "tensors": len(tensors), "bytes": nbytes, "instance": state.instance}
 
     @app.put("/adapters/{name}")
     async def put_adapter(name: str, request: Request) -> dict[str, Any]:
@@ -146,7 +146,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                 raise
             await asyncio.to_thread(backend.apply_adapter, name, tensors, version)
             _count_push(state, "lora", nbytes, start)
-        return {"adapter": name, "version": version, "tensors": len(tensors), "bytes": nbytes}
+        return {"adapter": name, "version": version, "tensors": len(tensors), "bytes": nbytes,
+                "instance": state.instance}
 
     @app.delete("/adapters/{name}")
     async def delete_adapter(name: str) -> dict[str, Any]:

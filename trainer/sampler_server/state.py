@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,8 @@ class ServerState:
     pushes: PushStats = field(default_factory=PushStats)
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: float = field(default_factory=time.time)
+    #: this process's id, in every answer: a client that sees it change knows the server restarted (weights lost)
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:

@@ -54,6 +54,7 @@ class ServerSlot:
     in_rotation: bool = False
     version: int | None = None  # the version it took last (None: none yet)
     in_flight: int = 0
+    instance: str | None = None  # the server process that took the weights (a restarted one has another)
     last_error: str = "never reached"
 
 
@@ -135,9 +136,8 @@ class RemoteSampler:
             raise SamplerRequestError(f"Sampler server {server.url} refused a request: HTTP {resp.status_code}: "
                                       f"{_reason(resp)}")
         data = resp.json()
-        if server.version is not None and data["version"] < server.version:  # restarted: its weights are gone
-            self._drop(server, f"it answered with policy version {data['version']} after taking {server.version}",
-                       tried)
+        if data.get("instance") != server.instance:  # restarted since it took the weights: they are gone
+            self._drop(server, "it restarted since it took the weights", tried)
             return None
         sample = data["samples"][0]
         return SampledSequence(sample["token_ids"], sample["logprobs"], sample["finish_reason"], version=data["version"])
@@ -246,6 +246,7 @@ class RemoteSampler:
             return f"{type(exc).__name__}: {exc}"
         if resp.status_code != 200:
             return f"HTTP {resp.status_code}: {_reason(resp)}"
+        server.instance = resp.json().get("instance")
         return None
 
     def _wait_for_any(self, timeout_s: float) -> None:
