@@ -178,3 +178,37 @@ async def test_auth_health_and_metrics(backend) -> None:
         for method, path in (("POST", "/sample"), ("PUT", "/weights"), ("GET", "/v1/models"), ("GET", "/metrics")):
             resp = await http.request(method, path, json={"prompt_ids": [1]})
             assert resp.status_code == 401 and "bearer token" in resp.json()["error"]["message"]
+
+
+def test_sampling_servers_are_configured_by_url_and_by_the_quick_starts_flag() -> None:
+    from trainer.config import load_config
+    from trainer.quickstart import parse_args, quickstart_config
+    from trainer.sampling import SamplingConfig
+
+    with pytest.raises(ValueError, match="sampling.servers like"):
+        SamplingConfig(servers=["127.0.0.1:8100"])
+    cfg = load_config(None, ["sampling.servers=['http://h1:8100', 'http://h2:8100']", "sampling.server_token='t'"])
+    assert cfg.sampling.servers == ["http://h1:8100", "http://h2:8100"] and cfg.sampling.server_token == "t"
+    args = parse_args(["--sampler-servers", "http://a:1,http://b:2"])
+    assert quickstart_config("ws://127.0.0.1:1", args).sampling.servers == ["http://a:1", "http://b:2"]
+    assert quickstart_config("ws://127.0.0.1:1", parse_args([])).sampling.servers == []
+
+
+def test_a_weight_body_round_trips_through_any_chunking() -> None:
+    from trainer.sampling.wire import TensorStreamReader, WeightFormatError
+
+    tensors = {"a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.int64), "c": torch.randn(2).bfloat16()}
+    body = b"".join(bytes(c) for c in encode(tensors, {"version": "4"}))
+    for size in (1, 7, 64, len(body)):
+        reader = TensorStreamReader(max_header_bytes=1 << 16)
+        for at in range(0, len(body), size):
+            reader.feed(body[at:at + size])
+        out = reader.finish()
+        assert reader.header is not None and reader.header.metadata == {"version": "4"}
+        assert all(torch.equal(out[k], v) for k, v in tensors.items())
+    cut = TensorStreamReader(max_header_bytes=1 << 16)
+    cut.feed(body[:-3])
+    with pytest.raises(WeightFormatError, match="cut off"):
+        cut.finish()
+    with pytest.raises(WeightFormatError, match="at most 16 bytes"):
+        TensorStreamReader(max_header_bytes=16).feed(body)
