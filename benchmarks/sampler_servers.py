@@ -79,7 +79,7 @@ def run_quickstart(args: argparse.Namespace, servers: int, out: Path) -> dict[st
     urls: list[str] = []
     argv = ["--steps", str(args.steps), "--out", str(out / "run"), "--seed", str(args.seed), "--threads", "1"]
     if args.smoke:
-        argv += ["--sft-steps", "10", "--batch", "4", "--group", "4", "--eval-problems", "4", "--eval-every", "0"]
+        argv += ["--sft-steps", "2", "--batch", "2", "--group", "2", "--eval-problems", "2", "--eval-every", "0"]
     try:
         for _ in range(servers):
             proc, url = start_server(QUICKSTART_SHAPE, out)
@@ -152,7 +152,9 @@ def push_and_compare(shape: dict[str, int], repeats: int, log_dir: Path) -> dict
 
 
 def part_push(args: argparse.Namespace) -> None:
-    shapes = {"tiny (quick start)": QUICKSTART_SHAPE, f"0.5B-shaped, {args.layers_05b} layers": shape_05b(args.layers_05b)}
+    shapes = {"tiny (quick start)": QUICKSTART_SHAPE}
+    if not args.smoke:
+        shapes[f"0.5B-shaped, {args.layers_05b} layers"] = shape_05b(args.layers_05b)
     print(f"\nweight push over loopback HTTP (fp32, median of {args.repeats}) and the trainer-vs-server log-prob "
           "mismatch after each push")
     print(f"{'model':<28}{'MB':>9}{'push s':>9}{'MB/s':>9}{'max |lp gap|':>14}")
