@@ -212,3 +212,12 @@ def test_a_weight_body_round_trips_through_any_chunking() -> None:
         cut.finish()
     with pytest.raises(WeightFormatError, match="at most 16 bytes"):
         TensorStreamReader(max_header_bytes=16).feed(body)
+
+
+def test_the_sampler_command_refuses_bad_model_settings_with_the_reason(capsys) -> None:
+    from trainer.cli import main
+
+    assert main(["sampler", "model.nope=1"]) == 2
+    assert "Unknown key(s) ['nope'] in [model]" in capsys.readouterr().err
+    assert main(["sampler", "--port", "8100", "hidden_size=64"]) == 2
+    assert "Expected model.key=value overrides" in capsys.readouterr().err

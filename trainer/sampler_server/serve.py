@@ -69,8 +69,12 @@ def serve(args: argparse.Namespace) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limits = ServerLimits(max_batch_rows=args.max_batch_rows, max_new_tokens=args.max_new_tokens,
                           max_adapters=args.max_adapters)
-    backend = make_backend(args.backend, cfg, device=device, served_name=args.served_name,
-                           max_adapters=args.max_adapters)
+    try:
+        backend = make_backend(args.backend, cfg, device=device, served_name=args.served_name,
+                               max_adapters=args.max_adapters)
+    except (ValueError, RuntimeError) as exc:  # vLLM missing or unable to start (the message says what to do)
+        print(f"envhub-train sampler: {exc}", file=sys.stderr)
+        return 2
     token = args.token or os.environ.get("ENVHUB_SAMPLER_TOKEN") or None
     app = create_app(backend, limits=limits, token=token, backend_kind=args.backend, tool_parser=args.tool_parser)
     print(f"envhub-train sampler: {backend.model_name} ({args.backend}, {device}) on http://{args.host}:{args.port}"
