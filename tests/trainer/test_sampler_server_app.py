@@ -221,3 +221,26 @@ def test_the_sampler_command_refuses_bad_model_settings_with_the_reason(capsys) 
     assert "Unknown key(s) ['nope'] in [model]" in capsys.readouterr().err
     assert main(["sampler", "--port", "8100", "hidden_size=64"]) == 2
     assert "Expected model.key=value overrides" in capsys.readouterr().err
+
+
+async def test_openai_completions_and_a_streamed_chat_reply(backend) -> None:
+    async with client(backend) as http:
+        resp = await http.post("/v1/completions", json={"model": "tiny", "prompt": "1+1=", "max_tokens": 5, "n": 2,
+                                                        "logprobs": 0, "seed": 3, "temperature": 0.7})
+        assert resp.status_code == 200, resp.text
+        data = resp.json()
+        assert data["object"] == "text_completion" and len(data["choices"]) == 2
+        choice = data["choices"][0]
+        assert len(choice["logprobs"]["token_logprobs"]) == len(choice["logprobs"]["tokens"]) <= 5
+        assert data["usage"]["completion_tokens"] == sum(len(c["logprobs"]["tokens"]) for c in data["choices"])
+        streamed = await http.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True})
+        events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        bad = await http.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"content": "no role"}]})
+        assert bad.status_code == 400 and "role" in bad.json()["error"]["message"]
+        far = await http.post("/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 10**6})
+        assert far.status_code == 400 and "max_tokens" in far.json()["error"]["message"]
