@@ -80,7 +80,8 @@ def serve(args: argparse.Namespace) -> int:
     print(f"envhub-train sampler: {backend.model_name} ({args.backend}, {device}) on http://{args.host}:{args.port}"
           f"{' (token required)' if token else ''}", flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        # idle connections stay open for a while: a trainer's pool between two steps reuses them
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=120)
     finally:
         backend.close()
     return 0

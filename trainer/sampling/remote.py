@@ -99,12 +99,17 @@ class RemoteSampler:
                 **({"adapter": self.adapter_name} if self.lora else {})}
         client = self._client()
         tried: set[str] = set()
+        retried: set[str] = set()
         while True:
             server = self._pick(tried)
             server.in_flight += 1
             try:
                 resp = await client.post(f"{server.url}/sample", json=body)
             except httpx.TransportError as exc:
+                # a kept-alive connection the server closed meanwhile fails once; a live server gets a retry
+                if server.url not in retried and await self._alive(client, server):
+                    retried.add(server.url)
+                    continue
                 self._drop(server, f"{type(exc).__name__}: {exc}", tried)
                 continue
             finally:
@@ -115,6 +120,13 @@ class RemoteSampler:
                 return result
             if resp.status_code == 503:
                 await asyncio.sleep(RETRY_FULL_QUEUE_S)
+
+    async def _alive(self, client: httpx.AsyncClient, server: ServerSlot) -> bool:
+        """Whether ``server`` answers ``/health`` within a couple of seconds."""
+        try:
+            return (await client.get(f"{server.url}/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def generate_batch(self, requests: list[GenRequest]) -> list[SampledSequence]:
         """Answer ``requests`` at once (a blocking call: each one is an episode of its own, routed as such)."""
@@ -233,17 +245,25 @@ class RemoteSampler:
 
     def _push(self, server: ServerSlot, path: str, tensors: dict[str, torch.Tensor],
               meta: dict[str, str]) -> str | None:
-        """Stream the weights to ``server``; None when it took them, else the reason it did not."""
-        try:
-            if not server.in_rotation:
-                self._http.get(f"{server.url}/health", timeout=2.0).raise_for_status()
-            chunks = encode(tensors, meta)
-            first = next(chunks)
-            size = len(first) + sum(t.numel() * t.element_size() for t in tensors.values())
-            resp = self._http.put(f"{server.url}{path}", content=_prepend(first, chunks),
-                                  headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
+        """Stream the weights to ``server``; None when it took them, else the reason it did not.
+
+        A transport error is tried once more if the server still answers ``/health`` (a kept-alive
+        connection it closed meanwhile); the server applies a body only once it arrived whole."""
+        for attempt in (1, 2):
+            try:
+                if not server.in_rotation or attempt == 2:
+                    self._http.get(f"{server.url}/health", timeout=2.0).raise_for_status()
+                chunks = encode(tensors, meta)
+                first = next(chunks)
+                size = len(first) + sum(t.numel() * t.element_size() for t in tensors.values())
+                resp = self._http.put(f"{server.url}{path}", content=_prepend(first, chunks),
+                                      headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+                break
+            except httpx.TransportError as exc:
+                if attempt == 2:
+                    return f"{type(exc).__name__}: {exc}"
+            except httpx.HTTPError as exc:
+                return f"{type(exc).__name__}: {exc}"
         if resp.status_code != 200:
             return f"HTTP {resp.status_code}: {_reason(resp)}"
         server.instance = resp.json().get("instance")
