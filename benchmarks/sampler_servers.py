@@ -78,6 +78,8 @@ def run_quickstart(args: argparse.Namespace, servers: int, out: Path) -> dict[st
     procs: list[subprocess.Popen] = []
     urls: list[str] = []
     argv = ["--steps", str(args.steps), "--out", str(out / "run"), "--seed", str(args.seed), "--threads", "1"]
+    if args.sft_steps is not None:  # the warm-up is not what this measures: cap it to save time
+        argv += ["--sft-steps", str(args.sft_steps)]
     if args.smoke:
         argv += ["--sft-steps", "2", "--batch", "2", "--group", "2", "--eval-problems", "2", "--eval-every", "0"]
     try:
@@ -168,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", choices=["all", "steps", "push"], default="all")
     p.add_argument("--steps", type=int, default=30, help="GRPO steps per quick-start run")
+    p.add_argument("--sft-steps", type=int, default=None, help="cap the quick start's SFT warm-up (default: its own)")
     p.add_argument("--layers-05b", type=int, default=24, help="layers of the 0.5B-shaped model (24 in the real one)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
