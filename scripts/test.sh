@@ -23,14 +23,14 @@ for arg in "$@"; do
 done
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
-vllm_paths=(tests/trainer/test_vllm_cpu.py tests/service/test_service_vllm.py)
+vllm_paths=(tests/trainer/test_vllm_cpu.py tests/trainer/test_sampler_server_vllm.py tests/service/test_service_vllm.py)
 if [ "${#paths[@]}" -gt 0 ]; then
   vllm_paths=()
   for p in "${paths[@]}"; do
     case "$p" in
-      tests/trainer/test_vllm_cpu.py*|tests/service/test_service_vllm.py*) vllm_paths+=("$p");;
-      tests|tests/) vllm_paths+=(tests/trainer/test_vllm_cpu.py tests/service/test_service_vllm.py);;
-      tests/trainer|tests/trainer/) vllm_paths+=(tests/trainer/test_vllm_cpu.py);;
+      tests/trainer/test_vllm_cpu.py*|tests/trainer/test_sampler_server_vllm.py*|tests/service/test_service_vllm.py*) vllm_paths+=("$p");;
+      tests|tests/) vllm_paths+=(tests/trainer/test_vllm_cpu.py tests/trainer/test_sampler_server_vllm.py tests/service/test_service_vllm.py);;
+      tests/trainer|tests/trainer/) vllm_paths+=(tests/trainer/test_vllm_cpu.py tests/trainer/test_sampler_server_vllm.py);;
       tests/service|tests/service/) vllm_paths+=(tests/service/test_service_vllm.py);;
     esac
   done

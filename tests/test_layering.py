@@ -147,6 +147,8 @@ TRAINER_RANKS: dict[str, int] = {
     "trainer.rollout": 4,                       # episode engine, agents, env sessions
     "trainer.update": 5, "trainer.config": 5,   # the RL update; the run's config
     "trainer.recipes": 6, "trainer.quickstart": 6, "trainer.chat_model": 6,  # readable loops: RL, SFT, two-agent
+    "trainer.sampler_server": 6,                # a sampler as its own HTTP server (rollouts reach it through
+    #                                             trainer.sampling.remote)
     "trainer.cli": 7, "trainer.service": 7, "trainer.multiagent": 7,  # entry points (multiagent: an alias)
 }
 

@@ -138,6 +138,10 @@ def _python(argv: list[str]) -> None:
         parsers[argv[1]] = parse_args
     elif argv[1] == "trainer.cli":
         parsers[argv[1]] = _envhub_train
+    elif argv[1] == "trainer.quickstart":
+        from trainer.quickstart import parse_args as quickstart_args
+
+        parsers[argv[1]] = quickstart_args
     elif argv[1] == "examples.openenv_shout_server":
         from examples.openenv_shout_server import parse_args as shout_args
 

@@ -6,6 +6,7 @@
     envhub-train two-agent --config examples/configs/gomoku_two_agent.toml env.url=ws://localhost:8005
     envhub-train --config FILE --print-config        # the resolved config, nothing run
     envhub-train serve --port 8900                   # the Tinker-compatible training service (docs/service.md)
+    envhub-train sampler --port 8100                 # a sampler server (sampling.servers=["http://host:8100"])
     envhub-train COMMAND --help                      # a command's own options
     envhub-train --config examples/configs/openenv_shout_grpo.toml env.action_mapper=message  # any OpenEnv server
 
@@ -190,6 +191,23 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 register(Command("serve", "The Tinker-compatible training service: the tinker SDK drives it (docs/service.md).",
                  _configure_serve, _run_serve))
+
+
+def _configure_sampler(parser: argparse.ArgumentParser) -> None:
+    from trainer.sampler_server import serve
+
+    parser.formatter_class, parser.epilog = argparse.RawDescriptionHelpFormatter, serve.__doc__
+    serve.add_arguments(parser)
+
+
+def _run_sampler(args: argparse.Namespace) -> int:
+    from trainer.sampler_server import serve
+
+    return serve.serve(args)
+
+
+register(Command("sampler", "A sampler server the trainer pushes weights to; also speaks the OpenAI API.",
+                 _configure_sampler, _run_sampler))
 
 
 # -- entry point ---------------------------------------------------------------------------------

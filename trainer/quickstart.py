@@ -155,6 +155,7 @@ def quickstart_config(url: str, args: argparse.Namespace) -> TrainConfig:
         f"run.eval_problems={args.eval_problems}", f"run.eval_every={args.eval_every}", f"run.seed={args.seed}",
         f"run.output_dir='{args.out}'",
         "run.log_trajectories=4", "run.device='cpu'",
+        *([f"sampling.servers={args.sampler_servers.split(',')!r}"] if args.sampler_servers else []),
     ])
 
 
@@ -204,6 +205,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=0,
                    help="asynchronous rollouts: sample the next batch while a step trains, at most this many "
                         "policy versions behind (default 0: synchronous)")
+    p.add_argument("--sampler-servers", default=None, metavar="URL,...",
+                   help="sample on these envhub-train sampler servers (started with the same model settings) "
+                        "instead of in process; the weights are pushed to them after every step")
     p.add_argument("--out", default="runs/quickstart")
     return p.parse_args(argv)
 

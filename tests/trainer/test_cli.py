@@ -138,8 +138,9 @@ def test_a_subcommand_is_a_few_lines_and_every_mode_shares_the_config_shape(caps
 
 
 def test_an_unknown_command_is_an_error_that_lists_the_commands(capsys) -> None:
-    assert main(["sampler", "--help"]) == 2
+    assert main(["inference", "--help"]) == 2
     err = capsys.readouterr().err
-    assert "unknown command 'sampler'" in err and all(name in err for name in ("rl", "sft", "two-agent", "serve"))
+    assert "unknown command 'inference'" in err and all(name in err for name in ("rl", "sft", "two-agent", "serve",
+                                                                                   "sampler"))
     # a first word that is an override still goes to the default command (rl): a config error, not a command one
     assert main(["no_such.key=1"]) == 2 and "unknown command" not in capsys.readouterr().err

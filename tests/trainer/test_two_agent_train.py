@@ -206,3 +206,8 @@ def test_a_two_agent_run_whose_matches_all_fail_stops_naming_the_reason(tmp_path
         train_two_agents(cfg, log=messages.append)
     assert sum("episodes failed" in m for m in messages) == 2
     assert [json.loads(line)["reason"] for line in open(tmp_path / "failures.jsonl")] == ["env_error"] * 2
+
+
+def test_a_two_agent_run_refuses_sampler_servers_with_the_reason(tmp_path) -> None:
+    with pytest.raises(ValueError, match="no sampling.servers in a two-agent run"):
+        tiny_config(tmp_path, "sampling.servers=['http://127.0.0.1:8100']")

@@ -81,7 +81,7 @@ from trainer.rollout import (
     make_tasks,
 )
 from trainer.rollout.failures import FailureWatch, RolloutFailureError
-from trainer.sampling import make_sampler
+from trainer.sampling import RemoteSampler, make_sampler
 from trainer.update import (
     adam_params,
     compute_advantages,
@@ -210,6 +210,8 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
         source.publish(policy, step + 1, updated=bool(rows))
         metrics.update({"time/step_s": time.monotonic() - t0, "time/rollout_s": t_rollout,
                         "train/lr": adam.learning_rate})
+        if isinstance(engine.sampler, RemoteSampler):  # sampler servers: weight-push time, servers in rotation
+            metrics.update(engine.sampler.metrics())
         _end_step(cfg, step + 1, metrics, trajs, engine, logger, policy)
         progress.update(1, reward=round(metrics["train/reward_mean"], 3), kept=int(metrics["rollout/groups_kept"]))
         if on_step is not None:

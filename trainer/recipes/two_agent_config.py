@@ -93,6 +93,9 @@ class TwoAgentConfig:
         if RANDOM_OPPONENT in names:
             raise ValueError(f"Expected agent names other than {RANDOM_OPPONENT!r} (the scripted validation "
                              f"opponent's name), got {names}.")
+        if self.sampling.servers:  # both agents would push their weights over each other on the same servers
+            raise ValueError("Expected no sampling.servers in a two-agent run: sampler servers serve one policy "
+                             "per run for now; sample in process (remove sampling.servers).")
         if self.sampling.backend == "vllm":  # each agent gets its own engine: head sizes vLLM accepts
             for agent in self.agents.values():
                 agent.model = for_vllm(agent.model)

@@ -11,6 +11,8 @@ package and nothing else; it imports neither of them. Its parts:
 - :mod:`~trainer.sampling.batching`: :class:`BatchingSampler`, the queue that answers many awaiting
   callers with one batched call, under a weights lock;
 - :mod:`~trainer.sampling.hf`: :class:`HFSampler`, the policy model itself through the decode loop;
+- :mod:`~trainer.sampling.remote`: :class:`RemoteSampler`, the trainer's side of ``envhub-train sampler``
+  servers (episode-sticky routing, weight pushes in the :mod:`~trainer.sampling.wire` format, faults);
 - :mod:`~trainer.sampling.vllm_engine`: :class:`VLLMSampler`, a vLLM engine (its GPU or CPU build) on one
   dedicated thread, with in-memory weight sync, ``generate_batch`` and Tinker-style ``sample``.
 
@@ -38,6 +40,7 @@ from trainer.sampling.decode import Decoded, decode, supports_decode
 from trainer.sampling.factory import make_sampler
 from trainer.sampling.hf import HFSampler, generation_model
 from trainer.sampling.protocol import Sampler
+from trainer.sampling.remote import RemoteSampler, SamplerServersDownError
 from trainer.sampling.types import GenRequest, SampledSequence, SampleResponse, SamplingConfig, SamplingParams
 
 __all__ = [
@@ -45,9 +48,11 @@ __all__ = [
     "Decoded",
     "GenRequest",
     "HFSampler",
+    "RemoteSampler",
     "SampleResponse",
     "SampledSequence",
     "Sampler",
+    "SamplerServersDownError",
     "SamplingConfig",
     "SamplingParams",
     "decode",

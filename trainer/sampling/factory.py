@@ -6,13 +6,17 @@ from typing import Any
 
 from trainer.sampling.batching import BatchingSampler
 from trainer.sampling.hf import HFSampler
+from trainer.sampling.remote import RemoteSampler
 from trainer.sampling.types import SamplingConfig
 
 
 def make_sampler(model: Any, tokenizer: Any, config: SamplingConfig, *, lora: bool = False, seed: int = 0,
-                 own_copy: bool = False) -> BatchingSampler:
-    """The sampler ``config.backend`` names: ``HFSampler`` (``own_copy`` for asynchronous rollouts) or
-    ``VLLMSampler`` (vLLM imported only then; its engine always holds its own weights)."""
+                 own_copy: bool = False) -> BatchingSampler | RemoteSampler:
+    """The sampler ``config`` names: a :class:`RemoteSampler` over ``config.servers`` when there are any
+    (``model``'s weights pushed to them first), else ``HFSampler`` (``own_copy`` for asynchronous
+    rollouts) or ``VLLMSampler`` (vLLM imported only then; its engine always holds its own weights)."""
+    if config.servers:
+        return RemoteSampler(config.servers, model, config, token=config.server_token, lora=lora)
     if config.backend == "vllm":
         from trainer.sampling.vllm_engine import VLLMSampler
 

@@ -102,6 +102,9 @@ class SamplingConfig:
     vllm_compile: str = "auto"  # vLLM's torch.compile: "auto" (on a GPU only), "on" or "off" (eager)
     vllm_dtype: str = "auto"  # vLLM's weights: "auto" (the trainer's dtype: log-probs equal the trainer's), or
     #                           "bfloat16" / "float16" / "float32" (bf16 samples ~2x faster on a CPU with AVX512-BF16)
+    servers: list[str] = field(default_factory=list)  # envhub-train sampler servers (http://host:port): rollouts
+    #                           run there and every step's weights are pushed to them; empty: sample in process
+    server_token: str | None = None  # their bearer token (default: $ENVHUB_SAMPLER_TOKEN)
 
     def __post_init__(self) -> None:
         if self.backend not in ("hf", "vllm"):
@@ -116,6 +119,9 @@ class SamplingConfig:
                              f"{self.vllm_dtype!r}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"Expected 0 < top_p <= 1, got {self.top_p}.")
+        bad = [u for u in self.servers if not isinstance(u, str) or not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"Expected sampling.servers like ['http://host:8100'], got {bad!r}.")
 
 
 __all__ = ["GenRequest", "SampledSequence", "SampleResponse", "SamplingParams", "SamplingConfig"]

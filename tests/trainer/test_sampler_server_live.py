@@ -1,0 +1,161 @@
+"""Sampler servers as real processes: log-probs that match the trainer after full and LoRA pushes over real
+optimizer steps, a server killed mid-run, a late joiner, every server gone, and GRPO learning through two."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from tests.trainer.sampler_servers import TINY, ServerProcess
+from tests.trainer.test_recipes import config as recipe_config
+from trainer.core import Datum, TrainingClient
+from trainer.core.forward import run_model, target_logprobs
+from trainer.model import ModelConfig, load_policy
+from trainer.recipes.rl import train
+from trainer.sampling import GenRequest, RemoteSampler, SamplerServersDownError
+
+pytestmark = pytest.mark.live
+SHAPE = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+
+
+def trainer_logprobs(model: torch.nn.Module, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    tokens = torch.tensor([prompt + ids])
+    was_training = model.training
+    with torch.no_grad():
+        logits, _ = run_model(model.eval(), tokens, torch.ones_like(tokens))
+    model.train(was_training)
+    return target_logprobs(logits[:, :-1], tokens[:, 1:], 1.0)[0, len(prompt) - 1:]
+
+
+def turns(sampler: RemoteSampler, prompts: list[list[int]], max_new_tokens: int = 8) -> list:
+    async def run() -> list:
+        return list(await asyncio.gather(*(sampler.generate(GenRequest(p, max_new_tokens)) for p in prompts)))
+    return asyncio.run(run())
+
+
+def step(client: TrainingClient, prompt: list[int]) -> None:
+    """One real optimizer step (cross-entropy on a short sequence, a large learning rate)."""
+    from trainer.core import AdamParams
+
+    client.forward_backward([Datum.from_sequence(prompt + [7, 8, 9], weights=[0] * len(prompt) + [1, 1, 1])])
+    client.optim_step(AdamParams(learning_rate=5e-2))
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_pushes_after_real_steps_keep_server_logprobs_equal_to_the_trainers(tmp_path, lora_rank) -> None:
+    server = ServerProcess(tmp_path, *TINY)
+    try:
+        client = TrainingClient.from_config(ModelConfig(**SHAPE, lora_rank=lora_rank))
+        sampler = RemoteSampler([server.url], client.model, lora=lora_rank > 0)
+        prompt = [11, 12, 13, 14]
+        seen = []
+        for version in (1, 2):
+            step(client, prompt)
+            client.save_weights_for_sampler(sampler, version)
+            for gen in turns(sampler, [prompt] * 4):
+                assert gen.version == version
+                gap = (trainer_logprobs(client.model, prompt, gen.token_ids) - torch.tensor(gen.logprobs)).abs().max()
+                assert gap < 1e-4  # fp32 on both sides
+                seen.append(gen.logprobs[0])
+        assert len(set(seen)) > 1  # the steps changed the policy the server samples from
+        pushed = sampler.last_push_bytes
+        sampler.close()
+    finally:
+        server.stop()
+    params = sum(p.numel() for p in client.model.parameters() if p.requires_grad) * 4
+    assert pushed == params  # LoRA: the adapter alone travels
+
+
+def test_a_killed_server_has_its_turns_resampled_a_late_joiner_gets_weights_first(tmp_path) -> None:
+    a, b = ServerProcess(tmp_path, *TINY), ServerProcess(tmp_path, *TINY)
+    late = wrong = None
+    try:
+        model, _ = load_policy(ModelConfig(**SHAPE))
+        messages: list[str] = []
+        sampler = RemoteSampler([a.url, b.url], model, log=messages.append)
+        assert turns(sampler, [[1, 2, 3]] * 4)  # both servers in rotation
+
+        async def episode() -> None:  # three turns, each on the episode's server
+            for _ in range(3):
+                await sampler.generate(GenRequest([1, 2, 3], 2))
+
+        async def episodes(n: int) -> None:
+            await asyncio.gather(*(episode() for _ in range(n)))
+
+        for n, expected in ((1, [0, 3]), (2, [3, 3])):  # a second episode goes to the less loaded server
+            before = [a.metric("requests_total"), b.metric("requests_total")]
+            asyncio.run(episodes(n))
+            assert sorted([a.metric("requests_total") - before[0], b.metric("requests_total") - before[1]]) == expected
+
+        async def kill_mid_run() -> list:
+            pending = [asyncio.ensure_future(sampler.generate(GenRequest([1, 2, 3 + i], 300))) for i in range(8)]
+            start = a.metric("requests_total")
+            while a.metric("requests_total") < start + 1:  # a holds turns of this batch
+                await asyncio.sleep(0.01)
+            a.kill()
+            return list(await asyncio.gather(*pending))
+
+        results = asyncio.run(kill_mid_run())
+        assert all(r.token_ids and len(r.token_ids) == len(r.logprobs) for r in results)  # none lost, none empty
+        assert not sampler.servers[a.url].in_rotation and sampler.servers[b.url].in_rotation
+        assert any(a.url in m and "out of rotation" in m for m in messages)
+
+        # a joiner (a fresh server, random weights) takes work only after it took the current weights;
+        # one started with other model settings refuses them and stays out, named in the log
+        late, wrong = ServerProcess(tmp_path, *TINY), ServerProcess(tmp_path, "model.hidden_size=64")
+        sampler.add_server(late.url)
+        sampler.add_server(wrong.url)
+        assert not sampler.servers[late.url].in_rotation
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1)
+        sampler.update_weights(model, 5)
+        assert sampler.servers[late.url].in_rotation and sampler.servers[late.url].version == 5
+        assert any(late.url in m and "joined" in m for m in messages)
+        assert not sampler.servers[wrong.url].in_rotation
+        assert "model settings" in sampler.servers[wrong.url].last_error
+        before = late.metric("requests_total")
+        prompt = [4, 5, 6]
+        for gen in turns(sampler, [prompt] * 8):
+            assert gen.version == 5
+            assert (trainer_logprobs(model, prompt, gen.token_ids) - torch.tensor(gen.logprobs)).abs().max() < 1e-4
+        assert late.metric("requests_total") > before and wrong.metric("requests_total") == 0
+
+        for server in (b, late, wrong):
+            server.kill()
+        with pytest.raises(SamplerServersDownError, match="No sampler server can take work") as err:
+            turns(sampler, [prompt])
+        assert a.url in str(err.value) and b.url in str(err.value)
+        with pytest.raises(SamplerServersDownError):
+            sampler.update_weights(model, 6)
+        sampler.close()
+    finally:
+        for server in (a, b, late, wrong):
+            if server is not None:
+                server.stop()
+
+
+@pytest.mark.slow
+def test_grpo_learns_through_two_sampler_servers_with_asynchronous_rollouts(tmp_path) -> None:
+    servers = [ServerProcess(tmp_path, *TINY) for _ in range(2)]
+    try:
+        torch.manual_seed(0)
+        urls = json.dumps([s.url for s in servers])
+        # asynchronous rollouts: the next batch is sampled on the servers while a step trains
+        cfg = recipe_config(tmp_path, "run.steps=12", "run.batch_size=8", "optim.lr=1e-2", f"sampling.servers={urls}",
+                            "rollout.max_staleness=1")
+        summary = train(cfg, log=lambda s: None)
+        records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        rewards = [r["train/reward_mean"] for r in records if "train/reward_mean" in r]
+        assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards  # as in process (test_recipes.py)
+        assert summary["val_reward_after"] >= 0.5
+        steps = [r for r in records if "train/reward_mean" in r]
+        assert all(r["sampler/servers_in_rotation"] == 2 for r in steps)
+        assert all(r["rollout/staleness_max"] <= 1 for r in steps) and any(r["rollout/staleness_max"] == 1 for r in steps)
+        assert all(s.metric("requests_total") > 50 and s.metric("policy_version") == 12 for s in servers)
+    finally:
+        for s in servers:
+            s.stop()

@@ -1,0 +1,8 @@
+"""Sampler servers: inference apart from training, weights pushed to them, an OpenAI API beside the trainer's.
+
+``envhub-train sampler`` (:mod:`.serve`) runs one: :mod:`.app` (routes, weight updates, metrics) and
+:mod:`.openai_api` over a backend (:mod:`.backends` for HF, :mod:`.vllm_backend` for vLLM) behind the
+request batcher (:mod:`.batcher`). The trainer's side is :class:`trainer.sampling.RemoteSampler`
+(routing, weight pushes, faults); :mod:`trainer.sampling.wire` is the streamed safetensors format
+weights travel in.
+"""

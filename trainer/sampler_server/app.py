@@ -1,0 +1,227 @@
+"""The sampler server's HTTP face: the trainer API, versioned weight updates, health, metrics, and the OpenAI API.
+
+==========================  ===========================================================================
+route                       what it does
+==========================  ===========================================================================
+``POST /sample``            token ids in; ``n`` samples (ids, sampled log-probs, finish reason) and the
+                            policy ``version`` that drew them out (:class:`~.protocol.SampleBody`)
+``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
+``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
+``DELETE /adapters/{name}`` unload it; ``GET /adapters`` lists the loaded ones with their versions
+``GET /health``             status, model, version, adapters, queue depth (no token needed)
+``GET /metrics``            Prometheus text: queue depth, requests, tokens, tokens/s, version, pushes
+``/v1/...``                 ``models``, ``completions``, ``chat/completions`` (:mod:`.openai_api`)
+==========================  ===========================================================================
+
+A weight update is read completely into tensors the backend planned (every size checked against
+its own model first) and only then swapped in under the backend's lock, so a request is answered
+entirely by the old weights or entirely by the new ones. Updates run one at a time.
+With a token, every route but ``/health`` needs ``Authorization: Bearer <token>``. Errors come back
+in the OpenAI shape ``{"error": {"message", "type", "code"}}``: 400 for a bad request, 401, 404 for
+an unknown model or adapter, 413 for an oversized body, 503 when the queue is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
+
+from trainer.sampler_server.batcher import QueueFullError, RequestBatcher
+from trainer.sampler_server.openai_api import router as openai_router
+from trainer.sampler_server.protocol import (
+    MAX_NAME_CHARS,
+    Backend,
+    BadRequestError,
+    NotFoundError,
+    SampleBody,
+    ServerLimits,
+    check_job,
+    job_of,
+)
+from trainer.sampler_server.state import BodyTooLargeError, ServerState, error_body, read_json
+from trainer.sampling.wire import TensorStreamReader, WeightFormatError
+
+
+def create_app(backend: Backend, *, limits: ServerLimits | None = None, token: str | None = None,
+               backend_kind: str = "hf", tool_parser: str = "auto") -> FastAPI:
+    """The FastAPI app serving ``backend``."""
+    limits = limits or ServerLimits()
+    batcher = RequestBatcher(backend, max_batch_rows=limits.max_batch_rows, max_queued=limits.max_queued_requests)
+    state = ServerState(backend, batcher, limits, token, backend_kind, tool_parser)
+    app = FastAPI(title="envhub sampler server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.sampler = state
+    app.middleware("http")(_auth(state))
+    for exc_type, status in ((BadRequestError, 400), (WeightFormatError, 400), (NotFoundError, 404),
+                             (BodyTooLargeError, 413), (QueueFullError, 503)):
+        app.add_exception_handler(exc_type, _error_handler(status))
+    app.add_exception_handler(ValidationError, _validation_handler)
+    _add_routes(app, state)
+    app.include_router(openai_router)
+    return app
+
+
+def _error_handler(status: int) -> Any:
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), status), status_code=status)
+    return handle
+
+
+async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ValidationError)
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
+    return JSONResponse(error_body(f"Invalid request: {problems}", 400), status_code=400)
+
+
+def _auth(state: ServerState) -> Any:
+    async def check(request: Request, call_next: Any) -> Response:
+        if state.token is not None and request.url.path != "/health":
+            presented = request.headers.get("authorization", "")
+            scheme, _, value = presented.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), state.token.encode()):
+                return JSONResponse(error_body("Missing or wrong bearer token; send 'Authorization: Bearer <token>'.",
+                                               401), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        response: Response = await call_next(request)
+        return response
+    return check
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    backend, limits = state.backend, state.limits
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": backend.model_name, "backend": state.backend_kind,
+                "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render_metrics(state), media_type="text/plain; version=0.0.4")
+
+    @app.post("/sample")
+    async def sample(request: Request) -> dict[str, Any]:
+        body = await read_json(request, SampleBody, limits.max_request_bytes)
+        job = job_of(body)
+        check_job(job, limits, backend.vocab_size(), backend.max_context())
+        samples, version = await state.batcher.submit(job)
+        return {"samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
+                            for s in samples], "version": version, "instance": state.instance}
+
+    @app.put("/weights")
+    async def put_weights(request: Request) -> dict[str, Any]:
+        async with state.update_lock:
+            reader = TensorStreamReader(max_header_bytes=limits.max_header_bytes, plan=backend.plan_full)
+            tensors, version, nbytes, start = await _receive(request, reader, "full")
+            await asyncio.to_thread(backend.apply_full, tensors, version)
+            _count_push(state, "full", nbytes, start)
+        return {"version": version, "tensors": len(tensors), "bytes": nbytes, "instance": state.instance}
+
+    @app.put("/adapters/{name}")
+    async def put_adapter(name: str, request: Request) -> dict[str, Any]:
+        _check_name(name)
+        async with state.update_lock:
+            def plan(header: Any) -> Any:
+                raw = header.metadata.get("lora_config")
+                try:
+                    config = json.loads(raw) if raw is not None else None
+                except json.JSONDecodeError:
+                    config = None
+                if not isinstance(config, dict):
+                    raise BadRequestError("Expected __metadata__.lora_config: a JSON object (r, lora_alpha, "
+                                          "target_modules).")
+                return backend.plan_adapter(name, config, header)
+
+            reader = TensorStreamReader(max_header_bytes=limits.max_header_bytes, plan=plan)
+            try:
+                tensors, version, nbytes, start = await _receive(request, reader, "lora")
+            except BaseException:
+                backend.discard_adapter(name)
+                raise
+            await asyncio.to_thread(backend.apply_adapter, name, tensors, version)
+            _count_push(state, "lora", nbytes, start)
+        return {"adapter": name, "version": version, "tensors": len(tensors), "bytes": nbytes,
+                "instance": state.instance}
+
+    @app.delete("/adapters/{name}")
+    async def delete_adapter(name: str) -> dict[str, Any]:
+        _check_name(name)
+        async with state.update_lock:
+            await asyncio.to_thread(backend.unload_adapter, name)
+        return {"adapter": name, "unloaded": True}
+
+    @app.get("/adapters")
+    async def list_adapters() -> dict[str, Any]:
+        return {"adapters": backend.adapters()}
+
+
+def _check_name(name: str) -> None:
+    if not 0 < len(name) <= MAX_NAME_CHARS or not all(c.isalnum() or c in "-_.:" for c in name):
+        raise BadRequestError(f"Expected an adapter name of 1 to {MAX_NAME_CHARS} letters, digits or -_.:, "
+                              f"got {name[:MAX_NAME_CHARS]!r}.")
+
+
+async def _receive(request: Request, reader: TensorStreamReader, kind: str) -> tuple[Any, int, int, float]:
+    """Stream a weight body into ``reader``; the tensors, the push's version, its size and start time."""
+    start = time.monotonic()
+    nbytes = 0
+    try:
+        async for chunk in request.stream():
+            nbytes += len(chunk)
+            reader.feed(chunk)
+    except ClientDisconnect as exc:
+        raise BadRequestError(f"The weight body was cut off after {nbytes} bytes.") from exc
+    tensors = reader.finish()
+    assert reader.header is not None
+    meta = reader.header.metadata
+    if meta.get("kind", kind) != kind:
+        raise BadRequestError(f"Expected a {kind!r} weight body here, got kind {meta.get('kind')!r}.")
+    raw = meta.get("version", "")
+    if not raw.isdigit():
+        raise BadRequestError(f"Expected __metadata__.version: a non-negative integer, got {raw!r}.")
+    return tensors, int(raw), nbytes, start
+
+
+def _count_push(state: ServerState, kind: str, nbytes: int, start: float) -> None:
+    p = state.pushes
+    p.count += 1
+    p.bytes += nbytes
+    p.last_s = time.monotonic() - start
+    p.by_kind[kind] = p.by_kind.get(kind, 0) + 1
+
+
+def render_metrics(state: ServerState) -> str:
+    """The Prometheus text exposition (format 0.0.4) of the server's counters."""
+    s, p = state.batcher.stats, state.pushes
+    rows = [
+        ("queue_depth", "gauge", "Requests waiting for a batched decode.", state.batcher.queue_depth),
+        ("requests_total", "counter", "Sampling requests taken.", s.requests),
+        ("sequences_total", "counter", "Sequences sampled.", s.sequences),
+        ("tokens_total", "counter", "Tokens sampled.", s.tokens),
+        ("batches_total", "counter", "Batched decode calls.", s.batches),
+        ("busy_seconds_total", "counter", "Seconds spent decoding.", round(s.busy_s, 6)),
+        ("tokens_per_second", "gauge", "Tokens sampled per second of decoding.",
+         round(s.tokens / s.busy_s, 3) if s.busy_s else 0.0),
+        ("policy_version", "gauge", "The policy version of the base weights.", state.backend.version),
+        ("adapters_loaded", "gauge", "LoRA adapters loaded.", len(state.backend.adapters())),
+        ("weight_updates_total", "counter", "Weight updates applied.", p.count),
+        ("weight_update_bytes_total", "counter", "Bytes of weight updates received.", p.bytes),
+        ("last_weight_update_seconds", "gauge", "Seconds the last weight update took.", round(p.last_s, 6)),
+    ]
+    lines = []
+    for name, kind, doc, value in rows:
+        lines += [f"# HELP envhub_sampler_{name} {doc}", f"# TYPE envhub_sampler_{name} {kind}",
+                  f"envhub_sampler_{name} {value}"]
+    lines += ["# HELP envhub_sampler_errors_total Failed decode calls by exception.",
+              "# TYPE envhub_sampler_errors_total counter"]
+    lines += [f'envhub_sampler_errors_total{{error="{k}"}} {v}' for k, v in sorted(s.errors.items())]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["create_app", "render_metrics"]

@@ -1,0 +1,158 @@
+"""The sampler server's trainer API: what a request may ask (bounded), what a backend answers, and the limits.
+
+A :class:`SampleJob` is one prompt with ``n`` samples; jobs whose :meth:`SampleJob.batch_key` match
+share one batched decode. A backend (:class:`Backend`, implemented in :mod:`.backends`) answers a
+list of such jobs under its weights lock and reports the policy version that sampled them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainer.sampling.wire import StreamHeader
+
+#: hard caps of the wire schema; :class:`ServerLimits` narrows them per server
+MAX_IDS = 1 << 20
+MAX_STOPS = 64
+MAX_NAME_CHARS = 128
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Every size a client controls, bounded before anything is allocated for it."""
+
+    max_prompt_tokens: int = 32768
+    max_new_tokens: int = 4096
+    max_samples: int = 64              # n per request
+    max_batch_rows: int = 256          # sequences per batched decode
+    max_queued_requests: int = 4096    # beyond this a request gets 503 (retry later)
+    max_request_bytes: int = 8 << 20   # JSON bodies
+    max_header_bytes: int = 16 << 20   # a weight push's safetensors header
+    max_lora_rank: int = 256
+    max_adapters: int = 8
+    max_stop_chars: int = 256
+
+
+class BadRequestError(ValueError):
+    """A request the server refuses (a 400 with this message)."""
+
+
+class NotFoundError(KeyError):
+    """A model or adapter the server does not hold (a 404)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class SampleJob:
+    """One prompt to continue ``n`` times; ``stop_ids`` None means the tokenizer's EOS, ``()`` no stop id."""
+
+    prompt_ids: tuple[int, ...]
+    n: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_ids: tuple[int, ...] | None = None
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
+    adapter: str | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def batch_key(self) -> tuple[Any, ...]:
+        """Jobs with equal keys run in one decode call; a seeded job runs alone (its own RNG stream)."""
+        solo = id(self) if self.seed is not None else None
+        return (self.temperature, self.top_p, self.top_k, self.stop_ids, self.stop_strings, self.adapter, solo)
+
+
+@dataclass
+class Sample:
+    """One sampled continuation: ids (ending with the stop id when ``finish_reason == "stop"``), their log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+class Backend(Protocol):
+    """What the server needs from a sampler: batched generation and versioned, atomic weight updates."""
+
+    model_name: str
+    tokenizer: Any
+    version: int
+
+    def vocab_size(self) -> int: ...
+
+    def max_context(self) -> int: ...
+
+    def generate(self, jobs: list[SampleJob]) -> tuple[list[list[Sample]], int]: ...
+
+    def plan_full(self, header: StreamHeader) -> dict[str, torch.Tensor]: ...
+
+    def apply_full(self, tensors: dict[str, torch.Tensor], version: int) -> None: ...
+
+    def plan_adapter(self, name: str, lora_config: dict[str, Any], header: StreamHeader) -> dict[str, torch.Tensor]: ...
+
+    def apply_adapter(self, name: str, tensors: dict[str, torch.Tensor], version: int) -> None: ...
+
+    def discard_adapter(self, name: str) -> None: ...
+
+    def unload_adapter(self, name: str) -> None: ...
+
+    def adapters(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class SampleBody(BaseModel):
+    """``POST /sample``: token ids in; ``n`` continuations with their sampled log-probs out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_ids: list[int] = Field(min_length=1, max_length=MAX_IDS)
+    n: int = Field(1, ge=1)
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    stop_ids: list[int] | None = Field(None, max_length=MAX_STOPS)
+    stop: list[str] = Field(default_factory=list, max_length=MAX_STOPS)
+    seed: int | None = None
+    adapter: str | None = Field(None, max_length=MAX_NAME_CHARS)
+
+
+def check_job(job: SampleJob, limits: ServerLimits, vocab: int, context: int) -> None:
+    """Refuse (``BadRequestError``, with the bound) a job past the server's limits or the model's vocabulary."""
+    if len(job.prompt_ids) > limits.max_prompt_tokens:
+        raise BadRequestError(f"Expected at most {limits.max_prompt_tokens} prompt tokens, got {len(job.prompt_ids)}.")
+    if job.max_tokens > limits.max_new_tokens:
+        raise BadRequestError(f"Expected max_tokens <= {limits.max_new_tokens}, got {job.max_tokens}.")
+    if job.n > limits.max_samples:
+        raise BadRequestError(f"Expected n <= {limits.max_samples}, got {job.n}.")
+    if len(job.prompt_ids) + job.max_tokens > context:
+        raise BadRequestError(f"Expected prompt + max_tokens <= {context} (the model's context), got "
+                              f"{len(job.prompt_ids)} + {job.max_tokens}.")
+    ids = [*job.prompt_ids, *(job.stop_ids or ())]
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise BadRequestError(f"Expected token ids in [0, {vocab}), got one out of range.")
+    if any(not s or len(s) > limits.max_stop_chars for s in job.stop_strings):
+        raise BadRequestError(f"Expected stop strings of 1 to {limits.max_stop_chars} characters.")
+
+
+def job_of(body: SampleBody) -> SampleJob:
+    """The backend's job for a ``/sample`` body."""
+    return SampleJob(tuple(body.prompt_ids), body.n, body.max_tokens, body.temperature, body.top_p, body.top_k,
+                     None if body.stop_ids is None else tuple(body.stop_ids), tuple(body.stop), body.seed,
+                     body.adapter)
+
+
+__all__ = ["ServerLimits", "SampleJob", "Sample", "Backend", "SampleBody", "BadRequestError", "NotFoundError",
+           "check_job", "job_of"]
