@@ -8,11 +8,11 @@ their pixel patches and grids into the same call.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
+from trainer.model import frozen_copy, unwrap
 from trainer.sampling.batching import BatchingSampler
 from trainer.sampling.decode import decode, supports_decode
 from trainer.sampling.types import GenRequest, SampledSequence, SamplingConfig
@@ -38,7 +38,7 @@ class HFSampler(BatchingSampler):
     def __init__(self, model: Any, tokenizer: Any, config: SamplingConfig | None = None, *, own_copy: bool = False):
         super().__init__(config)
         self.own_copy = own_copy
-        self.model = _private_copy(model) if own_copy else model
+        self.model = frozen_copy(model) if own_copy else model
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
 
@@ -119,14 +119,6 @@ class HFSampler(BatchingSampler):
         return SampledSequence(ids, logprobs, "length")
 
 
-def _private_copy(model: Any) -> Any:
-    """A frozen copy of the (unwrapped) generation model for a sampler that must not share the trainer's."""
-    copy_ = copy.deepcopy(generation_model(model)).eval()
-    for p in copy_.parameters():
-        p.requires_grad_(False)
-    return copy_
-
-
 def _image_inputs(model: Any, requests: list[GenRequest], ids_BT: torch.Tensor) -> dict[str, torch.Tensor]:
     if not any(r.images for r in requests):
         return {}
@@ -140,9 +132,7 @@ def _image_inputs(model: Any, requests: list[GenRequest], ids_BT: torch.Tensor) 
 def generation_model(model: Any) -> Any:
     """The model to generate with: ``model`` under its DDP/FSDP wrappers (which do not expose ``generate``;
     peft models do, and are kept)."""
-    while not hasattr(model, "generate") and hasattr(model, "module"):
-        model = model.module
-    return model
+    return unwrap(model, peft=False)
 
 
 __all__ = ["HFSampler", "generation_model"]

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import torch
 
+from trainer.sampling.hf import generation_model
 from trainer.sampling.types import GenRequest, SampledSequence, SamplingConfig
 from trainer.sampling.wire import encode
 
@@ -239,7 +240,7 @@ class RemoteSampler:
             tensors = dict(get_peft_model_state_dict(peft_model))
             meta = {"version": str(version), "kind": "lora", "lora_config": json.dumps(lora)}
             return f"/adapters/{self.adapter_name}", tensors, meta
-        base = _inner(model)
+        base = generation_model(model)
         tensors = {n: p.detach() for n, p in base.named_parameters()}
         return "/weights", tensors, {"version": str(version), "kind": "full"}
 
@@ -319,15 +320,8 @@ def _reason(resp: httpx.Response) -> str:
         return resp.text[:300]
 
 
-def _inner(model: Any) -> Any:
-    """The Hugging Face model under DDP/FSDP wrappers (peft's kept)."""
-    while not hasattr(model, "generate") and hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 def _peft_model(model: Any) -> Any:
-    inner = _inner(model)
+    inner = generation_model(model)
     return inner if hasattr(inner, "peft_config") else None
 
 

@@ -93,7 +93,7 @@ class VLLMSampler(BatchingSampler):
         kwargs = self._engine_kwargs(base, seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                      compile_model=compile_model, gpu_memory_utilization=gpu_memory_utilization)
         if lora:
-            peft_config = getattr(model, "peft_config", None) or getattr(unwrap_peft(model), "peft_config", None)
+            peft_config = getattr(model, "peft_config", None) or getattr(unwrap(model, peft=False), "peft_config", None)
             rank = max_lora_rank or (peft_config["default"].r if peft_config else 64)
             kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_slot(rank), max_loras=lora_slots)
         try:
@@ -141,7 +141,7 @@ class VLLMSampler(BatchingSampler):
     def _load_adapter(self, model: Any, version: int) -> None:
         from vllm.lora.request import LoRARequest
 
-        peft_model = unwrap_peft(model)
+        peft_model: Any = unwrap(model, peft=False)  # save_pretrained writes the adapter only
         path = os.path.join(self._adapter_dir, "adapter")
         peft_model.save_pretrained(path)
         # one slot, reloaded in place: the engine never holds more than the current adapter
@@ -236,15 +236,8 @@ def base_state_dict(base: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def unwrap_peft(model: Any) -> Any:
-    """The peft model under DDP/FSDP wrappers (whose ``save_pretrained`` writes the adapter only)."""
-    while not hasattr(model, "peft_config") and hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 def _has_adapter(model: Any) -> bool:
-    return hasattr(unwrap_peft(model), "peft_config")
+    return hasattr(unwrap(model, peft=False), "peft_config")
 
 
 def _import_vllm() -> Any:
@@ -296,4 +289,4 @@ def memory_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
-__all__ = ["VLLMSampler", "VLLMUnavailable", "base_state_dict", "memory_dir", "on_vllm_thread", "unwrap_peft"]
+__all__ = ["VLLMSampler", "VLLMUnavailable", "base_state_dict", "memory_dir", "on_vllm_thread"]
