@@ -22,8 +22,15 @@ from dataclasses import dataclass
 import torch
 
 from trainer.core.forward import BASE_ADAPTER, model_device
-from trainer.core.sampling import SamplingClient, _eval_mode, _stop_string_check
-from trainer.sampling import SampledSequence, SampleResponse, SamplingParams, decode, generation_model
+from trainer.core.sampling import SamplingClient, _eval_mode
+from trainer.sampling import (
+    SampledSequence,
+    SampleResponse,
+    SamplingParams,
+    decode,
+    generation_model,
+    stop_string_check,
+)
 
 
 @dataclass
@@ -116,7 +123,7 @@ def _generate(client: SamplingClient, rows: list[tuple[str | None, list[int]]], 
     with _eval_mode(client.model):
         out = decode(model, ids_BT.to(device), attn_BT.to(device), max_new_tokens=budgets, eos_ids=stop_ids,
                      temperature=1.0 if greedy else params.temperature, greedy=greedy, top_k=max(params.top_k, 0),
-                     top_p=params.top_p, stop_check=_stop_string_check(params.stop_strings, client.tokenizer),
+                     top_p=params.top_p, stop_check=stop_string_check(params.stop_strings, client.tokenizer),
                      **kwargs)
     return list(zip(out.token_ids, out.finish_reasons))
 

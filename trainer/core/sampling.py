@@ -13,14 +13,21 @@ does. The decode loop only picks the ids.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from trainer.core.forward import BASE_ADAPTER, model_device, run_model, target_logprobs
-from trainer.sampling import SampledSequence, SampleResponse, SamplingParams, decode, generation_model
+from trainer.sampling import (
+    SampledSequence,
+    SampleResponse,
+    SamplingParams,
+    decode,
+    generation_model,
+    stop_string_check,
+)
 
 
 class SamplingClient:
@@ -111,24 +118,8 @@ class SamplingClient:
             out = decode(model, ids_BT, torch.ones_like(ids_BT), max_new_tokens=params.max_tokens, eos_ids=stop_ids,
                          temperature=1.0 if greedy else params.temperature, greedy=greedy,
                          top_k=max(params.top_k, 0), top_p=params.top_p,
-                         stop_check=_stop_string_check(params.stop_strings, self.tokenizer), **kwargs)
+                         stop_check=stop_string_check(params.stop_strings, self.tokenizer), **kwargs)
         return list(zip(out.token_ids, out.finish_reasons))
-
-
-def _stop_string_check(stop_strings: list[str], tokenizer: Any) -> Callable[[list[int]], bool] | None:
-    """A :func:`~trainer.sampling.decode` stop check: does the newest text of a row hold one of ``stop_strings``?
-
-    Only the row's last few ids are decoded (a stop string ends within them: every id decodes to at least
-    one byte), so a long generation costs linear time."""
-    if not stop_strings:
-        return None
-    tail = max(len(s.encode()) for s in stop_strings) + 1
-
-    def check(ids: list[int]) -> bool:
-        text = tokenizer.decode(ids[-tail:])
-        return any(s in text for s in stop_strings)
-
-    return check
 
 
 class _eval_mode:

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from trainer.sampling import SampledSequence, SampleResponse, SamplingConfig, SamplingParams
-from trainer.sampling.vllm_engine import VLLMSampler, memory_dir, on_vllm_thread
+from trainer.sampling import SampleResponse, SamplingConfig, SamplingParams
+from trainer.sampling.vllm_engine import VLLMSampler, memory_dir, on_vllm_thread, sample_response
 
 #: the largest LoRA rank the engine holds unless the host asks for more (slots are allocated at this rank)
 DEFAULT_MAX_LORA_RANK = 64
@@ -66,7 +66,7 @@ def sample_views(requests: Sequence[tuple[VLLMView, list[int], int, SamplingPara
             outputs = on_vllm_thread(engine.llm.generate, prompts, params, lora_request=loras, use_tqdm=False)
     except VLLMValidationError as exc:  # bad input (a prompt past the engine's context, say): the caller's error
         raise ValueError(str(exc)) from exc
-    return [_response(out, prompt, logprobs) for out, (_, prompt, _, _, logprobs) in zip(outputs, requests)]
+    return [sample_response(out, prompt, logprobs) for out, (_, prompt, _, _, logprobs) in zip(outputs, requests)]
 
 
 def _engine_params(engine: VLLMSampler, p: SamplingParams, n: int, prompt_logprobs: bool) -> Any:
@@ -80,18 +80,6 @@ def _engine_params(engine: VLLMSampler, p: SamplingParams, n: int, prompt_logpro
                    stop_token_ids=p.stop_token_ids if p.stop is not None else [engine.eos_id],
                    stop=p.stop_strings or None, include_stop_str_in_output=True, ignore_eos=p.stop is not None,
                    prompt_logprobs=0 if prompt_logprobs else None, skip_special_tokens=False)
-
-
-def _response(out: Any, prompt: list[int], prompt_logprobs: bool) -> SampleResponse:
-    seqs = []
-    for c in out.outputs:
-        ids = list(c.token_ids)
-        lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
-        seqs.append(SampledSequence(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
-    prompt_lps = None
-    if prompt_logprobs:
-        prompt_lps = [None] + [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], prompt[1:])]
-    return SampleResponse(seqs, prompt_lps)
 
 
 class VLLMSamplers:

@@ -21,7 +21,7 @@ import torch
 from trainer.core.forward import BASE_ADAPTER
 from trainer.model import ModelConfig, load_policy
 from trainer.sampler_server.protocol import BadRequestError, NotFoundError, Sample, SampleJob
-from trainer.sampling.decode import decode
+from trainer.sampling.decode import decode, stop_string_check
 from trainer.sampling.wire import StreamHeader, WeightFormatError
 
 LORA_KEYS = {"r", "lora_alpha", "target_modules", "use_rslora"}
@@ -89,7 +89,7 @@ class HFBackend:
         out = decode(model, ids_BT.to(device), attn_BT.to(device), max_new_tokens=[m for _, m in rows],
                      eos_ids=stops, temperature=1.0 if first.greedy else first.temperature, greedy=first.greedy,
                      top_k=first.top_k, top_p=first.top_p,
-                     stop_check=_stop_check(first.stop_strings, self.tokenizer), **kwargs)
+                     stop_check=stop_string_check(first.stop_strings, self.tokenizer), **kwargs)
         flat = [Sample(ids, lps, reason) for ids, lps, reason in zip(out.token_ids, out.logprobs, out.finish_reasons)]
         result, at = [], 0
         for job in jobs:
@@ -235,19 +235,6 @@ def lora_settings(raw: dict[str, Any], max_rank: int) -> dict[str, Any]:
     elif targets != "all-linear":
         raise BadRequestError(f"Expected lora_config.target_modules 'all-linear' or a list of names, got {targets!r}.")
     return {"r": rank, "lora_alpha": alpha, "target_modules": targets, "use_rslora": bool(raw.get("use_rslora"))}
-
-
-def _stop_check(stop_strings: tuple[str, ...], tokenizer: Any) -> Any:
-    """A decode stop check: does the newest text of a row hold one of ``stop_strings``? (the last few ids only)"""
-    if not stop_strings:
-        return None
-    tail = max(len(s.encode()) for s in stop_strings) + 1
-
-    def check(ids: list[int]) -> bool:
-        text = tokenizer.decode(ids[-tail:])
-        return any(s in text for s in stop_strings)
-
-    return check
 
 
 class _seeded:

@@ -36,7 +36,7 @@ Results carry the version that produced them, so a trainer can bound how stale i
 """
 
 from trainer.sampling.batching import BatchingSampler
-from trainer.sampling.decode import Decoded, decode, supports_decode
+from trainer.sampling.decode import Decoded, decode, stop_string_check, supports_decode
 from trainer.sampling.factory import make_sampler
 from trainer.sampling.hf import HFSampler, generation_model
 from trainer.sampling.protocol import Sampler
@@ -58,5 +58,6 @@ __all__ = [
     "decode",
     "generation_model",
     "make_sampler",
+    "stop_string_check",
     "supports_decode",
 ]

@@ -152,10 +152,26 @@ def _filtered_probs(logp_BV: Tensor, top_k: int, top_p: float) -> Tensor:
     return logp_BV.exp()
 
 
+def stop_string_check(stop_strings: Sequence[str], tokenizer: Any) -> Callable[[list[int]], bool] | None:
+    """A :func:`decode` stop check: does the newest text of a row hold one of ``stop_strings``? None for none.
+
+    Only the row's last few ids are decoded (a stop string ends within them: every id decodes to at least
+    one byte), so a long generation costs linear time."""
+    if not stop_strings:
+        return None
+    tail = max(len(s.encode()) for s in stop_strings) + 1
+
+    def check(ids: list[int]) -> bool:
+        text = tokenizer.decode(ids[-tail:])
+        return any(s in text for s in stop_strings)
+
+    return check
+
+
 def supports_decode(model: Any) -> bool:
     """Whether :func:`decode` can drive ``model``: a text causal LM (vision-language models use ``generate``,
     whose multimodal position ids are model-specific)."""
     config = getattr(model, "config", None)
     return getattr(config, "image_token_id", None) is None and getattr(config, "vision_config", None) is None
 
-__all__ = ["Decoded", "decode", "supports_decode"]
+__all__ = ["Decoded", "decode", "stop_string_check", "supports_decode"]

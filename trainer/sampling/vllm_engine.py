@@ -205,15 +205,7 @@ class VLLMSampler(BatchingSampler):
         with self.weights_lock:
             [out] = on_vllm_thread(self.llm.generate, [TokensPrompt(prompt_token_ids=prompt)], params,
                                     lora_request=lora_request, use_tqdm=False)
-        seqs = []
-        for c in out.outputs:
-            ids = list(c.token_ids)
-            lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
-            seqs.append(SampledSequence(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
-        prompt_lps = None
-        if include_prompt_logprobs:
-            prompt_lps = [None] + [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], prompt[1:])]
-        return SampleResponse(seqs, prompt_lps)
+        return sample_response(out, prompt, include_prompt_logprobs)
 
     def _sequence(self, completion: Any) -> SampledSequence:
         """A vLLM completion as a sequence whose stop token is part of the record."""
@@ -238,6 +230,20 @@ def base_state_dict(base: Any) -> dict[str, torch.Tensor]:
 
 def _has_adapter(model: Any) -> bool:
     return hasattr(unwrap(model, peft=False), "peft_config")
+
+
+def sample_response(out: Any, prompt: list[int], include_prompt_logprobs: bool) -> SampleResponse:
+    """One vLLM ``RequestOutput`` as a :class:`SampleResponse`: each completion's ids, the log-prob of each
+    sampled id, and its stop reason; the prompt's log-probs (None first) when they were asked for."""
+    seqs = []
+    for c in out.outputs:
+        ids = list(c.token_ids)
+        lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
+        seqs.append(SampledSequence(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
+    prompt_lps = None
+    if include_prompt_logprobs:
+        prompt_lps = [None] + [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], prompt[1:])]
+    return SampleResponse(seqs, prompt_lps)
 
 
 def _import_vllm() -> Any:
@@ -289,4 +295,4 @@ def memory_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
-__all__ = ["VLLMSampler", "VLLMUnavailable", "base_state_dict", "memory_dir", "on_vllm_thread"]
+__all__ = ["VLLMSampler", "VLLMUnavailable", "base_state_dict", "memory_dir", "on_vllm_thread", "sample_response"]
