@@ -2,8 +2,8 @@
 # Static checks: ruff (lint and import order) over the whole repository, mypy --strict over envhub/,
 # env_servers/, adapters/ and trainer/. Both read their settings from pyproject.toml, which also lists
 # mypy's relaxations with their reasons: packages without type information imported as Any,
-# transformers' unannotated factories callable, openenv-core's untyped base class subclassable, and
-# (for now) the trainer modules still being typed.
+# transformers' unannotated factories and torch's Tensor.backward callable, and openenv-core's untyped
+# base class subclassable.
 # Usage: bash scripts/lint.sh   (after scripts/setup.sh envs,train,dev,trl,gym: mypy reads the adapters' packages)
 set -euo pipefail
 cd "$(dirname "$0")/.."

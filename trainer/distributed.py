@@ -10,9 +10,10 @@ What accelerate carries: DDP wrapping (device ids, placement) and mixed precisio
 --mixed_precision bf16`` reaches the recipes as ``run.mixed_precision="auto"``. What stays here:
 the process group (gloo or NCCL chosen from the run, before any accelerate state exists), FSDP2
 (``fully_shard`` per decoder layer: accelerate's FSDP plugin brings its own state-dict and
-optimizer conventions, while ``trainer.checkpoint`` saves and restores sharded models exactly with
-torch's distributed checkpoint API), and the optimizer and data loop, which the recipes own so that
-resume stays exact (accelerate's prepared optimizers and dataloaders would add state of their own).
+optimizer conventions, while the training core's saved state (:mod:`trainer.core.state`) saves and
+restores sharded models exactly with torch's distributed checkpoint API, through the helpers below),
+and the optimizer and data loop, which the recipes own so that resume stays exact (accelerate's
+prepared optimizers and dataloaders would add state of their own).
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 T = TypeVar("T")
 _joined = False  # init_distributed joined a process group in this process (exit_rank's business)
@@ -221,6 +225,51 @@ def barrier() -> None:
     """Wait for every rank; a no-op on a single rank."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    """Whether ``model`` is sharded with FSDP2 (``fully_shard``): its state must be gathered to be saved."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def gathered_model_state(model: nn.Module) -> dict[str, Any]:
+    """An FSDP model's whole (unsharded) weights on the CPU of rank 0 (empty elsewhere). A collective: every
+    rank calls it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return dict(get_model_state_dict(model, options=_full_state_options()))
+
+
+def load_gathered_model_state(model: nn.Module, state: dict[str, Any]) -> None:
+    """Shard whole weights (what :func:`gathered_model_state` gave) back into an FSDP model; every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def gathered_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state of an FSDP model's parameters, whole, on the CPU of rank 0. A collective."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return dict(get_optimizer_state_dict(model, optimizer, options=_full_state_options()))
+
+
+def load_gathered_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Shard whole optimizer state (from :func:`gathered_optimizer_state`) back; every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _full_state_options() -> StateDictOptions:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # whole (unsharded) tensors on CPU, materialised on rank 0 only
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

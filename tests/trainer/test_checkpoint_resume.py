@@ -1,4 +1,6 @@
-"""Training N steps == training k steps, saving, loading into fresh objects, training N-k steps — bit for bit."""
+"""Training N steps == training k steps, saving, loading into fresh objects, training N-k steps — bit for bit.
+
+Everything saves through the training core's state (:mod:`trainer.core.state`), the one checkpoint format."""
 
 from __future__ import annotations
 
@@ -12,8 +14,17 @@ import torch
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from trainer.checkpoint import export_hf, load_checkpoint, resolve_checkpoint, save_checkpoint  # noqa: E402
-from trainer.core import token_logprobs  # noqa: E402
+import trainer.core.state as state  # noqa: E402
+from trainer.core import (  # noqa: E402
+    AdamParams,
+    Datum,
+    TrainingClient,
+    has_checkpoint,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from trainer.export import export_hf  # noqa: E402
 
 N_STEPS, K_STEPS, BATCH, SEQ = 4, 2, 2, 12
 
@@ -32,29 +43,20 @@ def tiny_qwen2(seed: int, *, lora: bool = False):
     return model
 
 
-def make_optim(model):
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 3))
-    return optimizer, scheduler
-
-
 DATA = torch.randint(0, 64, (32, SEQ), generator=torch.Generator().manual_seed(0))
 
 
-def train_step(model, optimizer, scheduler, cursor: int) -> int:
-    """One SFT step whose batch and loss draw from the python, numpy and torch RNGs."""
-    batch_BT = DATA[cursor: cursor + BATCH].clone()
+def train_step(client: TrainingClient, step: int) -> None:
+    """One SFT step whose batch and loss draw from the python, numpy and torch RNGs; the learning rate is a
+    function of the step (warm-up), as in the recipes."""
+    batch_BT = DATA[step * BATCH: (step + 1) * BATCH].clone()
     noise_BT = torch.randint(0, 64, batch_BT.shape)  # torch RNG: token corruption
     corrupt_BT = torch.rand(batch_BT.shape) < 0.1
     batch_BT = torch.where(corrupt_BT, noise_BT, batch_BT)
     scale = 0.5 + random.random() + float(np.random.rand())  # python + numpy RNG
-    logits_BTV = model(input_ids=batch_BT).logits
-    loss = -token_logprobs(logits_BTV[:, :-1], batch_BT[:, 1:]).mean()
-    optimizer.zero_grad()
-    (loss * scale).backward()
-    optimizer.step()
-    scheduler.step()
-    return cursor + BATCH
+    data = [Datum.from_sequence(row.tolist(), weights=[scale / SEQ] * SEQ) for row in batch_BT]
+    client.forward_backward(data)
+    client.optim_step(AdamParams(learning_rate=1e-2 * min(1.0, (step + 1) / 3)))
 
 
 def seed_all(seed: int) -> None:
@@ -67,115 +69,114 @@ def trainable(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def run_straight(lora: bool):
-    model = tiny_qwen2(1, lora=lora)
-    optimizer, scheduler = make_optim(model)
+def run_straight(lora: bool) -> TrainingClient:
+    client = TrainingClient(tiny_qwen2(1, lora=lora), None)
     seed_all(7)
-    cursor = 0
-    for _ in range(N_STEPS):
-        cursor = train_step(model, optimizer, scheduler, cursor)
-    return model, optimizer
+    for step in range(N_STEPS):
+        train_step(client, step)
+    return client
 
 
-def run_resumed(lora: bool, run_dir):
-    model = tiny_qwen2(1, lora=lora)
-    optimizer, scheduler = make_optim(model)
+def run_resumed(lora: bool, run_dir) -> TrainingClient:
+    client = TrainingClient(tiny_qwen2(1, lora=lora), None)
     seed_all(7)
-    cursor = 0
-    for _ in range(K_STEPS):
-        cursor = train_step(model, optimizer, scheduler, cursor)
-    save_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler, step=K_STEPS,
-                    data_cursor=cursor, extra={"note": "halfway"})
-    del model, optimizer, scheduler
+    for step in range(K_STEPS):
+        train_step(client, step)
+    save_checkpoint(client, run_dir, K_STEPS, metadata={"note": "halfway"})
+    del client
     # a "new process": different initial weights (the base model is rebuilt identically, the adapter is
     # not) and a different RNG state — loading must restore all of it
     seed_all(12345)
-    model = tiny_qwen2(1 if lora else 99, lora=lora)
-    optimizer, scheduler = make_optim(model)
-    state = load_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler)
-    assert state == {"step": K_STEPS, "data_cursor": K_STEPS * BATCH, "extra": {"note": "halfway"}}
-    cursor = state["data_cursor"]
-    for _ in range(N_STEPS - K_STEPS):
-        cursor = train_step(model, optimizer, scheduler, cursor)
-    return model, optimizer
+    client = TrainingClient(tiny_qwen2(1 if lora else 99, lora=lora), None)
+    meta = load_checkpoint(client, run_dir)
+    assert meta["step"] == K_STEPS and meta["note"] == "halfway" and client.version == K_STEPS
+    for step in range(meta["step"], N_STEPS):
+        train_step(client, step)
+    return client
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_resume_is_bit_for_bit(tmp_path, lora):
-    straight, straight_opt = run_straight(lora)
-    resumed, resumed_opt = run_resumed(lora, tmp_path)
-    a, b = trainable(straight), trainable(resumed)
+    straight, resumed = run_straight(lora), run_resumed(lora, tmp_path)
+    a, b = trainable(straight.model), trainable(resumed.model)
     assert a.keys() == b.keys() and len(a) > 0
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after resume"
     # the Adam moments resumed too
-    for sa, sb in zip(straight_opt.state.values(), resumed_opt.state.values()):
+    assert straight.optimizer is not None and resumed.optimizer is not None
+    for sa, sb in zip(straight.optimizer.state.values(), resumed.optimizer.state.values()):
         assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
 
 
 def test_resume_without_restoring_rng_would_differ(tmp_path):
     """Guards the test above: the training step really depends on the RNG, so the check has teeth."""
-    model = tiny_qwen2(1)
-    optimizer, scheduler = make_optim(model)
+    client = TrainingClient(tiny_qwen2(1), None)
     seed_all(7)
-    train_step(model, optimizer, scheduler, 0)
-    first = trainable(model)
-    model = tiny_qwen2(1)
-    optimizer, scheduler = make_optim(model)
+    train_step(client, 0)
+    first = trainable(client.model)
+    client = TrainingClient(tiny_qwen2(1), None)
     seed_all(8)
-    train_step(model, optimizer, scheduler, 0)
-    assert any(not torch.equal(first[n], p) for n, p in trainable(model).items())
+    train_step(client, 0)
+    assert any(not torch.equal(first[n], p) for n, p in trainable(client.model).items())
 
 
 def test_lora_checkpoint_holds_only_the_adapter(tmp_path):
-    model = tiny_qwen2(1, lora=True)
-    optimizer, _ = make_optim(model)
-    ckpt = save_checkpoint(tmp_path, model=model, optimizer=optimizer, step=3, data_cursor={"epoch": 0, "index": 6})
-    keys = torch.load(ckpt / "model.pt", weights_only=True).keys()
+    ckpt = save_checkpoint(TrainingClient(tiny_qwen2(1, lora=True), None), tmp_path, 3)
+    keys = torch.load(ckpt / "weights.pt", weights_only=True).keys()
     assert keys and all("lora_" in k for k in keys)
-    assert not (ckpt / "scheduler.pt").exists()
+    assert json.loads((ckpt / "meta.json").read_text())["lora_rank"] == 4
+
+
+def linear_client(out_features: int = 2) -> TrainingClient:
+    return TrainingClient(torch.nn.Linear(2, out_features), None)
 
 
 def test_latest_pointer_atomic_layout_and_pruning(tmp_path):
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    client = linear_client()
+    assert not has_checkpoint(tmp_path)
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, model=model, optimizer=optimizer, step=step, data_cursor=step * 10, keep_last=2)
+        save_checkpoint(client, tmp_path, step, keep_last=2, metadata={"cursor": step * 10})
+    assert has_checkpoint(tmp_path)
     assert (tmp_path / "latest").read_text().strip() == "step_00000003"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000002", "step_00000003"]
     assert resolve_checkpoint(tmp_path) == tmp_path / "step_00000003"
-    assert json.loads((tmp_path / "step_00000003" / "meta.json").read_text())["data_cursor"] == 30
-    # an explicit older checkpoint directory loads too
-    assert load_checkpoint(tmp_path / "step_00000002", model=model, optimizer=optimizer)["step"] == 2
+    assert json.loads((tmp_path / "step_00000003" / "meta.json").read_text())["cursor"] == 30
+    # an explicit older checkpoint directory loads too, and saving a step again replaces it whole
+    assert load_checkpoint(client, tmp_path / "step_00000002")["step"] == 2
+    save_checkpoint(client, tmp_path, 3, keep_last=2)
+    assert "cursor" not in json.loads((tmp_path / "step_00000003" / "meta.json").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000002", "step_00000003"]
 
 
 def test_a_rank_the_checkpoint_has_no_rng_state_for_keeps_its_own(tmp_path, monkeypatch):
-    import trainer.checkpoint as checkpoint
-
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    client = linear_client()
     torch.manual_seed(1)
-    save_checkpoint(tmp_path, model=model, optimizer=optimizer, step=1, data_cursor=0)  # one rank: rng_rank0.pt
+    save_checkpoint(client, tmp_path, 1)  # one rank: rng_rank0.pt
     # resumed on two ranks: rank 1 must not take rank 0's streams (it would sample exactly what rank 0 samples)
-    monkeypatch.setattr(checkpoint, "_rank_world", lambda: (1, 2))
+    monkeypatch.setattr(state, "rank", lambda: 1)
     torch.manual_seed(2)
     own = torch.get_rng_state()
-    load_checkpoint(tmp_path, model=model, optimizer=optimizer)
+    load_checkpoint(client, tmp_path)
     assert torch.equal(torch.get_rng_state(), own)
-    monkeypatch.setattr(checkpoint, "_rank_world", lambda: (0, 2))  # rank 0 restores its saved streams
-    load_checkpoint(tmp_path, model=model, optimizer=optimizer)
+    monkeypatch.setattr(state, "rank", lambda: 0)  # rank 0 restores its saved streams
+    load_checkpoint(client, tmp_path)
     saved = torch.load(resolve_checkpoint(tmp_path) / "rng_rank0.pt", weights_only=True)["torch"]
     assert torch.equal(torch.get_rng_state(), saved) and not torch.equal(saved, own)
 
 
-def test_save_rejects_unserialisable_cursor_and_load_explains_missing_dir(tmp_path):
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+def test_bad_metadata_is_refused_before_anything_is_written_and_load_explains_a_missing_dir(tmp_path):
+    client = linear_client()
     with pytest.raises(TypeError, match="JSON-serialisable"):
-        save_checkpoint(tmp_path, model=model, optimizer=optimizer, step=1, data_cursor=object())
-    assert not (tmp_path / "latest").exists()
+        save_checkpoint(client, tmp_path, 1, metadata={"cursor": object()})
+    for reserved in ("step", "version", "world_size"):
+        with pytest.raises(ValueError, match="metadata"):
+            save_checkpoint(client, tmp_path, 1, metadata={reserved: 1})
+    assert list(tmp_path.iterdir()) == []
     with pytest.raises(FileNotFoundError, match="Expected a checkpoint directory"):
-        load_checkpoint(tmp_path, model=model, optimizer=optimizer)
+        load_checkpoint(client, tmp_path)
+    weights_only = client.save_state(tmp_path / "weights_only", optimizer=False)
+    with pytest.raises(FileNotFoundError, match="without RNG state"):
+        client.load_state(weights_only, optimizer=False, rng=True)
 
 
 def _logits(model, ids_BT):
@@ -253,24 +254,31 @@ def test_ppo_resume_restores_the_value_head_and_continues_exactly(tmp_path):
 
     halfway = saved("resumed", 2, "value_head.pt")
     assert any(v.abs().max() > 0 for v in halfway.values())  # trained away from its zero start: resuming matters
-    for name in ("value_head.pt", "model.pt"):
+    for name in ("value_head.pt", "weights.pt"):
         a, b = saved("straight", 3, name), saved("resumed", 3, name)
         assert a.keys() == b.keys() and len(a) > 0
         for key in a:
             assert torch.equal(a[key], b[key]), f"{name}:{key} differs after resume"
 
+    def step_metrics(run: str, step: int) -> dict[str, float]:
+        records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        record = next(r for r in records if r["step"] == step and "train/loss" in r)
+        return {k: v for k, v in record.items() if k.startswith(("train/", "rollout/"))}
 
-def test_extra_modules_round_trip_and_a_missing_one_is_explained(tmp_path):
-    model, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.1)
-    save_checkpoint(tmp_path / "with", model=model, optimizer=optimizer, step=1, data_cursor=0,
-                    modules={"value_head": head})
-    fresh = torch.nn.Linear(2, 1)
-    load_checkpoint(tmp_path / "with", model=model, optimizer=optimizer, modules={"value_head": fresh})
-    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), fresh.state_dict().values()))
-    save_checkpoint(tmp_path / "without", model=model, optimizer=optimizer, step=1, data_cursor=0)
+    # the resumed step's metrics are the uninterrupted run's, bit for bit (times aside)
+    assert step_metrics("resumed", 3) == step_metrics("straight", 3) and "train/value_loss" in step_metrics("straight", 3)
+
+
+def test_the_value_head_round_trips_and_a_checkpoint_without_one_is_explained(tmp_path):
+    head = torch.nn.Linear(2, 1)
+    with_head = TrainingClient(torch.nn.Linear(2, 2), None, value_head=head)
+    with torch.no_grad():
+        head.weight.fill_(0.5)
+    save_checkpoint(with_head, tmp_path / "with", 1)
+    fresh = TrainingClient(torch.nn.Linear(2, 2), None, value_head=torch.nn.Linear(2, 1))
+    load_checkpoint(fresh, tmp_path / "with")
+    assert fresh.value_head is not None
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), fresh.value_head.state_dict().values()))
+    save_checkpoint(linear_client(), tmp_path / "without", 1)
     with pytest.raises(FileNotFoundError, match="value_head.pt"):
-        load_checkpoint(tmp_path / "without", model=model, optimizer=optimizer, modules={"value_head": fresh})
-    with pytest.raises(ValueError, match="module names"):
-        save_checkpoint(tmp_path / "bad", model=model, optimizer=optimizer, step=1, data_cursor=0,
-                        modules={"model": head})
+        load_checkpoint(fresh, tmp_path / "without")

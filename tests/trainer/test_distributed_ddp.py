@@ -426,27 +426,31 @@ def _fully_shard_any_device(model, info):
 
 def _resume_round_trip(info, wrap, run_dir: Path) -> dict:
     """2 steps, save, 1 step -> A ; fresh model (other init, other RNG), load, the same step -> B ; A == B?"""
-    from trainer.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+    from trainer.core import TrainingClient, load_checkpoint, resolve_checkpoint, save_checkpoint
+
+    def client_of(model) -> TrainingClient:
+        client = TrainingClient(model, None)
+        for group in client.optimizer.param_groups:
+            group["lr"] = 1e-2
+        return client
 
     gen = torch.Generator().manual_seed(2)
     batches = [_global_batch(gen) for _ in range(3)]
     mine = shard(list(range(GLOBAL_BATCH)), info)
-    model = wrap(_tiny_model(info.device))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    client = client_of(wrap(_tiny_model(info.device)))
     for tokens_BT, advantages_B in batches[:2]:
-        _step(model, optimizer, tokens_BT[mine], advantages_B[mine], info.device)
+        _step(client.model, client.optimizer, tokens_BT[mine], advantages_B[mine], info.device)
     torch.manual_seed(100 + info.rank)  # a different torch RNG stream on each rank
-    save_checkpoint(run_dir, model=model, optimizer=optimizer, step=2, data_cursor=2 * GLOBAL_BATCH)
+    save_checkpoint(client, run_dir, 2)
     rng_at_save = torch.get_rng_state()
-    _step(model, optimizer, batches[2][0][mine], batches[2][1][mine], info.device)
-    expected = _flat(model)
-    fresh = wrap(_tiny_model(info.device, seed=5))
-    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    _step(client.model, client.optimizer, batches[2][0][mine], batches[2][1][mine], info.device)
+    expected = _flat(client.model)
+    fresh = client_of(wrap(_tiny_model(info.device, seed=5)))
     torch.manual_seed(999)
-    state = load_checkpoint(run_dir, model=fresh, optimizer=fresh_optimizer)
+    meta = load_checkpoint(fresh, run_dir)
     rng_restored = torch.equal(torch.get_rng_state(), rng_at_save)
-    _step(fresh, fresh_optimizer, batches[2][0][mine], batches[2][1][mine], info.device)
-    return {"equal": torch.equal(_flat(fresh), expected), "rng_restored": rng_restored, "step": state["step"],
+    _step(fresh.model, fresh.optimizer, batches[2][0][mine], batches[2][1][mine], info.device)
+    return {"equal": torch.equal(_flat(fresh.model), expected), "rng_restored": rng_restored, "step": meta["step"],
             "rng_files": sorted(p.name for p in resolve_checkpoint(run_dir).glob("rng_rank*.pt"))}
 
 

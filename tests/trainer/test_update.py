@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from trainer.config import AlgoConfig, OptimConfig
-from trainer.core import TrainingClient
+from trainer.core import TrainingClient, load_checkpoint, save_checkpoint
 from trainer.distributed import pad_to_ranks
 from trainer.model import ModelConfig, load_policy
-from trainer.recipes.checkpoints import load_client, save_client
 from trainer.update import adam_params, pack, padding_row, policy_update
 
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
@@ -43,13 +42,13 @@ def test_a_forward_only_client_has_no_optimizer_to_checkpoint_and_a_trained_one_
     frozen = TrainingClient(model, tok, params=[])
     assert frozen.optimizer is None
     with pytest.raises(ValueError, match="forward-only"):
-        save_client(tmp_path / "frozen", frozen, 1)
+        save_checkpoint(frozen, tmp_path / "frozen", 1)
     client = TrainingClient(model, tok)
-    save_client(tmp_path / "ckpt", client, 3, extra={"policy_version": 3})
+    save_checkpoint(client, tmp_path / "ckpt", 3, metadata={"policy_version": 3})
     saved = next(model.parameters()).detach().clone()
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
-    step, extra = load_client(tmp_path / "ckpt", client)
-    assert step == 3 and extra == {"policy_version": 3} and torch.equal(next(model.parameters()), saved)
+    meta = load_checkpoint(client, tmp_path / "ckpt")
+    assert meta["step"] == 3 and meta["policy_version"] == 3 and torch.equal(next(model.parameters()), saved)
     with pytest.raises(ValueError, match="forward-only"):
-        load_client(tmp_path / "ckpt", frozen)
+        load_checkpoint(frozen, tmp_path / "ckpt")

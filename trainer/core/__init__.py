@@ -4,6 +4,7 @@ from trainer.core.client import TrainingClient
 from trainer.core.host import ModelHost, TenantError
 from trainer.core.losses import AGGREGATIONS, LOSSES, aggregation_units, aggregation_weights, k3_kl, token_logprobs
 from trainer.core.sampling import SamplingClient
+from trainer.core.state import has_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
 from trainer.core.types import AdamParams, Datum, ForwardBackwardOutput, SampledSequence, SampleResponse, SamplingParams
 
 __all__ = [
@@ -21,6 +22,10 @@ __all__ = [
     "TrainingClient",
     "aggregation_units",
     "aggregation_weights",
+    "has_checkpoint",
     "k3_kl",
+    "load_checkpoint",
+    "resolve_checkpoint",
+    "save_checkpoint",
     "token_logprobs",
 ]

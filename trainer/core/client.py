@@ -12,9 +12,7 @@ and ``envhub-train serve`` exposes the same calls over HTTP.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,15 @@ from torch import Tensor, nn
 from trainer.core.forward import Padded, model_device, pad, run_model, target_logprobs
 from trainer.core.losses import check_loss, weighted_loss
 from trainer.core.sampling import SamplingClient
+from trainer.core.state import read_state, write_state
 from trainer.core.types import AdamParams, Datum, ForwardBackwardOutput, SampleResponse, SamplingParams
+from trainer.distributed import (
+    gathered_model_state,
+    gathered_optimizer_state,
+    is_fsdp,
+    load_gathered_model_state,
+    load_gathered_optimizer_state,
+)
 from trainer.model import unwrap, vocab_size_of
 
 
@@ -84,16 +90,15 @@ class TrainingClient:
 
         Returns ``grad_norm`` (before clipping) and ``learning_rate``.
         """
-        if self.optimizer is None:
-            raise RuntimeError("Expected a trainable client, got a forward-only one (built with params=[]).")
+        optimizer = self._trainable()
         adam = adam or AdamParams()
-        for group in self.optimizer.param_groups:
+        for group in optimizer.param_groups:
             group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
                          weight_decay=adam.weight_decay)
         max_norm = adam.grad_clip_norm if adam.grad_clip_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         self.version += 1
         return {"grad_norm": grad_norm, "learning_rate": adam.learning_rate}
 
@@ -127,42 +132,17 @@ class TrainingClient:
         return version
 
     # -- state ------------------------------------------------------------------------------------
-    def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, metadata: dict[str, Any] | None = None) -> Path:
-        """Write this policy's trainable weights (the adapter alone for LoRA), value head and, with
-        ``optimizer``, its AdamW state to directory ``path`` (written aside, then renamed into place)."""
-        final = Path(path)
-        tmp = final.with_name(f".{final.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        torch.save(self.weights_state(), tmp / "weights.pt")
-        if self.value_head is not None:
-            torch.save(unwrap(self.value_head, peft=False).state_dict(), tmp / "value_head.pt")
-        if optimizer and self.optimizer is not None:
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        meta = {"version": self.version, "lora_rank": self.lora_rank, "optimizer": optimizer, **(metadata or {})}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return final
+    def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = False,
+                   metadata: dict[str, Any] | None = None) -> Path:
+        """Write this policy's trainable weights (the adapter alone for LoRA), value head, with ``optimizer`` its
+        AdamW state and with ``rng`` this rank's RNG states to directory ``path`` (:mod:`trainer.core.state`)."""
+        return write_state(self, path, optimizer=optimizer, rng=rng, metadata=metadata)
 
-    def load_state(self, path: str | os.PathLike[str], *, optimizer: bool = True) -> dict[str, Any]:
-        """Restore what :meth:`save_state` wrote (the optimizer too when asked); returns its metadata."""
-        path = Path(path)
-        if not (path / "weights.pt").exists():
-            raise FileNotFoundError(f"Expected {path / 'weights.pt'}; pass a directory written by save_state.")
-        optimizer = optimizer and self.optimizer is not None  # a forward-only client has no optimizer state
-        if optimizer and not (path / "optimizer.pt").exists():
-            raise FileNotFoundError(f"Expected {path / 'optimizer.pt'}: this state was saved without the optimizer; "
-                                    "load it with optimizer=False.")
-        self.load_weights_state(torch.load(path / "weights.pt", map_location="cpu", weights_only=True))
-        if self.value_head is not None and (path / "value_head.pt").exists():
-            unwrap(self.value_head, peft=False).load_state_dict(torch.load(path / "value_head.pt", weights_only=True))
-        if optimizer and self.optimizer is not None:
-            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-        meta: dict[str, Any] = json.loads((path / "meta.json").read_text())
-        self.version = int(meta.get("version", 0))
-        return meta
+    def load_state(self, path: str | os.PathLike[str], *, optimizer: bool = True,
+                   rng: bool = False) -> dict[str, Any]:
+        """Restore what :meth:`save_state` wrote (the optimizer and RNG states too when asked); returns its
+        metadata."""
+        return read_state(self, path, optimizer=optimizer, rng=rng)
 
     @property
     def lora_rank(self) -> int:
@@ -174,6 +154,8 @@ class TrainingClient:
 
     def weights_state(self) -> dict[str, Tensor]:
         """The trainable weights on the CPU: this adapter's (keys without its name) or the full model's."""
+        if is_fsdp(self.model):
+            return gathered_model_state(self.model)
         model = unwrap(self.model, peft=False)
         if _is_peft(model):
             from peft import get_peft_model_state_dict
@@ -185,6 +167,9 @@ class TrainingClient:
 
     def load_weights_state(self, state: dict[str, Tensor]) -> None:
         """Load weights from :meth:`weights_state`; keys that do not fit this policy are refused."""
+        if is_fsdp(self.model):
+            load_gathered_model_state(self.model, state)
+            return
         model = unwrap(self.model, peft=False)
         if _is_peft(model):
             from peft import set_peft_model_state_dict
@@ -197,7 +182,27 @@ class TrainingClient:
             return
         model.load_state_dict(state)
 
+    def optimizer_state(self) -> dict[str, Any]:
+        """The AdamW state (moments, step counts; an FSDP model's gathered whole on rank 0)."""
+        optimizer = self._trainable()
+        if is_fsdp(self.model):
+            return gathered_optimizer_state(self.model, optimizer)
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore AdamW state from :meth:`optimizer_state`."""
+        optimizer = self._trainable()
+        if is_fsdp(self.model):
+            load_gathered_optimizer_state(self.model, optimizer, state)
+        else:
+            optimizer.load_state_dict(state)
+
     # -- internals --------------------------------------------------------------------------------
+    def _trainable(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("Expected a trainable client, got a forward-only one (built with params=[]).")
+        return self.optimizer
+
     def _run(self, data: Sequence[Datum], loss_fn: str, config: dict[str, float], *,
              backward: bool) -> ForwardBackwardOutput:
         data = list(data)

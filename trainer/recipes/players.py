@@ -18,10 +18,9 @@ import torch
 
 from envhub.types import Outcome
 from trainer import algos
-from trainer.core import TrainingClient
+from trainer.core import TrainingClient, has_checkpoint, load_checkpoint, save_checkpoint
 from trainer.metrics import MetricsLogger
 from trainer.model import hidden_size_of, load_policy
-from trainer.recipes.checkpoints import has_checkpoint, load_client, save_client, trained_optimizer
 from trainer.recipes.two_agent_config import PlayerConfig, TwoAgentConfig
 from trainer.rollout import Trajectory, build_groups
 from trainer.sampling import make_sampler
@@ -65,7 +64,9 @@ class Player:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """This agent's AdamW (the core client's)."""
-        return trained_optimizer(self.policy)
+        if self.policy.optimizer is None:
+            raise ValueError("Expected a trainable policy, got a forward-only one (no trainable parameters).")
+        return self.policy.optimizer
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """Every tensor this agent's optimizer updates."""
@@ -98,15 +99,16 @@ class Player:
 
     def save(self, step: int, keep_last: int | None = None) -> Path:
         """A checkpoint of this agent alone under ``out_dir/checkpoints``."""
-        return save_client(self.out_dir / "checkpoints", self.policy, step, keep_last=keep_last,
-                           extra={"agent": self.name, "policy_version": self.version})
+        return save_checkpoint(self.policy, self.out_dir / "checkpoints", step, keep_last=keep_last,
+                               metadata={"agent": self.name, "policy_version": self.version})
 
     def load(self) -> int | None:
         """Restore the latest checkpoint of this agent if there is one; returns its step."""
         if not has_checkpoint(self.out_dir / "checkpoints"):
             return None
-        step, extra = load_client(self.out_dir / "checkpoints", self.policy)
-        self.version = int(extra.get("policy_version", step))
+        meta = load_checkpoint(self.policy, self.out_dir / "checkpoints")
+        step = int(meta["step"])
+        self.version = int(meta.get("policy_version", step))
         self.sampler.update_weights(self.model, self.version)
         return step
 

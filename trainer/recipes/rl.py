@@ -55,7 +55,7 @@ import torch
 
 from trainer import algos
 from trainer.config import TrainConfig
-from trainer.core import TrainingClient
+from trainer.core import TrainingClient, has_checkpoint, load_checkpoint, save_checkpoint
 from trainer.distributed import (
     DistInfo,
     init_distributed,
@@ -70,7 +70,6 @@ from trainer.distributed import (
 from trainer.metrics import MetricsLogger, Progress
 from trainer.model import hidden_size_of, load_policy
 from trainer.recipes.batches import BatchSource, SampledBatches, StreamedBatches
-from trainer.recipes.checkpoints import load_client, save_client
 from trainer.recipes.setup import in_process_env, start_run
 from trainer.rollout import (
     EnvPool,
@@ -223,7 +222,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
     logger.log(last_step, after)
     log(f"validation reward after: {after['eval/reward_mean']:.3f} on {after['eval/episodes']:.0f} episodes")
     if cfg.run.steps > first_step:
-        save_client(out / "checkpoints", policy, cfg.run.steps, keep_last=cfg.run.keep_last)
+        save_checkpoint(policy, out / "checkpoints", cfg.run.steps, keep_last=cfg.run.keep_last)
     logger.close()
     engine.close()
     engine.sampler.close()  # vLLM: free the engine and its files
@@ -257,7 +256,7 @@ def _end_step(cfg: TrainConfig, step: int, metrics: dict[str, float], trajs: lis
     logger.log(step, metrics)
     logger.log_trajectories(step, [t.to_record(engine.tokenizer) for t in trajs[:cfg.run.log_trajectories]])
     if cfg.run.save_every and step % cfg.run.save_every == 0:
-        save_client(Path(cfg.run.output_dir) / "checkpoints", policy, step, keep_last=cfg.run.keep_last)
+        save_checkpoint(policy, Path(cfg.run.output_dir) / "checkpoints", step, keep_last=cfg.run.keep_last)
 
 
 def _policy(cfg: TrainConfig, info: Any, device: torch.device, model: Any,
@@ -278,10 +277,10 @@ def _policy(cfg: TrainConfig, info: Any, device: torch.device, model: Any,
 
 
 def _maybe_resume(cfg: TrainConfig, out: Path, policy: TrainingClient, log: Callable[[str], None]) -> int:
-    if not cfg.run.resume or not (out / "checkpoints").exists():
+    if not cfg.run.resume or not has_checkpoint(out / "checkpoints"):
         return 0
     # the learning rate is a function of the step (adam_params), so the step is all the schedule needs
-    step, _ = load_client(out / "checkpoints", policy)
+    step = int(load_checkpoint(policy, out / "checkpoints")["step"])
     log(f"resumed from step {step}")
     return step
 

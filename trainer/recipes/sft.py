@@ -171,7 +171,7 @@ def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[s
                       lr=cfg.optim.lr, seed=cfg.run.seed, grad_clip=cfg.optim.grad_clip,
                       weight_decay=cfg.optim.weight_decay, logger=logger, device=device,
                       epochs_limit=cfg.sft.epochs_limit, vision=load_vision_processor(cfg.model, tok))
-    from trainer.checkpoint import export_hf
+    from trainer.export import export_hf
 
     export_hf(model, tok, out / "model")
     logger.close()
