@@ -61,9 +61,7 @@ class ModelHost:
         self.model_cfg, self.device, self.max_tenants = model_cfg, torch.device(device), max_tenants
         self.micro_batch_size = micro_batch_size
         self.base, self.tokenizer = load_policy(model_cfg, self.device)
-        self.base.eval()
-        for p in self.base.parameters():
-            p.requires_grad_(False)
+        _freeze(self.base)
         self.model: Any = self.base  # the peft wrapper once a LoRA tenant exists
         self.clients: dict[str, TrainingClient] = {}
         self.samplers: dict[str, str] = {}  # sampler name -> its adapter
@@ -314,10 +312,15 @@ class ModelHost:
         from trainer.model import load_policy
 
         self.base, _ = load_policy(self.model_cfg, self.device)
-        self.base.eval()
-        for p in self.base.parameters():
-            p.requires_grad_(False)
+        _freeze(self.base)
         self.model = self.base
+
+
+def _freeze(base: torch.nn.Module) -> None:
+    """The shared base weights: eval mode (no dropout; peft refuses mixed batches in training mode), no gradients."""
+    base.eval()
+    for p in base.parameters():
+        p.requires_grad_(False)
 
 
 __all__ = ["ModelHost", "TenantError"]

@@ -106,7 +106,7 @@ class _SeatSession:
 
     async def step(self, action: dict[str, Any]) -> StepResult:
         if not self.moved and self.key is not None and self.key[1] == SEATS[0]:
-            await self.recorder.wait_seated(self.inner, self.key[0])
+            await self.recorder.wait_seated(self.inner)
         self.moved = True
         result = await self.inner.step(action)
         if self.key is not None:
@@ -154,7 +154,7 @@ class _MatchRecorder:
         else:
             self._joined(match_id).set()
 
-    async def wait_seated(self, session: EnvSession, match_id: str) -> None:
+    async def wait_seated(self, session: EnvSession) -> None:
         """Poll the env's ``state()`` until both seats are taken (no-op for sessions without ``state``)."""
         state = getattr(session, "state", None)
         if state is None:

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trainer.model import unwrap
+
 
 class HFKernel:
     """Any Hugging Face causal LM through its own ``forward`` and cache (the general path)."""
@@ -74,7 +76,7 @@ class LlamaKernel:
         first = body.layers[0].self_attn
         self.heads, self.kv_heads = int(lm.config.num_attention_heads), int(lm.config.num_key_value_heads)
         self.head_dim, self.scaling = int(first.head_dim), float(first.scaling)
-        self.blocks = [_Block(layer, self.heads, self.kv_heads, self.head_dim) for layer in body.layers]
+        self.blocks = [_Block(layer, self.head_dim) for layer in body.layers]
         self.capacity, self.length = capacity, 0
         self.bias_R1S = torch.empty(0)  # additive key mask of the decode steps (0 or -inf), a row per (row, KV head)
         self.cos_sin: tuple[Tensor, Tensor] | None = None
@@ -84,7 +86,7 @@ class LlamaKernel:
     @classmethod
     def build(cls, model: Any, capacity: int) -> LlamaKernel | None:
         """A kernel for ``model`` (a plain or peft-wrapped Llama-family causal LM), or None when it is not one."""
-        lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        lm: Any = unwrap(model)  # the Hugging Face model under any peft wrapper
         config = getattr(lm, "config", None)
         if getattr(config, "model_type", None) not in LLAMA_FAMILY or not hasattr(getattr(lm, "model", None), "layers"):
             return None
@@ -185,7 +187,7 @@ class LlamaKernel:
 class _Block:
     """One decoder layer's callables: norms, projections (fused where plain and small), optional q/k norms."""
 
-    def __init__(self, layer: Any, heads: int, kv_heads: int, head_dim: int):
+    def __init__(self, layer: Any, head_dim: int):
         attn, mlp = layer.self_attn, layer.mlp
         self.norm1, self.norm2 = _rms_norm_rows(layer.input_layernorm), _rms_norm_rows(layer.post_attention_layernorm)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)

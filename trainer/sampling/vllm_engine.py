@@ -130,7 +130,7 @@ class VLLMSampler(BatchingSampler):
         """Push the trainer's current weights into vLLM (the LoRA adapter, or the full state dict), under the lock."""
         with self.weights_lock:
             if self.lora and _has_adapter(model):
-                self._load_adapter(model, version)
+                self._load_adapter(model)
             else:
                 weights = list(base_state_dict(unwrap(model)).items())
                 on_vllm_thread(self.llm.collective_rpc, "reload_weights",
@@ -138,7 +138,7 @@ class VLLMSampler(BatchingSampler):
             on_vllm_thread(self.llm.reset_prefix_cache)  # cached prompt states were computed by the old weights
             self.version = version
 
-    def _load_adapter(self, model: Any, version: int) -> None:
+    def _load_adapter(self, model: Any) -> None:
         from vllm.lora.request import LoRARequest
 
         peft_model: Any = unwrap(model, peft=False)  # save_pretrained writes the adapter only
