@@ -39,6 +39,12 @@ def health(server: ServerProcess) -> dict:
         return dict(json.loads(resp.read()))
 
 
+def stats(service) -> dict:
+    """The service's ``sampler_servers`` stats (the SDK has no call for ``service_stats``)."""
+    with urllib.request.urlopen(f"{service.url}/api/v1/service_stats", timeout=5) as resp:
+        return dict(json.loads(resp.read())["sampler_servers"])
+
+
 def sampled_logprobs_match_the_run(tc, sampler, seed: int) -> list[list[int]]:
     """Sample twice from ``sampler``; each sampled token's log-prob equals the training run's own (fp32)."""
     params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=seed)
@@ -82,9 +88,7 @@ def test_two_tenants_sample_their_own_adapters_on_the_servers(serve_training, sd
         adapters = health(server)["adapters"]
         assert adapters[path.removeprefix("tinker://").replace("/", ".")] == 4  # optimizer steps at the save
         assert len(adapters) == 3
-    with urllib.request.urlopen(f"{service.url}/api/v1/service_stats", timeout=5) as resp:
-        servers = json.loads(resp.read())["sampler_servers"]["servers"]
-    assert all(s["in_rotation"] for s in servers.values())
+    assert all(s["in_rotation"] for s in stats(service)["servers"].values())
 
 
 def test_a_killed_server_a_restarted_one_and_none_left(serve_training, sdk, sampler_servers, tmp_path):
@@ -108,6 +112,8 @@ def test_a_killed_server_a_restarted_one_and_none_left(serve_training, sdk, samp
     for future in futures:
         [seq] = future.result().sequences
         assert len(seq.tokens) == 300 and len(seq.logprobs) == 300
+    servers = stats(service)["servers"]
+    assert not servers[a.url]["in_rotation"] and servers[b.url]["in_rotation"]
     assert prompt_logprobs(sampler) == pytest.approx(expected, abs=1e-4)
 
     # a restarted on its port gets the adapter before it takes work: its answers are the run's
@@ -128,3 +134,14 @@ def test_a_killed_server_a_restarted_one_and_none_left(serve_training, sdk, samp
     assert a.url in str(err.value) and b.url in str(err.value)
     assert time.monotonic() - start < 30
     tc.forward_backward([sft_datum()], "cross_entropy").result()
+
+
+def test_a_full_parameter_run_pushes_its_full_weights(serve_training, sdk, sampler_servers):
+    a, b = sampler_servers
+    sc = sdk(serve_training(sampler_servers=(a.url, b.url), full_parameter=True).url)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    train(tc, 3, lr=1e-2)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    assert prompt_logprobs(sampler) == pytest.approx(forward_logprobs(tc), abs=1e-4)
+    sampled_logprobs_match_the_run(tc, sampler, seed=3)
+    assert health(a)["version"] == health(b)["version"] == 3 and not health(a)["adapters"]

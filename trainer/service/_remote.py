@@ -191,7 +191,7 @@ class RemoteSampling:
         return {"servers": {s.url: {"in_rotation": s.in_rotation, "in_flight": s.in_flight,
                                     **({} if s.in_rotation else {"last_error": s.last_error})}
                             for s in self.pool.servers.values()},
-                "adapters": {name: push.version for name, (_, push) in self._adapters.items()}}
+                "adapters": {name: push.version for name, (_, push) in list(self._adapters.items())}}
 
     def close(self) -> None:
         """Stop the prober and close the connections."""

@@ -16,6 +16,7 @@ pinned while it runs; a batch that needs more adapters than there are slots runs
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -249,8 +250,8 @@ class Sampling:
             snap = ops.samplers.get(str(sampler_id))
             run_id = snap.model_id
             if snap.weights is not None:
-                adapter, weights = adapter_name(str(sampler_id)), snap.weights
-                make = lambda: lora_push(adapter, weights, rank=snap.rank, targets=snap.targets,  # noqa: E731
+                adapter = adapter_name(str(sampler_id))
+                make = functools.partial(lora_push, adapter, snap.weights, rank=snap.rank, targets=snap.targets,
                                          version=snap.generation)
             elif snap.model_id not in ops.host.clients:  # a full-parameter run's sampler: the servers hold its weights
                 raise UserError(f"Sampler {sampler_id!r} belongs to training run {snap.model_id!r}, which is unloaded.")
