@@ -1,9 +1,10 @@
 """``envhub-train serve --sampler-servers``: the service trains, real ``envhub-train sampler`` processes sample.
 
 Driven by the official ``tinker`` SDK: two LoRA tenants' samplers answer from their own adapters on the servers
-(log-probs equal to the training run's own, fp32), a server killed mid-request has its requests re-sent to the
-other, a restarted one gets the adapters before it takes work, and with every server gone a request fails with
-a message naming them, neither hanging nor a 500.
+(log-probs equal to the training run's own, fp32), training calls are answered while the servers sample, a
+server killed mid-request has its requests re-sent to the other, a restarted one gets the adapters before it
+takes work, and with every server gone a request fails with a message naming them, neither hanging nor a 500;
+a full-parameter run's samplers read its pushed full weights.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ def test_a_killed_server_a_restarted_one_and_none_left(serve_training, sdk, samp
     params = types.SamplingParams(max_tokens=300, temperature=1.0, stop=[])
     before = a.metric("requests_total")
     futures = [sampler.sample(types.ModelInput.from_ints(PROMPT + [i]), 1, params) for i in range(6)]
+    # the servers sample apart from training: a training call is answered while they still work
+    assert forward_logprobs(tc) == pytest.approx(expected, abs=1e-6)
+    assert not all(f.done() for f in futures)
     deadline = time.monotonic() + 60
     while a.metric("requests_total") < before + 1 and time.monotonic() < deadline:
         time.sleep(0.01)

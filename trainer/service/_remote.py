@@ -12,7 +12,9 @@ another, and with none left the request fails with a message naming each server 
 - **requests** name their sampler's adapter; one that is not on the servers (unloaded for room, or a
   ``save_weights`` checkpoint never pushed) is pushed first from its CPU copy or its checkpoint.
 - **room**: the servers hold at most ``max_loaded`` adapters (``--sampler-slots``); past them the least
-  recently used one is unloaded from every server.
+  recently used one that no request in flight uses is unloaded from every server.
+- **concurrency**: requests run on a thread of their own (an asyncio loop), so the work queue's worker goes
+  on training while the servers sample; the pushes stay on the worker, in order with the training steps.
 - **joiners**: every ``probe_s`` a background thread sends everything the servers hold (full weights,
   every adapter) to each server out of rotation that answers (one started late, or restarted); it takes
   work only once it holds all of it.
@@ -21,6 +23,8 @@ another, and with none left the request fails with a message naming each server 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import hashlib
 import json
 import logging
@@ -29,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,6 +41,7 @@ from trainer.core import SampledSequence, SampleResponse, SamplingParams
 from trainer.sampling.pool import Push, SamplerPool
 
 log = logging.getLogger("envhub.service")
+T = TypeVar("T")
 
 #: the LoRA alpha of every adapter the service makes (ModelHost's default: create_lora_client, load_sampler)
 LORA_ALPHA = 32
@@ -112,7 +117,13 @@ class RemoteSampling:
         self._adapters: OrderedDict[str, tuple[str, Push]] = OrderedDict()  # name -> (run id, push), LRU first
         self._full: Push | None = None
         self._lock = threading.RLock()  # pushes, unloads and catch-ups one at a time
+        self._busy: dict[str, int] = {}  # adapter -> requests on the servers now (never unloaded meanwhile)
+        self._busy_lock = threading.Lock()
         self._stop = threading.Event()
+        # requests run on this loop's thread, so the work queue's worker goes on training meanwhile
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="sampler-requests")
+        self._loop_thread.start()
         self.pool.rejoin([])  # the servers up now take work at once; the others join when they answer
         if not any(s.in_rotation for s in self.pool.servers.values()):
             log.warning("no sampler server answers yet:\n%s", self.pool.down_message())
@@ -153,9 +164,10 @@ class RemoteSampling:
 
     def _make_room(self, keep: set[str]) -> None:
         while len(self._adapters) > self.max_loaded:
-            victim = next((n for n in self._adapters if n not in keep), None)
+            with self._busy_lock:
+                victim = next((n for n in self._adapters if n not in keep and not self._busy.get(n)), None)
             if victim is None:
-                return  # a batch needs them all; Sampling splits batches so that this does not happen
+                return  # requests in flight use them all: the servers hold more until they are answered
             self._unload(victim)
 
     def _unload(self, name: str) -> None:
@@ -176,15 +188,31 @@ class RemoteSampling:
                 log.exception("catching sampler servers up failed")
 
     # -- requests ------------------------------------------------------------------------------------
-    def sample(self, requests: list[RemoteRequest]) -> list[SampleResponse | BaseException]:
-        """Send ``requests`` to the servers at once (their adapters already there); one answer or error each."""
-        async def run() -> list[SampleResponse | BaseException]:
-            try:
-                outs = await asyncio.gather(*(self.pool.request(r.body) for r in requests), return_exceptions=True)
-            finally:
-                await self.pool.close_loop_client()
-            return [out if isinstance(out, BaseException) else response_of(out[1]) for out in outs]
-        return asyncio.run(run())
+    def dispatch(self, requests: list[RemoteRequest],
+                 convert: Callable[[SampleResponse], T]) -> list[concurrent.futures.Future[T]]:
+        """Send ``requests`` to the servers (their adapters already there) without waiting: one future each, of
+        ``convert(answer)``; their adapters stay on the servers until they are answered."""
+        with self._busy_lock:
+            for r in requests:
+                if r.adapter is not None:
+                    self._busy[r.adapter] = self._busy.get(r.adapter, 0) + 1
+        futures = []
+        for r in requests:
+            future = asyncio.run_coroutine_threadsafe(self._request(r, convert), self._loop)
+            future.add_done_callback(functools.partial(self._done, r.adapter))
+            futures.append(future)
+        return futures
+
+    async def _request(self, request: RemoteRequest, convert: Callable[[SampleResponse], T]) -> T:
+        _, data = await self.pool.request(request.body)
+        return convert(response_of(data))
+
+    def _done(self, adapter: str | None, _: object) -> None:
+        if adapter is not None:
+            with self._busy_lock:
+                left = self._busy.pop(adapter) - 1
+                if left:
+                    self._busy[adapter] = left
 
     def stats(self) -> dict[str, Any]:
         """For ``service_stats``: each server's state, the adapters held."""
@@ -194,7 +222,11 @@ class RemoteSampling:
                 "adapters": {name: push.version for name, (_, push) in list(self._adapters.items())}}
 
     def close(self) -> None:
-        """Stop the prober and close the connections."""
+        """Stop the prober and the requests' loop (requests still on the servers are not answered), close the
+        connections."""
         self._stop.set()
         self._prober.join(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=10)
         self.pool.close()
+        self._loop.close()

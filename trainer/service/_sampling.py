@@ -27,7 +27,7 @@ from trainer.core.vllm_samplers import VLLMView, sample_views
 from trainer.service import _paths, _requests, _wire
 from trainer.service._errors import NotFound, UserError
 from trainer.service._limits import Limits
-from trainer.service._queue import PROTOBUF, Batchable, WorkQueue
+from trainer.service._queue import PROTOBUF, Batchable, Deferred, WorkQueue
 from trainer.service._remote import (
     RemoteRequest,
     RemoteSampling,
@@ -133,7 +133,7 @@ class Sampling:
                         else decode_key(params))
         batch = None if settings_key is None else Batchable(queued, settings_key, tokens, ops.settings.max_sample_tokens)
 
-        def work() -> Result:
+        def work() -> Result | Deferred:
             out = self.run([queued])[0]
             if isinstance(out, BaseException):
                 raise out
@@ -141,11 +141,11 @@ class Sampling:
         rid = ops.queue.submit("sample", work, owner=owner, cost_bytes=8 * len(prompt), dedupe_key=key, batch=batch)
         return rid, sequence_ids
 
-    def run(self, queued: list[QueuedSample]) -> list[Result | BaseException]:
+    def run(self, queued: list[QueuedSample]) -> list[Result | Deferred | BaseException]:
         """Answer queued requests, merging those that can share a pass; one result or error per request (worker)."""
         if self.ops.remote is not None:
             return self._run_remote(self.ops.remote, queued)
-        results: list[Result | BaseException] = [ValueError("not run")] * len(queued)
+        results: list[Result | Deferred | BaseException] = [ValueError("not run")] * len(queued)
         groups: dict[Any, list[tuple[int, Pending]]] = {}
         cache = self.ops.samplers
         try:
@@ -169,7 +169,7 @@ class Sampling:
 
     @staticmethod
     def _run_groups(groups: dict[Any, list[tuple[int, Pending]]],
-                    results: list[Result | BaseException]) -> None:
+                    results: list[Result | Deferred | BaseException]) -> None:
         for members in groups.values():
             try:
                 if len(members) == 1:
@@ -206,10 +206,10 @@ class Sampling:
 
 
     # -- on sampler servers (--sampler-servers) ------------------------------------------------------
-    def _run_remote(self, remote: RemoteSampling, queued: list[QueuedSample]) -> list[Result | BaseException]:
-        """Send a batch's requests to the sampler servers at once, in rounds of at most ``max_loaded`` adapters (the
-        servers' room), each round's adapters pushed first where they are missing (worker thread)."""
-        results: list[Result | BaseException] = [ValueError("not run")] * len(queued)
+    def _run_remote(self, remote: RemoteSampling, queued: list[QueuedSample]) -> list[Result | Deferred | BaseException]:
+        """Send a batch's requests to the sampler servers, in rounds of at most ``max_loaded`` adapters (the servers'
+        room), each round's adapters pushed first where they are missing (worker thread); the answers come later."""
+        results: list[Result | Deferred | BaseException] = [ValueError("not run")] * len(queued)
         rounds: list[list[tuple[int, RemoteRequest, str]]] = [[]]
         for i, q in enumerate(queued):
             try:
@@ -231,8 +231,8 @@ class Sampling:
                 for i, _, _ in members:
                     results[i] = exc
                 continue
-            for (i, _, _), out in zip(members, remote.sample([r for _, r, _ in members])):
-                results[i] = out if isinstance(out, BaseException) else (_wire.sample_proto([out]), PROTOBUF)
+            for (i, _, _), later in zip(members, remote.dispatch([r for _, r, _ in members], _proto_result)):
+                results[i] = later
         return results
 
     def remote_request(self, q: QueuedSample) -> tuple[RemoteRequest, str]:
@@ -273,6 +273,10 @@ class Sampling:
                             "unavailable.")
         body = sample_body(q.prompt, req.num_samples, q.params, bool(req.prompt_logprobs), adapter)
         return RemoteRequest(adapter, make, body), run_id
+
+
+def _proto_result(response: SampleResponse) -> Result:
+    return _wire.sample_proto([response]), PROTOBUF
 
 
 def _run_group(group: list[Pending]) -> list[SampleResponse]:
