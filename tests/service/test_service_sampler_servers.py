@@ -59,7 +59,7 @@ def sampled_logprobs_match_the_run(tc, sampler, seed: int) -> list[list[int]]:
 
 def test_two_tenants_sample_their_own_adapters_on_the_servers(serve_training, sdk, sampler_servers):
     a, b = sampler_servers
-    service = serve_training(sampler_servers=(a.url, b.url))
+    service = serve_training(sampler_servers=(a.url, b.url), sampler_slots=2)
     sc = sdk(service.url)
     alice = sc.create_lora_training_client(base_model="tiny", rank=8, seed=0).result()
     bob = sc.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
@@ -83,12 +83,16 @@ def test_two_tenants_sample_their_own_adapters_on_the_servers(serve_training, sd
     base = sc.create_sampling_client(base_model="tiny").result()
     assert prompt_logprobs(base) != pytest.approx(expected_alice, abs=1e-2)
 
-    # the servers did the sampling, both of them, and each holds every adapter, by name, with a version
+    # two slots: saving the named one unloaded alice's ephemeral adapter (the least recently used) from the
+    # servers; asking for it again pushes it again from its copy, and it still answers with alice's weights
+    assert prompt_logprobs(alice_sampler) == pytest.approx(expected_alice, abs=1e-4)
+
+    # the servers did the sampling, both of them, and each holds the two adapters, by name, with a version
     for server in (a, b):
         assert server.metric("requests_total") > 0
         adapters = health(server)["adapters"]
         assert adapters[path.removeprefix("tinker://").replace("/", ".")] == 4  # optimizer steps at the save
-        assert len(adapters) == 3
+        assert len(adapters) == 2
     assert all(s["in_rotation"] for s in stats(service)["servers"].values())
 
 

@@ -157,9 +157,12 @@ class RemoteSampling:
             self.pool.push(push, self._everything())
 
     def drop_run(self, run_id: str) -> None:
-        """Unload training run ``run_id``'s adapters from the servers."""
+        """Unload training run ``run_id``'s adapters from the servers (those requests in flight use stay until they
+        are the least recently used)."""
         with self._lock:
-            for name in [n for n, (run, _) in self._adapters.items() if run == run_id]:
+            with self._busy_lock:
+                idle = [n for n, (run, _) in self._adapters.items() if run == run_id and not self._busy.get(n)]
+            for name in idle:
                 self._unload(name)
 
     def _make_room(self, keep: set[str]) -> None:
