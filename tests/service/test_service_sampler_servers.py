@@ -96,6 +96,7 @@ def test_two_tenants_sample_their_own_adapters_on_the_servers(serve_training, sd
     assert all(s["in_rotation"] for s in stats(service)["servers"].values())
 
 
+@pytest.mark.slow
 def test_a_killed_server_a_restarted_one_and_none_left(serve_training, sdk, sampler_servers, tmp_path):
     a, b = sampler_servers
     service = serve_training(sampler_servers=(a.url, b.url))
