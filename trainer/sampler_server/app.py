@@ -3,12 +3,13 @@
 ==========================  ===========================================================================
 route                       what it does
 ==========================  ===========================================================================
-``POST /sample``            token ids in; ``n`` samples (ids, sampled log-probs, finish reason) and the
-                            policy ``version`` that drew them out (:class:`~.protocol.SampleBody`)
+``POST /sample``            token ids in; ``n`` samples (ids, sampled log-probs, finish reason), the
+                            prompt's log-probs when asked, and the policy ``version`` that drew them out
+                            (:class:`~.protocol.SampleBody`)
 ``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
 ``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
 ``DELETE /adapters/{name}`` unload it; ``GET /adapters`` lists the loaded ones with their versions
-``GET /health``             status, model, version, adapters, queue depth (no token needed)
+``GET /health``             status, model, version, adapters, queue depth, instance (no token needed)
 ``GET /metrics``            Prometheus text: queue depth, requests, tokens, tokens/s, version, pushes
 ``/v1/...``                 ``models``, ``completions``, ``chat/completions`` (:mod:`.openai_api`)
 ==========================  ===========================================================================
@@ -99,7 +100,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": backend.model_name, "backend": state.backend_kind,
-                "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth}
+                "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth,
+                "instance": state.instance}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -112,7 +114,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         check_job(job, limits, backend.vocab_size(), backend.max_context())
         samples, version = await state.batcher.submit(job)
         return {"samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
-                            for s in samples], "version": version, "instance": state.instance}
+                            for s in samples], "version": version, "instance": state.instance,
+                **({"prompt_logprobs": samples[0].prompt_logprobs} if job.prompt_logprobs else {})}
 
     @app.put("/weights")
     async def put_weights(request: Request) -> dict[str, Any]:

@@ -12,7 +12,9 @@ package and nothing else; it imports neither of them. Its parts:
   callers with one batched call, under a weights lock;
 - :mod:`~trainer.sampling.hf`: :class:`HFSampler`, the policy model itself through the decode loop;
 - :mod:`~trainer.sampling.remote`: :class:`RemoteSampler`, the trainer's side of ``envhub-train sampler``
-  servers (episode-sticky routing, weight pushes in the :mod:`~trainer.sampling.wire` format, faults);
+  servers (episode-sticky routing, weight pushes in the :mod:`~trainer.sampling.wire` format, faults), on
+  :mod:`~trainer.sampling.pool`'s :class:`SamplerPool` (rotation, fail-over, pushes, catching joiners up),
+  which the training service's sampling on the same servers uses too;
 - :mod:`~trainer.sampling.vllm_engine`: :class:`VLLMSampler`, a vLLM engine (its GPU or CPU build) on one
   dedicated thread, with in-memory weight sync, ``generate_batch`` and Tinker-style ``sample``.
 
@@ -39,6 +41,7 @@ from trainer.sampling.batching import BatchingSampler
 from trainer.sampling.decode import Decoded, decode, stop_string_check, supports_decode
 from trainer.sampling.factory import make_sampler
 from trainer.sampling.hf import HFSampler, generation_model
+from trainer.sampling.pool import Push, SamplerPool
 from trainer.sampling.protocol import Sampler
 from trainer.sampling.remote import RemoteSampler, SamplerServersDownError
 from trainer.sampling.types import GenRequest, SampledSequence, SampleResponse, SamplingConfig, SamplingParams
@@ -48,10 +51,12 @@ __all__ = [
     "Decoded",
     "GenRequest",
     "HFSampler",
+    "Push",
     "RemoteSampler",
     "SampleResponse",
     "SampledSequence",
     "Sampler",
+    "SamplerPool",
     "SamplerServersDownError",
     "SamplingConfig",
     "SamplingParams",
