@@ -27,17 +27,22 @@ if str(ROOT) not in sys.path:  # run as a script (`python benchmarks/scenarios.p
 from benchmarks._scenarios.common import RunResult  # noqa: E402
 from benchmarks._scenarios.gomoku import run_gomoku  # noqa: E402
 from benchmarks._scenarios.math import run_math  # noqa: E402
+from benchmarks._scenarios.two_agent import run_two_agent  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """A named training run from ``config``, its validation ``metric`` and the ``target`` rise it must reach."""
+    """A named training run from ``config``, its validation ``metric`` and the ``target`` rise it must reach.
+
+    ``command``: the ``envhub-train`` command that runs the config alone (``rl`` or ``two-agent``).
+    """
 
     name: str
     config: str
     metric: str
     target: float
     run: Callable[[str, int, Path, bool], RunResult]
+    command: str = "rl"
 
 
 SCENARIOS = [
@@ -47,6 +52,9 @@ SCENARIOS = [
              lambda cfg, seed, out, smoke: run_math(cfg, seed, out, smoke=smoke)),
     Scenario("gomoku", "scenario_gomoku.toml", "win rate vs the random opponent (greedy, held-out games)", 0.2,
              lambda cfg, seed, out, smoke: run_gomoku(cfg, seed, out, smoke=smoke)),
+    Scenario("gomoku-two-agent", "scenario_gomoku_two_agent.toml",
+             "mean win rate of both agents vs a random player (greedy, held-out games)", 0.2,
+             lambda cfg, seed, out, smoke: run_two_agent(cfg, seed, out, smoke=smoke), command="two-agent"),
 ]
 
 
@@ -141,7 +149,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     figure = plot(results, out / "scenarios.png")
     for entry in summary:
-        print(f"[scenarios] {entry['name']:<10} {entry['before']:.3f} -> {entry['after']:.3f}  rise {entry['rise']:+.3f} "
+        print(f"[scenarios] {entry['name']:<16} {entry['before']:.3f} -> {entry['after']:.3f}  rise {entry['rise']:+.3f} "
               f"(target +{entry['target']}, {entry['seeds_met']}/{entry['seeds']} seeds met)  {entry['seconds']:.0f} s")
     print(f"[scenarios] wrote {out / 'summary.json'} and {figure}", flush=True)
     return summary

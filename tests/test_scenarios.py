@@ -14,11 +14,19 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import scenarios  # noqa: E402
 from benchmarks._scenarios.common import RunResult, metric_curve  # noqa: E402
 from trainer.config import load_config  # noqa: E402
+from trainer.recipes.two_agent_config import load_two_agent_config  # noqa: E402
 
 
 @pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=[s.name for s in scenarios.SCENARIOS])
 def test_each_scenario_config_loads_as_envhub_train_reads_it(scenario: scenarios.Scenario) -> None:
-    cfg = load_config(ROOT / "examples" / "configs" / scenario.config)
+    path = ROOT / "examples" / "configs" / scenario.config
+    command = "envhub-train" if scenario.command == "rl" else f"envhub-train {scenario.command}"  # rl: the default
+    assert f"{command} --config examples/configs/{scenario.config}" in path.read_text()  # as its comment says
+    if scenario.command == "two-agent":  # validation seeds are held out by the recipe's seed offset
+        two = load_two_agent_config(path)
+        assert len(two.agents) == 2 and two.match.eval_opponent == "random" and two.env.env_class
+        return
+    cfg = load_config(path)
     assert cfg.env.eval_task["split"] == "validation" != cfg.env.train_task["split"]
 
 
@@ -27,8 +35,28 @@ def test_each_scenario_starts_and_trains_a_step(scenario: scenarios.Scenario, tm
     result = scenario.run(scenario.config, 0, tmp_path, True)
     assert [step for step, _ in result.curve] == [0, 1]  # validated before training and after its one step
     assert all(0.0 <= value <= 1.0 for _, value in result.curve)
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert any("train/reward_mean" in r for r in records)
+    runs = sorted(tmp_path.glob("**/metrics.jsonl"))  # one per agent in a two-agent run
+    assert len(runs) == (2 if scenario.command == "two-agent" else 1)
+    for path in runs:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert any("train/reward_mean" in r for r in records)
+
+
+IN_PROCESS = [s for s in scenarios.SCENARIOS if "env_class" in (ROOT / "examples" / "configs" / s.config).read_text()]
+
+
+@pytest.mark.parametrize("scenario", IN_PROCESS, ids=[s.name for s in IN_PROCESS])
+def test_a_scenario_config_with_its_env_in_process_trains_alone_with_envhub_train(scenario: scenarios.Scenario,
+                                                                                   tmp_path: Path) -> None:
+    from trainer.cli import main
+
+    code = main([scenario.command, "--config", str(ROOT / "examples" / "configs" / scenario.config), "run.steps=1",
+                 "run.batch_size=2", "run.group_size=2", "run.eval_problems=2", "run.eval_every=0",
+                 "rollout.max_turns=2", f"run.output_dir='{tmp_path}'"])
+    assert code == 0
+    runs = sorted(tmp_path.glob("**/metrics.jsonl"))
+    assert len(runs) == (2 if scenario.command == "two-agent" else 1)
+    assert all('"step": 1' in path.read_text() for path in runs)
 
 
 def test_gomoku_logs_its_outcome_metrics_and_warms_up_on_legal_games(tmp_path: Path) -> None:
@@ -44,7 +72,7 @@ def test_gomoku_logs_its_outcome_metrics_and_warms_up_on_legal_games(tmp_path: P
     demos = random_games(in_process_env(cfg.env), "sys", 3, cfg.rollout.max_turns, seed=0)
     moves = [m for d in demos for m in d["messages"] if m["role"] == "assistant"]
     replies = [m["content"] for d in demos for m in d["messages"][3::2]]
-    assert len(moves) >= 3 * 5 and not any("ERROR" in r for r in replies)  # every demo move was a legal one
+    assert len(moves) >= 3 * 3 and not any("Invalid" in r for r in replies)  # every demo move was a legal one
 
 
 def test_summary_counts_the_seeds_that_met_the_target_and_means_the_rest() -> None:

@@ -23,6 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=None, help="worker processes (single-agent mode only)")
     game = parser.add_argument_group("game (GomokuConfig)")
     game.add_argument("--board-size", type=int, default=None)
+    game.add_argument("--win-length", type=int, default=None, help="how many in a row win (default 5)")
     game.add_argument("--opponent", choices=OPPONENTS, default=None)
     game.add_argument("--opponent-random-prob", type=float, default=None)
     game.add_argument("--max-invalid-moves", type=int, default=None)
@@ -30,14 +31,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     game.add_argument("--opening-max-stones", type=int, default=None)
     game.add_argument("--empty-board-prob", type=float, default=None)
     game.add_argument("--render-image", action="store_true", default=None)
+    game.add_argument("--brief-messages", action="store_true", default=None,
+                      help="observations hold the board and whose turn it is, no rules or hints")
     game.add_argument("--turn-timeout-s", type=float, default=None)
     return parser.parse_args(argv)
 
 
 def env_config(args: argparse.Namespace) -> dict[str, Any]:
     """The GomokuConfig fields set on the command line."""
-    names = ("board_size", "opponent", "opponent_random_prob", "max_invalid_moves", "max_moves",
-             "opening_max_stones", "empty_board_prob", "render_image", "turn_timeout_s")
+    names = ("board_size", "win_length", "opponent", "opponent_random_prob", "max_invalid_moves", "max_moves",
+             "opening_max_stones", "empty_board_prob", "render_image", "brief_messages", "turn_timeout_s")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

@@ -1,4 +1,5 @@
-"""Gomoku board rules (freestyle: five *or more* in a row wins), move parsing and legal random openings.
+"""Gomoku board rules (freestyle: ``win_length`` *or more* in a row wins, five by default), move parsing and
+legal random openings.
 
 Pure Python, no envhub imports. Coordinates are ``(row, col)``, zero-based, row 0 at the top.
 """
@@ -10,8 +11,9 @@ import re
 from dataclasses import dataclass
 
 X, O, EMPTY = "X", "O", "."  # noqa: E741 (the stone is called O)
-WIN_LENGTH = 5
-MIN_SIZE, MAX_SIZE = 5, 19
+WIN_LENGTH = 5  # gomoku's; a shorter line (3 on a 3x3 board: tic-tac-toe) makes a small, quick game
+MIN_WIN_LENGTH = 3
+MIN_SIZE, MAX_SIZE = 3, 19
 DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
 
 Move = tuple[int, int]
@@ -23,25 +25,29 @@ def other(stone: str) -> str:
 
 
 class Board:
-    """An N×N gomoku board.
+    """An N×N gomoku board where ``win_length`` (default five) or more in a row wins.
 
     >>> b = Board(5)
     >>> for c in range(5): b.place(2, c, X)
     >>> b.winner()
     'X'
+    >>> t = Board(3, win_length=3)
+    >>> for r in range(3): t.place(r, r, O)
+    >>> t.winner()
+    'O'
     """
 
-    def __init__(self, size: int = 9):
-        if isinstance(size, bool) or not isinstance(size, int) or not MIN_SIZE <= size <= MAX_SIZE:
-            raise ValueError(f"Expected board_size to be an integer in {MIN_SIZE}..{MAX_SIZE}, got {size!r}.")
+    def __init__(self, size: int = 9, win_length: int = WIN_LENGTH):
+        check_shape(size, win_length)
         self.size = size
+        self.win_length = win_length
         self.cells = [[EMPTY] * size for _ in range(size)]
         self.moves: list[tuple[int, int, str]] = []  # (row, col, stone) in play order
         self._winner: str | None = None
 
     def copy(self) -> Board:
         """An independent copy (used by opponents to look ahead)."""
-        dup = Board(self.size)
+        dup = Board(self.size, self.win_length)
         dup.cells = [row[:] for row in self.cells]
         dup.moves = list(self.moves)
         dup._winner = self._winner
@@ -65,7 +71,7 @@ class Board:
         return sum(row.count(stone) for row in self.cells)
 
     def winner(self) -> str | None:
-        """The stone that made five or more in a row, if any."""
+        """The stone that made ``win_length`` or more in a row, if any."""
         return self._winner
 
     def run_length(self, row: int, col: int, stone: str, dr: int, dc: int) -> int:
@@ -78,13 +84,13 @@ class Board:
                 r, c = r + sign * dr, c + sign * dc
         return total
 
-    def makes_five(self, row: int, col: int, stone: str) -> bool:
-        """Whether placing ``stone`` at the (empty or own) cell gives five or more in a row."""
-        return any(self.run_length(row, col, stone, dr, dc) >= WIN_LENGTH for dr, dc in DIRECTIONS)
+    def makes_line(self, row: int, col: int, stone: str) -> bool:
+        """Whether placing ``stone`` at the (empty or own) cell gives ``win_length`` or more in a row."""
+        return any(self.run_length(row, col, stone, dr, dc) >= self.win_length for dr, dc in DIRECTIONS)
 
     def winning_cells(self, stone: str) -> list[Move]:
-        """Empty cells where ``stone`` would complete five or more in a row right now."""
-        return [(r, c) for r, c in self.empty_cells() if self.makes_five(r, c, stone)]
+        """Empty cells where ``stone`` would complete a winning line right now."""
+        return [(r, c) for r, c in self.empty_cells() if self.makes_line(r, c, stone)]
 
     def line(self, row: int, col: int, dr: int, dc: int, reach: int = 5) -> str:
         """The cells within ``reach`` of (row, col) along a direction, centre at index ``reach``.
@@ -107,7 +113,7 @@ class Board:
             raise ValueError(f"Cell ({row},{col}) is not an empty cell of a {self.size}x{self.size} board.")
         self.cells[row][col] = stone
         self.moves.append((row, col, stone))
-        if self._winner is None and self.makes_five(row, col, stone):
+        if self._winner is None and self.makes_line(row, col, stone):
             self._winner = stone
 
     # -- rendering -------------------------------------------------------------------------
@@ -131,6 +137,20 @@ class Board:
     def rows(self) -> list[str]:
         """The board as one string per row (for observation metadata)."""
         return ["".join(row) for row in self.cells]
+
+
+def line_name(win_length: int) -> str:
+    """How a winning line is named in texts: ``"five"`` for 5."""
+    return {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}.get(win_length, str(win_length))
+
+
+def check_shape(size: object, win_length: object) -> None:
+    """``ValueError`` with the fix unless ``size`` is a board size and ``win_length`` a line that fits on it."""
+    if isinstance(size, bool) or not isinstance(size, int) or not MIN_SIZE <= size <= MAX_SIZE:
+        raise ValueError(f"Expected board_size to be an integer in {MIN_SIZE}..{MAX_SIZE}, got {size!r}.")
+    if isinstance(win_length, bool) or not isinstance(win_length, int) or not MIN_WIN_LENGTH <= win_length <= size:
+        raise ValueError(f"Expected win_length to be an integer in {MIN_WIN_LENGTH}..board_size ({size}), got "
+                         f"{win_length!r}; a board smaller than the line cannot be won.")
 
 
 # -- parsing model output ---------------------------------------------------------------------
@@ -184,25 +204,26 @@ class OpeningConfig:
     empty_prob: float = 0.2
 
 
-def random_opening(rng: random.Random, size: int, config: OpeningConfig = OpeningConfig()) -> list[Move]:
-    """A legal opening for X to move: alternating X, O from X, equal counts, no five, no five-threat.
+def random_opening(rng: random.Random, size: int, config: OpeningConfig = OpeningConfig(),
+                   win_length: int = WIN_LENGTH) -> list[Move]:
+    """A legal opening for X to move: alternating X, O from X, equal counts, no winning line, no threat of one.
 
-    A stone that would make five, or leave either side one move from five, is redrawn, so the
-    game never starts decided. Returns the moves in play order (X first).
+    A stone that would complete a line, or leave either side one move from a line, is redrawn, so
+    the game never starts decided. Returns the moves in play order (X first).
     """
     if rng.random() < config.empty_prob or config.max_stones < 2:
         return []
     pairs = rng.randint(1, config.max_stones // 2)  # empty boards come only from empty_prob
-    board = Board(size)
+    board = Board(size, win_length)
     for i in range(2 * pairs):
         stone = X if i % 2 == 0 else O
         cells = board.empty_cells()
         rng.shuffle(cells)
         for r, c in cells:
-            if board.makes_five(r, c, stone):
+            if board.makes_line(r, c, stone):
                 continue
             board.place(r, c, stone)
-            if board.winning_cells(stone):  # a four on the board: undo and redraw
+            if board.winning_cells(stone):  # one move from a line: undo and redraw
                 board.cells[r][c] = EMPTY
                 board.moves.pop()
                 continue
@@ -225,19 +246,20 @@ def opening_moves(raw: object) -> list[Move]:
     return moves
 
 
-def board_from_moves(size: int, moves: list[Move]) -> Board:
+def board_from_moves(size: int, moves: list[Move], win_length: int = WIN_LENGTH) -> Board:
     """Replay moves alternately from X, checking that the result is a legal position with X to move.
 
     Raises ``ValueError`` (saying what is wrong) for an odd number of moves, an out-of-bounds or
-    repeated cell, or a position that already has five in a row.
+    repeated cell, or a position that already has a winning line.
     """
     if len(moves) % 2:
         raise ValueError(f"Expected an even number of opening moves (X and O alternate, X to move), got {len(moves)}.")
-    board = Board(size)
+    board = Board(size, win_length)
     for i, (r, c) in enumerate(opening_moves(moves)):
         if not board.in_bounds(r, c) or not board.is_empty(r, c):
             raise ValueError(f"Opening move {i} ({r},{c}) is off the {size}x{size} board or on an occupied cell.")
         board.place(r, c, X if i % 2 == 0 else O)
     if board.winner():
-        raise ValueError("The opening already has five in a row; pass a position where the game is still open.")
+        raise ValueError(f"The opening already has {line_name(board.win_length)} in a row; pass a position where "
+                         "the game is still open.")
     return board

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_servers.gomoku_env.board import MAX_SIZE, MIN_SIZE
+from env_servers.gomoku_env.board import WIN_LENGTH, check_shape
 from env_servers.gomoku_env.opponents import OPPONENTS
 from envhub.config import from_kwargs
 
@@ -57,7 +57,9 @@ class GomokuConfig:
     """How a gomoku episode is set up and scored.
 
     Attributes:
-        board_size: N for an N×N board (5..19); five or more in a row wins.
+        board_size: N for an N×N board (3..19).
+        win_length: how many in a row win (3..board_size; five, gomoku's, by default). A small board
+            with a short line (3x3 and 3: tic-tac-toe) is a game a tiny policy can learn on a CPU.
         opponent: the scripted O player: ``"random"``, ``"heuristic"`` or ``"mix"``.
         opponent_random_prob: for ``"mix"``, the chance each O move is random instead of heuristic.
         max_invalid_moves: consecutive invalid moves that end the game (reward ``too_many_invalid``).
@@ -67,11 +69,14 @@ class GomokuConfig:
         opening_max_stones: random openings place up to this many stones (always an even number).
         empty_board_prob: chance a random opening is the empty board.
         render_image: add a PNG of the board to every observation.
+        brief_messages: observations carry the board and whose turn it is, without the rules and
+            hints (the system prompt keeps them): a few times fewer tokens per turn on a small board.
         turn_timeout_s: two-agent mode: how long a player waits for the other before the match ends.
         rewards: the reward table.
     """
 
     board_size: int = 9
+    win_length: int = WIN_LENGTH
     opponent: str = "heuristic"
     opponent_random_prob: float = 0.3
     max_invalid_moves: int = 10
@@ -79,14 +84,14 @@ class GomokuConfig:
     opening_max_stones: int = 6
     empty_board_prob: float = 0.2
     render_image: bool = False
+    brief_messages: bool = False
     turn_timeout_s: float = 120.0
     rewards: GomokuRewards = field(default_factory=GomokuRewards)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rewards", GomokuRewards.coerce(self.rewards))
+        check_shape(self.board_size, self.win_length)
         checks = [
-            (_is_int(self.board_size) and MIN_SIZE <= self.board_size <= MAX_SIZE,
-             f"board_size to be an integer in {MIN_SIZE}..{MAX_SIZE}", self.board_size),
             (self.opponent in OPPONENTS, f"opponent to be one of {', '.join(OPPONENTS)}", self.opponent),
             (_is_num(self.opponent_random_prob) and 0 <= self.opponent_random_prob <= 1,
              "opponent_random_prob in [0, 1]", self.opponent_random_prob),
@@ -99,6 +104,7 @@ class GomokuConfig:
             (_is_num(self.empty_board_prob) and 0 <= self.empty_board_prob <= 1, "empty_board_prob in [0, 1]",
              self.empty_board_prob),
             (isinstance(self.render_image, bool), "render_image to be true or false", self.render_image),
+            (isinstance(self.brief_messages, bool), "brief_messages to be true or false", self.brief_messages),
             (_is_num(self.turn_timeout_s) and self.turn_timeout_s > 0, "turn_timeout_s > 0", self.turn_timeout_s),
         ]
         for ok, expected, got in checks:

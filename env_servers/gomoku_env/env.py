@@ -22,7 +22,7 @@ from env_servers.gomoku_env.board import (
     random_opening,
 )
 from env_servers.gomoku_env.config import GomokuConfig
-from env_servers.gomoku_env.game import INVALID_EVENTS, VALID, GomokuGame, Outcome
+from env_servers.gomoku_env.game import INVALID_EVENTS, TOO_MANY_INVALID, VALID, GomokuGame, Outcome
 from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
 from envhub import Action, Env, Observation, StepResult, tool
@@ -32,7 +32,7 @@ SPLITS = ("train", "validation")
 
 
 class GomokuEnv(Env):
-    """Gomoku (five in a row) on an N×N board against a scripted opponent.
+    """Gomoku (five in a row, or ``win_length``) on an N×N board against a scripted opponent.
 
     The agent plays X and moves first, as ``<move>row,col</move>`` text (the last tag counts) or
     the ``place_stone(row, col)`` tool. The first observation carries the board and the rules;
@@ -77,14 +77,15 @@ class GomokuEnv(Env):
         try:
             config = self.config.replace(**changes)
             moves = random_opening(self.rng, config.board_size, OpeningConfig(
-                config.opening_max_stones, config.empty_board_prob)) if opening is None else opening_moves(opening)
+                config.opening_max_stones, config.empty_board_prob), config.win_length) \
+                if opening is None else opening_moves(opening)
             self.game = GomokuGame(config, self.rng, moves)
         except ValueError as exc:
             raise ActionValidationError(f"Invalid gomoku reset: {exc}") from None
         self.render_image = config.render_image
         board = self.game.board
-        obs = self._observation(prompts.first_message(board, X), board, event="start")
-        obs.metadata["system_prompt"] = prompts.system_prompt(board.size, X)
+        obs = self._observation(prompts.first_message(board, X, brief=config.brief_messages), board, event="start")
+        obs.metadata["system_prompt"] = prompts.system_prompt(board.size, X, win_length=board.win_length)
         return obs
 
     def step(self, action: Action) -> StepResult:
@@ -123,19 +124,19 @@ class GomokuEnv(Env):
             text = prompts.end_message(outcome.event, board, X, outcome.move, outcome.opponent_move)
         elif outcome.event in INVALID_EVENTS:
             text = prompts.invalid_message(outcome.event, board, outcome.move, X, game.invalid_streak,
-                                           game.config.max_invalid_moves)
+                                           game.config.max_invalid_moves, brief=game.config.brief_messages)
             if note:
                 text = f"{note}\n{text}"
         else:
             assert outcome.move is not None  # a valid move was made
-            text = prompts.move_message(board, X, outcome.move, outcome.opponent_move)
+            text = prompts.move_message(board, X, outcome.move, outcome.opponent_move, brief=game.config.brief_messages)
         return StepResult(observation=self._observation(text, board, outcome.event), reward=outcome.reward,
                           done=outcome.done, truncated=outcome.truncated, info=self._info(outcome))
 
     def _info(self, outcome: Outcome) -> dict[str, Any]:
         game = self.game
         assert game is not None
-        info: dict[str, Any] = {"event": outcome.event, "valid": outcome.event not in INVALID_EVENTS,
+        info: dict[str, Any] = {"event": outcome.event, "valid": outcome.event not in (*INVALID_EVENTS, TOO_MANY_INVALID),
                                 "invalid_streak": game.invalid_streak, "agent_moves": game.agent_moves,
                                 "move": list(outcome.move) if outcome.move else None,
                                 "opponent_move": list(outcome.opponent_move) if outcome.opponent_move else None}

@@ -62,7 +62,7 @@ class GomokuGame:
     def __init__(self, config: GomokuConfig, rng: random.Random, opening: list[Move] | None = None):
         self.config = config
         self.rng = rng
-        self.board = board_from_moves(config.board_size, list(opening or []))
+        self.board = board_from_moves(config.board_size, list(opening or []), config.win_length)
         self.opponent = make_opponent(config.opponent, config.opponent_random_prob)
         self.invalid_streak = 0
         self.agent_moves = 0
@@ -143,7 +143,7 @@ class TwoPlayerGame:
 
     def __init__(self, config: GomokuConfig, opening: list[Move] | None = None):
         self.config = config
-        self.board = board_from_moves(config.board_size, list(opening or []))
+        self.board = board_from_moves(config.board_size, list(opening or []), config.win_length)
         self.invalid_streak = {X: 0, O: 0}
         self.valid_moves = {X: 0, O: 0}
 

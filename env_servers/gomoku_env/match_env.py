@@ -39,7 +39,7 @@ class GomokuMatchEnv(Env):
     pairs a session with the next one that asked for ``"auto"``; no ``match_id`` opens a new match
     whose id is in ``state()["match_id"]`` (and every step's ``info``). The O player's
     reset returns once X has made its first move. Each ``step`` returns after the opponent replied,
-    so every result shows the opponent's move, and a game the opponent ends (its five, a full board)
+    so every result shows the opponent's move, and a game the opponent ends (its line, a full board)
     ends this player's episode too, with the loss on its own result: rewards are zero-sum for
     decisive games (``win`` to the winner, ``loss`` to the loser). An invalid move is penalised
     at once and the turn stays. If the opponent disconnects, or does not move within
@@ -78,7 +78,8 @@ class GomokuMatchEnv(Env):
 
         def create(mid: str) -> Match[TwoPlayerGame]:
             moves = opening_moves(opening) if opening is not None else random_opening(
-                self.rng, config.board_size, OpeningConfig(config.opening_max_stones, config.empty_board_prob))
+                self.rng, config.board_size, OpeningConfig(config.opening_max_stones, config.empty_board_prob),
+                config.win_length)
             return Match(mid, TwoPlayerGame(config, moves), config.turn_timeout_s)
 
         try:
@@ -153,8 +154,10 @@ class GomokuMatchEnv(Env):
             text = prompts.end_message(end.reason, board, seat) + "\n\nSend any move to receive the result."
             obs = self._observation(text, board, "match_over")
         else:
-            obs = self._observation(prompts.first_message(board, seat, match.last_move.get(other(seat))), board, "start")
-        obs.metadata["system_prompt"] = prompts.system_prompt(board.size, seat, first=seat == match.game.players[0])
+            obs = self._observation(prompts.first_message(board, seat, match.last_move.get(other(seat)),
+                                                          brief=match.game.config.brief_messages), board, "start")
+        obs.metadata["system_prompt"] = prompts.system_prompt(board.size, seat, first=seat == match.game.players[0],
+                                                              win_length=board.win_length)
         return obs
 
     def _result(self, report: Report) -> StepResult:
@@ -167,9 +170,9 @@ class GomokuMatchEnv(Env):
             text = prompts.end_message(report.end.reason, board, seat, report.move if legal else None, reply)
         elif not legal:
             text = prompts.invalid_message(report.event, board, report.move, seat, game.invalid_streak[seat],
-                                           game.config.max_invalid_moves)
+                                           game.config.max_invalid_moves, brief=game.config.brief_messages)
         else:
-            text = prompts.move_message(board, seat, report.move, reply)
+            text = prompts.move_message(board, seat, report.move, reply, brief=game.config.brief_messages)
         info: dict[str, Any] = {"event": report.event, "valid": legal, "seat": seat, "match_id": match.match_id,
                                 "agents": dict(match.status), "invalid_streak": game.invalid_streak[seat],
                                 "move": list(report.move) if report.move else None,

@@ -3,10 +3,11 @@
 Every opponent draws its randomness from the ``random.Random`` it is handed (the env's RNG), so a
 seed reproduces a game. Pure Python, no envhub imports.
 
-The heuristic plays, in order: a winning move; a block of the other side's five; a move that
+The heuristic plays, in order: a winning move; a block of the other side's winning line; a move that
 makes its own open four (or a double threat); a block of every cell where the other side would
 make an open four (this blocks open and broken threes); otherwise the cell that best extends its
-own lines and cuts the other side's, ties broken at random.
+own lines and cuts the other side's, ties broken at random. Wins and blocks follow the board's
+``win_length``; the shapes (fours, threes) are those of five in a row.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class HeuristicOpponent:
         theirs = {cell: t[foe] for cell, t in both.items()}
         # The tiers below are in the order a strong player checks them; within a tier the best
         # combined score wins, so a block that also builds our own line is preferred.
-        for tier in ([c for c in cells if mine[c].wins], [c for c in cells if theirs[c].wins],
+        # wins and blocks are read off the board, so they hold for any win_length; the shapes are five's
+        for tier in ([c for c in cells if board.makes_line(*c, stone)], [c for c in cells if board.makes_line(*c, foe)],
                      [c for c in cells if mine[c].forces_win], [c for c in cells if theirs[c].forces_win]):
             if tier:
                 return self._best(tier, mine, theirs, board, rng)

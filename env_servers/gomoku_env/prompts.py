@@ -1,12 +1,13 @@
 """The words the model reads: the system prompt, the first message, and the message after each move.
 
 Pure functions of the board and the event; the same texts serve the single-agent env (the model
-is always X) and two-agent matches (the model is X or O).
+is always X) and two-agent matches (the model is X or O). ``brief=True`` (``GomokuConfig.brief_messages``)
+leaves out everything but the event, the board and whose turn it is: the rules stay in the system prompt.
 """
 
 from __future__ import annotations
 
-from env_servers.gomoku_env.board import Board, Move, other
+from env_servers.gomoku_env.board import Board, Move, line_name, other
 
 _REPLY_HINT = "Reply with your move as <move>row,col</move>."
 
@@ -18,14 +19,15 @@ _EVENT_ERRORS = {
 }
 
 
-def system_prompt(size: int, stone: str = "X", first: bool = True) -> str:
+def system_prompt(size: int, stone: str = "X", first: bool = True, win_length: int = 5) -> str:
     """The rules and the answer format, for ``Observation.metadata["system_prompt"]``."""
     order = "You move first." if first else "Your opponent moves first."
+    n = line_name(win_length)
     return (
-        f"You are playing Gomoku (Five in a Row) on a {size}x{size} board. You play {stone}; your "
+        f"You are playing Gomoku ({n.capitalize()} in a Row) on a {size}x{size} board. You play {stone}; your "
         f"opponent plays {other(stone)}. {order} Players take turns placing one stone on an empty cell; "
-        "the first to get five or more stones in a row (horizontally, vertically or diagonally) wins. "
-        "A full board with no five is a draw. Rows and columns are numbered from 0 (top left) to "
+        f"the first to get {n} or more stones in a row (horizontally, vertically or diagonally) wins. "
+        f"A full board with no {n} in a row is a draw. Rows and columns are numbered from 0 (top left) to "
         f"{size - 1}. Empty cells are shown as '.'.\n"
         "First think about the position inside <thinking></thinking>, then give exactly one move as "
         "<move>row,col</move>, for example: <thinking>I take the centre.</thinking>"
@@ -36,9 +38,12 @@ def system_prompt(size: int, stone: str = "X", first: bool = True) -> str:
     )
 
 
-def first_message(board: Board, stone: str = "X", last_move: Move | None = None) -> str:
+def first_message(board: Board, stone: str = "X", last_move: Move | None = None, brief: bool = False) -> str:
     """The first observation: the rules in short, the board, and whose turn it is."""
-    intro = f"Game starts. You play {stone} on a {board.size}x{board.size} board; five or more in a row wins."
+    if brief:
+        return _brief(board, stone)
+    intro = (f"Game starts. You play {stone} on a {board.size}x{board.size} board; "
+             f"{line_name(board.win_length)} or more in a row wins.")
     if last_move is not None:
         intro += f" Your opponent placed {other(stone)} at {_fmt(last_move)}."
     elif board.moves:
@@ -46,15 +51,20 @@ def first_message(board: Board, stone: str = "X", last_move: Move | None = None)
     return f"{intro}\n\n{board.render()}\n\nYour turn ({stone}). {_REPLY_HINT}"
 
 
-def invalid_message(event: str, board: Board, move: Move | None, stone: str, streak: int, limit: int) -> str:
+def invalid_message(event: str, board: Board, move: Move | None, stone: str, streak: int, limit: int,
+                    brief: bool = False) -> str:
     """After an invalid move: what was wrong, how many invalid moves in a row so far, the board."""
+    if brief:
+        return _brief(board, stone, f"Invalid move ({event.replace('_', ' ')}), {streak} of {limit}.")
     error = _EVENT_ERRORS[event].format(move=_fmt(move) if move else "", last=board.size - 1)
     return (f"ERROR: {error} Invalid moves in a row: {streak} of {limit} allowed.\n\n{board.render()}\n\n"
             f"Your turn ({stone}). {_REPLY_HINT}")
 
 
-def move_message(board: Board, stone: str, move: Move, reply: Move | None) -> str:
+def move_message(board: Board, stone: str, move: Move, reply: Move | None, brief: bool = False) -> str:
     """After a valid move when the game goes on: both moves, the board, the next turn."""
+    if brief:
+        return _brief(board, stone)
     text = f"You placed {stone} at {_fmt(move)}."
     if reply is not None:
         text += f" Opponent placed {other(stone)} at {_fmt(reply)}."
@@ -69,10 +79,11 @@ def end_message(reason: str, board: Board, stone: str, move: Move | None = None,
         lines.append(f"You placed {stone} at {_fmt(move)}.")
     if reply is not None:
         lines.append(f"Opponent placed {other(stone)} at {_fmt(reply)}.")
+    n = line_name(board.win_length)
     lines.append({
-        "win": "You made five in a row. You win!",
-        "loss": "Your opponent made five in a row. You lose.",
-        "draw": "The board is full with no five in a row: the game is a draw.",
+        "win": f"You made {n} in a row. You win!",
+        "loss": f"Your opponent made {n} in a row. You lose.",
+        "draw": f"The board is full with no {n} in a row: the game is a draw.",
         "too_many_invalid": "Too many invalid moves in a row. Game over: you lose.",
         "step_limit": "The move limit is reached. The game is stopped without a winner.",
         "opponent_forfeit": "Your opponent made too many invalid moves in a row and forfeits. You win!",
@@ -83,6 +94,10 @@ def end_message(reason: str, board: Board, stone: str, move: Move | None = None,
     if detail:
         lines.append(detail)
     return " ".join(lines) + f"\n\n{board.render()}"
+
+
+def _brief(board: Board, stone: str, event: str = "") -> str:
+    return f"{event}\n{board.render()}\n{stone} to move." if event else f"{board.render()}\n{stone} to move."
 
 
 def _fmt(move: Move | None) -> str:

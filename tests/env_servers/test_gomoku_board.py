@@ -18,8 +18,8 @@ from env_servers.gomoku_env.opponents import HeuristicOpponent, MixOpponent, Ran
 from env_servers.gomoku_env.render import render_png
 
 
-def board_with(size, xs=(), os=()):
-    board = Board(size)
+def board_with(size, xs=(), os=(), win_length=5):
+    board = Board(size, win_length)
     for cell in xs:
         board.place(*cell, X)
     for cell in os:
@@ -47,10 +47,36 @@ def test_overline_wins_and_four_does_not():
     assert board.winner() == X
 
 
-@pytest.mark.parametrize("size", [4, 20, 9.0, True])
+@pytest.mark.parametrize("size", [2, 20, 9.0, True])
 def test_board_size_is_validated(size):
     with pytest.raises(ValueError, match="Expected board_size"):
         Board(size)
+
+
+@pytest.mark.parametrize(("size", "win_length"), [(4, 5), (9, 2), (9, 4.0)])
+def test_a_line_that_cannot_fit_or_is_too_short_is_refused(size, win_length):
+    with pytest.raises(ValueError, match="Expected win_length"):
+        Board(size, win_length)
+
+
+def test_a_shorter_winning_line_wins_on_a_small_board_and_not_before():
+    board = Board(3, win_length=3)
+    for cell in [(0, 2), (1, 1)]:
+        board.place(*cell, O)
+    assert board.winner() is None and board.winning_cells(O) == [(2, 0)]
+    board.place(2, 0, O)  # the anti-diagonal
+    assert board.winner() == O
+    four = Board(6, win_length=4)
+    for c in range(3):
+        four.place(5, c, X)
+    assert four.winner() is None and four.makes_line(5, 3, X)
+
+
+def test_the_heuristic_takes_and_blocks_a_short_line():
+    board = board_with(3, xs=[(0, 0), (0, 1)], os=[(1, 1)], win_length=3)
+    assert HeuristicOpponent().choose(board, O, random.Random(0)) == (0, 2)  # blocks X's three
+    board = board_with(3, xs=[(0, 0), (0, 1), (2, 1)], os=[(1, 0), (1, 1)], win_length=3)
+    assert HeuristicOpponent().choose(board, O, random.Random(0)) == (1, 2)  # its own three before the block
 
 
 def test_render_numbers_rows_and_columns_on_big_boards():
@@ -149,7 +175,7 @@ def test_heuristic_never_misses_a_win_and_always_blocks_a_five():
         for i in range(rng.randint(8, 30)):
             cell = rng.choice(board.empty_cells())
             stone = X if i % 2 == 0 else O
-            if board.makes_five(*cell, stone):
+            if board.makes_line(*cell, stone):
                 continue
             board.place(*cell, stone)
         if board.winner():
@@ -157,7 +183,7 @@ def test_heuristic_never_misses_a_win_and_always_blocks_a_five():
         move = HeuristicOpponent().choose(board, O, rng)
         if board.winning_cells(O):
             checked_wins += 1
-            assert board.makes_five(*move, O), "the heuristic missed a win"
+            assert board.makes_line(*move, O), "the heuristic missed a win"
         elif board.winning_cells(X):
             checked_blocks += 1
             assert move in board.winning_cells(X), "the heuristic let X complete five"

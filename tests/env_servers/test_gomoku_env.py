@@ -14,9 +14,9 @@ from envhub import EnvRunner
 from envhub.errors import ActionValidationError
 
 
-def board_of(result) -> Board:
+def board_of(result, win_length=5) -> Board:
     rows = result.observation.metadata["board"]
-    board = Board(len(rows))
+    board = Board(len(rows), win_length)
     for r, row in enumerate(rows):
         for c, cell in enumerate(row):
             if cell != ".":
@@ -24,9 +24,9 @@ def board_of(result) -> Board:
     return board
 
 
-def strong_policy(result, rng):
+def strong_policy(result, rng, win_length=5):
     """The heuristic, playing X: a scripted policy that wins against random play."""
-    r, c = HeuristicOpponent().choose(board_of(result), X, rng)
+    r, c = HeuristicOpponent().choose(board_of(result, win_length), X, rng)
     return {"text": f"<thinking>threats first</thinking><move>{r},{c}</move>"}
 
 
@@ -98,6 +98,24 @@ async def test_draw_on_a_small_board():
     assert "draw" in step2.observation.text
 
 
+async def test_tic_tac_toe_with_brief_messages():
+    runner = EnvRunner(GomokuEnv(board_size=3, win_length=3, opponent="random", opening_max_stones=0,
+                                 brief_messages=True))
+    first = await runner.reset(seed=3)
+    assert first.observation.text == "   0 1 2\n 0 . . .\n 1 . . .\n 2 . . .\nX to move."
+    assert "three or more" in first.observation.metadata["system_prompt"]
+    bad = await runner.step({"text": "no move"})
+    assert bad.observation.text.startswith("Invalid move (bad format), 1 of 10.\n") and bad.reward == -1.0
+    wins = 0
+    for seed in range(20):  # the heuristic takes its threes and blocks O's: it seldom loses to random play
+        _, steps = await play(runner, lambda r, rng: strong_policy(r, rng, win_length=3), seed=seed,
+                              opening=[])
+        wins += steps[-1].info["outcome"] == "win"
+        assert "Reply with" not in "".join(s.observation.text for s in steps)
+        assert steps[-1].info["outcome"] != "win" or "three in a row" in steps[-1].observation.text
+    assert wins >= 15
+
+
 async def test_every_invalid_move_is_penalised_and_the_game_goes_on():
     runner = EnvRunner(GomokuEnv())
     await runner.reset(seed=0, opening=[[0, 0], [8, 8]])
@@ -161,7 +179,11 @@ async def test_reset_options_and_validation():
         with pytest.raises(ActionValidationError, match="Expected|off the"):
             await runner.reset(seed=0, **bad)
     with pytest.raises(ValueError, match="Expected board_size"):
-        GomokuEnv(board_size=4)
+        GomokuEnv(board_size=2)
+    with pytest.raises(ValueError, match="Expected win_length"):
+        GomokuEnv(board_size=4)  # five in a row cannot fit: the fix is a shorter win_length
+    with pytest.raises(ActionValidationError, match="Expected win_length"):
+        await EnvRunner(GomokuEnv(board_size=5, win_length=5)).reset(seed=0, board_size=4)
     with pytest.raises(TypeError, match="board_size"):
         GomokuEnv(boardsize=9)
 

@@ -1,0 +1,86 @@
+"""Two-agent gomoku: two independent policies trained against each other through the match env.
+
+Trains from ``examples/configs/scenario_gomoku_two_agent.toml`` (the match env runs in process) after
+an imitation warm-up of each agent on whole games of two scripted random players. The validation curve
+is the two agents' mean win rate against the scripted random player (``eval/win_rate`` of each agent's
+``metrics.jsonl``: greedy, held-out seeds); plotted beside it, each agent's own validation win rate and
+the head-to-head, each agent's win rate in the step's training matches against the other
+(``train/win_rate``): what one agent gains there the other loses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import CONFIGS, RunResult, metric_curve
+
+WARMUP_GAMES = 256        # scripted games of random legal moves, on seeds neither training nor validation draws
+WARMUP_SEED_BASE = 2 * 10**9
+WARMUP_STEPS = 200
+WARMUP_LR = 3e-3
+
+
+def run_two_agent(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
+    """Warm both agents up on the move format, then train them against each other from ``config``."""
+    import torch
+
+    from trainer.recipes.players import Player
+    from trainer.recipes.two_agent import train_two_agents
+    from trainer.recipes.two_agent_config import load_two_agent_config
+
+    start = time.monotonic()
+    torch.manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [f"run.seed={seed}", f"run.output_dir='{out}'"]
+    if smoke:
+        overrides += ["run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=2",
+                      "run.eval_every=0", "rollout.max_turns=2"]
+    cfg = load_two_agent_config(CONFIGS / config, overrides)
+    if not cfg.env.env_class:
+        raise ValueError(f"Expected {config} to name env.env_class (the two-agent scenario runs its env in process).")
+    names = list(cfg.agents)
+    for k, name in enumerate(names):  # each seed: two fresh, different initialisations
+        model = dataclasses.replace(cfg.agents[name].model, init_seed=len(names) * seed + k)
+        cfg.agents[name] = dataclasses.replace(cfg.agents[name], model=model)
+    for name in names:
+        (out / name / "metrics.jsonl").unlink(missing_ok=True)
+    agents = {n: Player(n, a, cfg, out / n) for n, a in cfg.agents.items()}
+    _warm_up(cfg, agents, seed, games=4 if smoke else WARMUP_GAMES, steps=2 if smoke else WARMUP_STEPS)
+    train_two_agents(cfg, agents=agents, log=_quiet)
+    return _result(out, names, time.monotonic() - start)
+
+
+def _warm_up(cfg: Any, agents: dict[str, Any], seed: int, *, games: int, steps: int) -> None:
+    from trainer.recipes.two_agent import build_pool
+    from trainer.recipes.two_agent_warmup import demos_from, imitation_warmup, scripted_games
+
+    pool = build_pool(cfg)
+    for k, agent in enumerate(agents.values()):
+        seats = asyncio.run(scripted_games(pool, agent.tokenizer, cfg.rollout, matches=games,
+                                           seed=WARMUP_SEED_BASE + (seed * len(agents) + k) * games,
+                                           reset_kwargs=cfg.env.train_task, prefix=f"warmup-{agent.name}"))
+        imitation_warmup(agent.model, agent.tokenizer, demos_from(seats, max_turns=cfg.rollout.max_turns),
+                         steps=steps, lr=WARMUP_LR, seed=seed)
+
+
+def _result(out: Path, names: list[str], seconds: float) -> RunResult:
+    """The mean of the agents' validation win rates, with each agent's curves beside it."""
+    evals = {n: dict(metric_curve(out / n / "metrics.jsonl", "eval/win_rate")) for n in names}
+    steps = sorted(set.intersection(*(set(c) for c in evals.values())))
+    curve = [(s, sum(evals[n][s] for n in names) / len(names)) for s in steps]
+    extra: dict[str, list[tuple[int, float]]] = {}
+    for n in names:
+        extra[f"{n} vs random"] = sorted(evals[n].items())
+    for n in names:
+        extra[f"{n} vs {'/'.join(m for m in names if m != n)} (head-to-head)"] = metric_curve(
+            out / n / "metrics.jsonl", "train/win_rate")
+    return RunResult(curve, seconds, extra=extra)
+
+
+def _quiet(message: str) -> None:
+    if message.startswith("validation"):
+        print(f"  [gomoku-two-agent] {message}", flush=True)
