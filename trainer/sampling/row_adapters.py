@@ -6,7 +6,7 @@ adapter's output back into the base output in place; on a small model that costs
 arithmetic, and its backward more again, so merging tenants into one pass saved little. Here a pass's
 rows come in **runs** (consecutive rows with one adapter: the callers put each tenant's rows together),
 found once per pass, and each LoRA layer computes ``base(x)`` once and adds ``B(A(x[run])) * scale`` per
-run on contiguous slices (views, no gather) joined by one ``cat``: with one run it is the plain LoRA
+run on contiguous pieces (a ``split``: views, no gather) joined by one ``cat``: with one run it is the plain LoRA
 forward. Rows without an adapter (None or ``"__base__"``) get the base output alone.
 
 >>> with RowAdapters(model, ["tenant0"] * 8 + ["tenant1"] * 8):   # doctest: +SKIP
@@ -98,20 +98,22 @@ class _RowForward:
         if len(x) % rows.rows:
             raise ValueError(f"Expected an input of {rows.rows} rows (or rows x positions), got {tuple(x.shape)}.")
         per_row = len(x) // rows.rows  # 1 for [B, ...] inputs, T for the decode kernel's [B * T, features]
-        parts, plain = [], True
-        for start, end, name in rows.runs:
-            lo, hi = start * per_row, end * per_row
-            if name is None or name not in layer.lora_A:
-                parts.append(result[lo:hi])
-                continue
-            plain = False
-            lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
-            xs = x[lo:hi].to(lora_A.weight.dtype)
-            delta = lora_B(lora_A(layer.lora_dropout[name](xs))) * layer.scaling[name]
-            parts.append(result[lo:hi] + delta.to(result.dtype))
-        if plain:
+        names = [name if name is not None and name in layer.lora_A else None for _, _, name in rows.runs]
+        if all(name is None for name in names):
             return result
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(names) == 1:
+            return result + self._delta(x, str(names[0])).to(result.dtype)
+        # split, not slices: a split's backward is one cat, where each slice's is a zero-filled full-size gradient
+        sizes = [(end - start) * per_row for start, end, _ in rows.runs]
+        parts = [part if name is None else part + self._delta(xs, name).to(result.dtype)
+                 for part, xs, name in zip(result.split(sizes), x.split(sizes), names)]
+        return torch.cat(parts)
+
+    def _delta(self, x: Tensor, name: str) -> Tensor:
+        layer = self.layer
+        lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
+        out: Tensor = lora_B(lora_A(layer.lora_dropout[name](x.to(lora_A.weight.dtype)))) * layer.scaling[name]
+        return out
 
 
 __all__ = ["RowAdapters", "runs_of", "lora_layers", "BASE_ADAPTER"]
