@@ -17,8 +17,8 @@ every validation problem (mean reward of ``--val-samples`` samples each). Printe
 tokens/s (all tenants' tokens over the phase's wall time), throughput relative to one tenant (target:
 4 tenants >= 3x), the service worker's busy share and its milliseconds per tenant-step by request type,
 the median step time of each tenant, each tenant's mean train reward (from its own samples only) and its
-validation reward before -> after, and the sample batches, merged forward_backward requests and
-sampler-slot swaps the service reports (``GET /api/v1/service_stats``).
+validation reward before -> after, and the sample batches of several requests (with their mean number of
+requests), merged forward_backward requests and sampler-slot swaps the service reports (``GET /api/v1/service_stats``).
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def phase(url: str, n: int, episodes: MathEpisodes, args: argparse.Namespace) ->
                              for k, v in after["queue"].get("busy_by_type", {}).items()},
             "swaps": after["sampler_slots"]["swaps"] - before["sampler_slots"]["swaps"],
             "sample_batches": after["queue"]["batches"].get("sample", 0) - before["queue"]["batches"].get("sample", 0),
-            "largest_sample_batch": after["queue"]["largest_batch"].get("sample", 0),
+            "sample_batched": (after["queue"]["batched_jobs"].get("sample", 0)
+                               - before["queue"]["batched_jobs"].get("sample", 0)),
             "fwdbwd_batched": (after["queue"]["batched_jobs"].get("forward_backward", 0)
                                - before["queue"]["batched_jobs"].get("forward_backward", 0))}
 
@@ -169,12 +170,13 @@ def stats(url: str) -> dict[str, Any]:
 
 def report(results: list[dict[str, Any]]) -> None:
     one = results[0]
-    print("tenants  wall s  sampled tok/s  trained tok/s  x of 1 tenant  sample batches (largest)  fwd_bwd batched"
+    print("tenants  wall s  sampled tok/s  trained tok/s  x of 1 tenant  sample batches (requests each)  fwd_bwd batched"
           "  swaps")
     for r in results:
         speedup = (r["sampled_tok_s"] + r["trained_tok_s"]) / (one["sampled_tok_s"] + one["trained_tok_s"])
         print(f"{r['n']:7d}  {r['wall_s']:6.1f}  {r['sampled_tok_s']:13.1f}  {r['trained_tok_s']:13.1f}  "
-              f"{speedup:13.2f}  {r['sample_batches']:14d} ({r['largest_sample_batch']:3d})  {r['fwdbwd_batched']:15d}"
+              f"{speedup:13.2f}  {r['sample_batches']:14d} ({r['sample_batched'] / max(r['sample_batches'], 1):5.1f})"
+              f"          {r['fwdbwd_batched']:15d}"
               f"  {r['swaps']:5d}")
     for r in results:
         runs = r["runs"]
