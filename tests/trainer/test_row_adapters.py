@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -68,3 +70,23 @@ def test_rows_of_the_decode_kernel_layout(host):
     for b, name in enumerate(names):
         alone = layer(x[3 * b:3 * b + 3], adapter_names=[name] * 3)
         torch.testing.assert_close(both[3 * b:3 * b + 3], alone)
+
+
+def test_a_block_is_its_threads_alone(host):
+    """Another thread's pass on the same model, while a block is open, runs peft's own forward (its active
+    adapter), not the block's rows; a nested block on one thread is refused."""
+    names = [host.client(n).adapter for n in ("alice", "bob")]
+    layer = next(m for m in host.model.modules() if hasattr(m, "lora_A") and names[0] in m.lora_A)
+    x = torch.randn(3, layer.in_features)
+    own = layer(x)
+    seen: list[torch.Tensor] = []
+    with RowAdapters(host.model, [names[1]] * 3):
+        worker = threading.Thread(target=lambda: seen.append(layer(x)))
+        worker.start()
+        worker.join()
+        mine = layer(x)
+        with pytest.raises(RuntimeError, match="nested"):
+            RowAdapters(host.model, names).__enter__()
+    torch.testing.assert_close(seen[0], own)
+    torch.testing.assert_close(mine, layer(x, adapter_names=[names[1]] * 3))
+    assert not torch.allclose(mine, own)

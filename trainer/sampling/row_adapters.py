@@ -15,11 +15,13 @@ forward. Rows without an adapter (None or ``"__base__"``) get the base output al
 A LoRA layer is any module with peft's ``base_layer``, ``lora_A``, ``lora_B``, ``scaling`` and
 ``lora_dropout`` (a vanilla LoRA ``Linear``; DoRA and other variants are refused). Inputs may be
 ``[B, ...]`` (the Hugging Face model) or ``[B * T, features]`` (the decode kernel's rows, row-major). The
-layers' ``forward`` is replaced for the ``with`` block only, on the thread that runs it.
+layers' ``forward`` is replaced while a block is open, and only the thread that opened it sees its
+layout: passes of other threads on the same model run the layers' own forward.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,30 +72,51 @@ class RowAdapters:
         self.runs, self.rows = runs_of(chosen), len(chosen)
 
     def __enter__(self) -> RowAdapters:
-        self._layers = lora_layers(self.model)
-        for layer in self._layers:
+        layers = lora_layers(self.model)
+        for layer in layers:
             if any(getattr(layer, "use_dora", {}).values()) or getattr(layer, "lora_variant", None):
                 raise ValueError("Expected vanilla LoRA layers for per-row adapters, got a LoRA variant (DoRA).")
-            if "forward" in vars(layer):
-                raise RuntimeError("Expected no other per-row adapter block active on this model.")
-        for layer in self._layers:
-            layer.forward = _RowForward(layer, self)
+        me = threading.get_ident()
+        with _PATCHING:
+            if any(me in getattr(vars(layer).get("forward"), "layouts", {}) for layer in layers):
+                raise RuntimeError("Expected one per-row adapter block at a time per thread, got a nested one.")
+            for layer in layers:
+                forward = vars(layer).get("forward")
+                if not isinstance(forward, _RowForward):
+                    forward = layer.forward = _RowForward(layer)
+                forward.layouts[me] = self
+        self._layers = layers
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for layer in self._layers:
-            vars(layer).pop("forward", None)
+        me = threading.get_ident()
+        with _PATCHING:
+            for layer in self._layers:
+                forward = vars(layer).get("forward")
+                if isinstance(forward, _RowForward):
+                    forward.layouts.pop(me, None)
+                    if not forward.layouts:
+                        del layer.forward
         self._layers = []
 
 
-class _RowForward:
-    """A LoRA layer's forward under a :class:`RowAdapters` layout."""
+#: guards installing and removing the per-row forwards (blocks may open on several threads)
+_PATCHING = threading.Lock()
 
-    def __init__(self, layer: Any, rows: RowAdapters):
-        self.layer, self.rows = layer, rows
+
+class _RowForward:
+    """A LoRA layer's forward under the :class:`RowAdapters` layout of the calling thread; a thread without one
+    gets the layer's own forward, so another thread's passes on the same model are untouched."""
+
+    def __init__(self, layer: Any):
+        self.layer = layer
+        self.layouts: dict[int, RowAdapters] = {}  # thread id -> its open block
 
     def __call__(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        layer, rows = self.layer, self.rows
+        layer, rows = self.layer, self.layouts.get(threading.get_ident())
+        if rows is None:
+            own: Tensor = type(layer).forward(layer, x, *args, **kwargs)
+            return own
         result: Tensor = layer.base_layer(x, *args, **kwargs)
         if len(x) % rows.rows:
             raise ValueError(f"Expected an input of {rows.rows} rows (or rows x positions), got {tuple(x.shape)}.")
