@@ -1,19 +1,24 @@
 """Many LoRA tenants on one training service: 1, 2, 4 and 8 concurrent SDK clients, side by side in one run.
 
-    python benchmarks/service_tenants.py [--tenants 1,2,4,8] [--steps 3] [--batch 8] [--group 8]
+    python benchmarks/service_tenants.py [--tenants 1,2,4,8] [--steps 8] [--batch 8] [--group 8]
     python benchmarks/service_tenants.py --smoke      # seconds: checks that the script still runs
 
-One ``envhub-train serve`` (the tiny model, LoRA, one torch thread) and one math env server serve every
-phase. In a phase, N clients run at once, each with its own API key and its own rank-8 LoRA training
-client, each running the GRPO loop of ``examples/tinker_rl.py``, shortened: ``--steps`` steps of
-``--batch`` problems x ``--group`` samples through its own ``save_weights_and_get_sampling_client`` ->
-``sample`` (one call per problem, all in flight) -> rewards from the env server -> ``forward_backward``
-(``importance_sampling`` over every sample: advantages centred per group, so an all-equal group
-trains with zero advantage but still costs its pass, which keeps the work per step fixed) ->
-``optim_step``. Printed per phase: aggregate sampled tokens/s and training tokens/s (all tenants' tokens
-over the phase's wall time), throughput relative to one tenant (target: 4 tenants >= 3x), the median
-step time of each tenant, each tenant's mean train reward (from its own samples only), and the
-sampler-slot swaps and batches the service reports (``GET /api/v1/service_stats``).
+One math env server and one ``envhub-train serve`` (LoRA, one torch thread) serve every phase. The served
+base is the tiny model warmed up first by SFT in process (``--warmup-target``: greedy train accuracy 0.3,
+so GRPO has rewards to raise; ``benchmarks/_tenants/warmup.py``). In a phase, N clients run at once,
+each with its own API key and its own rank-8 LoRA training client on that base, each running the GRPO
+loop of ``examples/tinker_rl.py``, shortened: ``--steps`` steps of ``--batch`` problems x ``--group``
+samples through its own ``save_weights_and_get_sampling_client`` -> ``sample`` (one call per problem,
+all in flight) -> rewards from the env server -> ``forward_backward`` (``importance_sampling`` with
+tinker_rl's advantages: centred per group, over its std, negative ones dropped; every sample stays in
+the batch, an equal-reward group's with advantage 0, which keeps the work per step fixed) ->
+``optim_step``. Before and after its steps (outside the timed part) each tenant scores its own weights on
+every validation problem (mean reward of ``--val-samples`` samples each). Printed per phase: aggregate sampled tokens/s and training
+tokens/s (all tenants' tokens over the phase's wall time), throughput relative to one tenant (target:
+4 tenants >= 3x), the service worker's busy share and its milliseconds per tenant-step by request type,
+the median step time of each tenant, each tenant's mean train reward (from its own samples only) and its
+validation reward before -> after, and the sample batches of several requests (with their mean number of
+requests), merged forward_backward requests and sampler-slot swaps the service reports (``GET /api/v1/service_stats``).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
+import torch
 
+from benchmarks._tenants.warmup import warmed_base
 from examples.tinker_rl import MathEpisodes, datum, sample_all
 from trainer.quickstart import math_server
 from trainer.service.serve import local_service
@@ -51,6 +58,8 @@ class TenantRun:
     sample_s: float = 0.0  # of the steps' time: sampling, rewards (the env server), training
     reward_s: float = 0.0
     train_s: float = 0.0
+    val_before: float = 0.0  # greedy validation reward of this tenant's own sampler, before and after its steps
+    val_after: float = 0.0
     error: str | None = None
 
 
@@ -69,11 +78,14 @@ def grpo_step(tc: Any, episodes: MathEpisodes, indices: list[int], args: argpars
     for k, (prompt, group) in enumerate(zip(prompts, groups)):
         r = rewards[k * args.group:(k + 1) * args.group]
         mean = sum(r) / len(r)
-        rows += [(prompt, seq, reward - mean) for seq, reward in zip(group, r)]
+        std = statistics.stdev(r) if len(r) > 1 else 0.0
+        # examples/tinker_rl.py's advantages (centred, over the group's std, negative ones dropped), but every
+        # sample stays in the batch (an equal-reward group's with advantage 0): each step's work is fixed
+        rows += [(prompt, seq, max(reward - mean, 0.0) / (std + 1e-6)) for seq, reward in zip(group, r)]
     n_tokens = sum(len(s.tokens) for _, s, _ in rows)
     data = [datum(p, s.tokens, logprobs=s.logprobs, advantages=[a / n_tokens] * len(s.tokens)) for p, s, a in rows]
     fb = tc.forward_backward(data, "importance_sampling")
-    tc.optim_step(types.AdamParams(learning_rate=args.lr)).result()
+    tc.optim_step(types.AdamParams(learning_rate=args.lr, beta2=0.999, grad_clip_norm=1.0)).result()
     fb.result()
     run.sample_s += sampled - began
     run.reward_s += rewarded - sampled
@@ -83,22 +95,37 @@ def grpo_step(tc: Any, episodes: MathEpisodes, indices: list[int], args: argpars
     run.trained_tokens += sum(len(d.model_input.to_ints()) for d in data)
 
 
+def validation_reward(tc: Any, episodes: MathEpisodes, indices: list[int], args: argparse.Namespace) -> float:
+    """Mean reward of ``--val-samples`` samples (temperature 1) of this tenant's current weights on each held-out
+    problem: the policy's expected reward there, far less noisy than one greedy answer per problem."""
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    groups = sample_all(sampler, [episodes.prompt("validation", i) for i in indices], args.val_samples, 1.0,
+                        args.max_tokens)
+    rewards = episodes.rewards([("validation", i, s.tokens) for i, g in zip(indices, groups) for s in g])
+    return sum(rewards) / len(rewards)
+
+
 def tenant(url: str, index: int, episodes: MathEpisodes, args: argparse.Namespace, run: TenantRun,
-           start: threading.Barrier) -> None:
+           start: threading.Barrier, finish: threading.Barrier) -> None:
     import tinker
 
     service = tinker.ServiceClient(base_url=url, api_key=run.key)
+    validation = list(range(episodes.size("validation")))
     try:
         tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=index).result()
+        run.val_before = validation_reward(tc, episodes, validation, args)
         start.wait()
         for step in range(args.steps):
             began = time.perf_counter()
             indices = [(index * 97 + step * args.batch + j) % args.problems for j in range(args.batch)]
             grpo_step(tc, episodes, indices, args, run)
             run.step_s.append(time.perf_counter() - began)
+        finish.wait()  # the phase's wall time ends here: validation is not part of it
+        run.val_after = validation_reward(tc, episodes, validation, args)
     except Exception as exc:  # reported with the phase; the other tenants carry on
         run.error = f"{type(exc).__name__}: {exc}"
         start.abort()
+        finish.abort()
     finally:
         service.close("success").result(timeout=60)
 
@@ -106,26 +133,28 @@ def tenant(url: str, index: int, episodes: MathEpisodes, args: argparse.Namespac
 def phase(url: str, n: int, episodes: MathEpisodes, args: argparse.Namespace) -> dict[str, Any]:
     """N tenants at once; wall time from when all have their training clients to when the last one finishes."""
     runs = [TenantRun(f"tml-tenant-{i}") for i in range(n)]
-    start = threading.Barrier(n + 1)
-    threads = [threading.Thread(target=tenant, args=(url, i, episodes, args, runs[i], start)) for i in range(n)]
+    marks: dict[str, Any] = {}  # the service's counters and the clock as the timed part starts and ends
+    start = threading.Barrier(n, action=lambda: marks.update(before=stats(url), began=time.perf_counter()))
+    finish = threading.Barrier(n, action=lambda: marks.update(after=stats(url), ended=time.perf_counter()))
+    threads = [threading.Thread(target=tenant, args=(url, i, episodes, args, runs[i], start, finish))
+               for i in range(n)]
     for t in threads:
         t.start()
-    before = stats(url)
-    start.wait()
-    began = time.perf_counter()
     for t in threads:
         t.join()
-    wall_s = time.perf_counter() - began
-    after = stats(url)
     errors = [r.error for r in runs if r.error]
     if errors:
         raise RuntimeError(f"{n} tenants: {errors}")
+    before, after, wall_s = marks["before"], marks["after"], marks["ended"] - marks["began"]
     return {"n": n, "wall_s": wall_s, "runs": runs, "sampled_tok_s": sum(r.sampled_tokens for r in runs) / wall_s,
             "trained_tok_s": sum(r.trained_tokens for r in runs) / wall_s,
             "busy": (after["queue"]["busy_s"] - before["queue"]["busy_s"]) / wall_s,
+            "busy_by_type": {k: v - before["queue"].get("busy_by_type", {}).get(k, 0.0)
+                             for k, v in after["queue"].get("busy_by_type", {}).items()},
             "swaps": after["sampler_slots"]["swaps"] - before["sampler_slots"]["swaps"],
             "sample_batches": after["queue"]["batches"].get("sample", 0) - before["queue"]["batches"].get("sample", 0),
-            "largest_sample_batch": after["queue"]["largest_batch"].get("sample", 0),
+            "sample_batched": (after["queue"]["batched_jobs"].get("sample", 0)
+                               - before["queue"]["batched_jobs"].get("sample", 0)),
             "fwdbwd_batched": (after["queue"]["batched_jobs"].get("forward_backward", 0)
                                - before["queue"]["batched_jobs"].get("forward_backward", 0))}
 
@@ -141,21 +170,26 @@ def stats(url: str) -> dict[str, Any]:
 
 def report(results: list[dict[str, Any]]) -> None:
     one = results[0]
-    print("tenants  wall s  sampled tok/s  trained tok/s  x of 1 tenant  sample batches (largest)  fwd_bwd batched"
+    print("tenants  wall s  sampled tok/s  trained tok/s  x of 1 tenant  sample batches (requests each)  fwd_bwd batched"
           "  swaps")
     for r in results:
         speedup = (r["sampled_tok_s"] + r["trained_tok_s"]) / (one["sampled_tok_s"] + one["trained_tok_s"])
         print(f"{r['n']:7d}  {r['wall_s']:6.1f}  {r['sampled_tok_s']:13.1f}  {r['trained_tok_s']:13.1f}  "
-              f"{speedup:13.2f}  {r['sample_batches']:14d} ({r['largest_sample_batch']:3d})  {r['fwdbwd_batched']:15d}"
+              f"{speedup:13.2f}  {r['sample_batches']:14d} ({r['sample_batched'] / max(r['sample_batches'], 1):5.1f})"
+              f"          {r['fwdbwd_batched']:15d}"
               f"  {r['swaps']:5d}")
     for r in results:
         runs = r["runs"]
         parts = {k: statistics.fmean(getattr(x, k) / len(x.step_s) for x in runs) for k in ("sample_s", "reward_s", "train_s")}
         print(f"  {r['n']} tenants: service worker busy {100 * r['busy']:.0f}% of the wall time; a step's mean "
               f"sampling {parts['sample_s']:.2f} s, rewards {parts['reward_s']:.2f} s, training {parts['train_s']:.2f} s")
+        steps = sum(len(x.step_s) for x in runs)
+        work = ", ".join(f"{kind} {1000 * s / steps:.0f}" for kind, s in sorted(r["busy_by_type"].items()) if s > 0)
+        print(f"    service worker ms per tenant-step: {work}")
     for r in results:
-        per = ", ".join(f"{run.key[4:]}: {statistics.median(run.step_s):.2f} s/step, reward "
-                        f"{statistics.fmean(run.rewards):.3f}" for run in r["runs"])
+        per = ", ".join(f"{run.key[4:]}: {statistics.median(run.step_s):.2f} s/step, train reward "
+                        f"{statistics.fmean(run.rewards):.3f}, validation {run.val_before:.3f} -> {run.val_after:.3f}"
+                        for run in r["runs"])
         print(f"  {r['n']} tenants: {per}")
     if len(results) > 1:
         print("(x of 1 tenant: aggregate sampled + trained tokens/s over the 1-tenant phase's; target 4 tenants >= 3)")
@@ -164,20 +198,27 @@ def report(results: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tenants", default="1,2,4,8", help="comma-separated tenant counts, one phase each")
-    p.add_argument("--steps", type=int, default=3, help="GRPO steps per tenant per phase")
+    p.add_argument("--steps", type=int, default=8, help="GRPO steps per tenant per phase")
     p.add_argument("--batch", type=int, default=8, help="problems per GRPO step")
     p.add_argument("--group", type=int, default=8, help="samples per problem")
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--problems", type=int, default=64, help="train problems the tenants draw from")
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=5e-3, help="AdamW learning rate of the GRPO steps")
     p.add_argument("--batch-window-ms", type=float, default=5.0, help="the service's --batch-window-ms")
     p.add_argument("--baseline", metavar="DIR",
                    help="also run every phase against a service from the source tree in DIR (say `git archive` of "
                         "an earlier commit): before/after in one run")
+    p.add_argument("--warmup-target", type=float, default=0.3,
+                   help="SFT the shared base until greedy train accuracy reaches this first (0: the random tiny model)")
+    p.add_argument("--warmup-steps", type=int, default=400, help="the most SFT warm-up steps")
+    p.add_argument("--warmup-dir", metavar="DIR",
+                   help="keep the warmed-up base here and reuse it when DIR already holds one (default: a temporary one)")
+    p.add_argument("--val-samples", type=int, default=8, help="samples per held-out problem for the validation reward")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs")
     args = p.parse_args(argv)
     if args.smoke:
         args.tenants, args.steps, args.batch, args.group, args.max_tokens = "1,2", 1, 2, 2, 4
+        args.warmup_target = 0.0
     counts = [int(n) for n in args.tenants.split(",")]
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     from trainer.tokenizer import build_tiny_tokenizer
@@ -187,10 +228,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         env_url = stack.enter_context(math_server(0, out / "math_server.log"))
         episodes = stack.enter_context(closing(MathEpisodes(env_url, build_tiny_tokenizer())))
         args.problems = min(args.problems, episodes.size("train"))
+        base = []
+        if args.warmup_target > 0:
+            path = Path(args.warmup_dir or out / "base")
+            if not (path / "config.json").exists():
+                torch.set_num_threads(1)
+                _, steps, acc = warmed_base(episodes, path, target=args.warmup_target, max_steps=args.warmup_steps)
+                print(f"warm-up: {steps} SFT steps, greedy train accuracy {acc:.2f}", flush=True)
+            base = ["--model", str(path), "--served-name", "tiny"]
         runs = {"this service": None, **({f"baseline {args.baseline}": args.baseline} if args.baseline else {})}
         results = {}
         for name, source in runs.items():
-            serve_args = ["--threads", "1", "--state-dir", str(out / name.replace("/", "_") / "state"),
+            serve_args = [*base, "--threads", "1", "--state-dir", str(out / name.replace("/", "_") / "state"),
                           "--max-tenants", str(2 * max(counts))]
             if source is None:
                 serve_args += ["--batch-window-ms", str(args.batch_window_ms)]

@@ -2,7 +2,8 @@
 
 The training service merges concurrent ``sample`` requests (one tenant's many prompts, several tenants'
 adapters) into one engine batch: every request's ``num_samples`` rows are left-padded into one batch,
-each row names its own peft adapter (peft's mixed-batch ``adapter_names``), and one
+each row decodes under its own LoRA adapter (:class:`~trainer.sampling.row_adapters.RowAdapters`: the
+rows of one adapter together, each adapter's arithmetic on its own rows only), and one
 :func:`~trainer.sampling.decode` call continues them all, each row with its own token budget. The
 log-probs of the sampled ids are then recomputed in one trainer forward over every row, each under its
 own adapter, exactly as :meth:`SamplingClient.sample` does for one request.
@@ -31,6 +32,7 @@ from trainer.sampling import (
     generation_model,
     stop_string_check,
 )
+from trainer.sampling.row_adapters import RowAdapters
 
 
 @dataclass
@@ -76,14 +78,18 @@ def sample_batch(requests: Sequence[SampleRequest]) -> list[SampleResponse]:
     for r in requests:
         r.client.check_request(r.prompt, r.num_samples, r.params)
     first = requests[0].client
-    rows = [(r.client.adapter, r.prompt) for r in requests for _ in range(r.num_samples)]
-    budgets = [r.params.max_tokens for r in requests for _ in range(r.num_samples)]
+    # each adapter's rows together: one run per adapter in every LoRA layer (RowAdapters)
+    order = sorted(range(len(requests)), key=lambda k: str(requests[k].client.adapter))
+    ordered = [requests[k] for k in order]
+    rows = [(r.client.adapter, r.prompt) for r in ordered for _ in range(r.num_samples)]
+    budgets = [r.params.max_tokens for r in ordered for _ in range(r.num_samples)]
     completions = _generate(first, rows, budgets, requests[0].params)
     temperature = requests[0].params.temperature or 1.0  # greedy ids are scored at temperature 1
     full = [(adapter, prompt + ids) for (adapter, prompt), (ids, _) in zip(rows, completions)]
     logprobs_BT = _logprobs(first, full, temperature)
-    out, row = [], 0
-    for r in requests:
+    out: list[SampleResponse | None] = [None] * len(requests)
+    row = 0
+    for k, r in zip(order, ordered):
         seqs = []
         for i in range(row, row + r.num_samples):
             ids, reason = completions[i]
@@ -92,8 +98,8 @@ def sample_batch(requests: Sequence[SampleRequest]) -> list[SampleResponse]:
         prompt_lps = None
         if r.include_prompt_logprobs:
             prompt_lps = r.client.compute_logprobs(r.prompt)
-        out.append(SampleResponse(seqs, prompt_lps))
-    return out
+        out[k] = SampleResponse(seqs, prompt_lps)
+    return [o for o in out if o is not None]
 
 
 def _adapter_names(client: SamplingClient, adapters: list[str | None]) -> list[str] | None:
@@ -114,17 +120,15 @@ def _generate(client: SamplingClient, rows: list[tuple[str | None, list[int]]], 
     attn_BT = torch.zeros_like(ids_BT)
     for i, (_, prompt) in enumerate(rows):
         ids_BT[i, width - len(prompt):], attn_BT[i, width - len(prompt):] = torch.tensor(prompt), 1
-    kwargs = {}
     names = _adapter_names(client, [a for a, _ in rows])
-    if names is not None:
-        kwargs["adapter_names"] = names
+    adapters = RowAdapters(client.model, names) if names is not None else None
     stop_ids = set(params.stop_token_ids) if params.stop is not None else {client.eos_id}
     greedy = params.temperature == 0
     with _eval_mode(client.model):
         out = decode(model, ids_BT.to(device), attn_BT.to(device), max_new_tokens=budgets, eos_ids=stop_ids,
                      temperature=1.0 if greedy else params.temperature, greedy=greedy, top_k=max(params.top_k, 0),
                      top_p=params.top_p, stop_check=stop_string_check(params.stop_strings, client.tokenizer),
-                     **kwargs)
+                     row_adapters=adapters)
     return list(zip(out.token_ids, out.finish_reasons))
 
 

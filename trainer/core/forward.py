@@ -1,7 +1,7 @@
 """One forward pass of the policy over padded datums: log-probs of the targets (and values), in any wrapper.
 
 The model may be a plain Hugging Face causal LM, a peft model (one adapter, or several named adapters
-selected per row with ``adapter_names``) or a DDP wrapper around either; the pass goes through the
+selected per row: :class:`~trainer.sampling.row_adapters.RowAdapters`) or a DDP wrapper around either; the pass goes through the
 outermost wrapper so DDP's gradient hooks fire.
 """
 
@@ -16,10 +16,8 @@ from torch import Tensor
 
 from trainer.core.losses import token_logprobs
 from trainer.core.types import Datum
+from trainer.sampling.row_adapters import BASE_ADAPTER, RowAdapters
 from trainer.vision import vision_inputs
-
-#: peft's name for "no adapter" in a mixed batch
-BASE_ADAPTER = "__base__"
 
 
 @dataclass
@@ -64,7 +62,7 @@ def run_model(model: Any, tokens_BT: Tensor, attn_BT: Tensor, *, adapters: list[
               hidden: bool = False, images_B: list[list[Any]] | None = None) -> tuple[Tensor, Tensor | None]:
     """``(logits [B, T, V], last hidden states [B, T, H] or None)`` of one pass through ``model``; ``images_B``
     (row b's image features, behind its placeholder ids) go in as pixel values, grids and token types."""
-    kwargs: dict[str, Any] = {"adapter_names": adapters} if adapters is not None else {}
+    kwargs: dict[str, Any] = {}
     if images_B and any(images_B):
         from trainer.model import unwrap
 
@@ -72,7 +70,12 @@ def run_model(model: Any, tokens_BT: Tensor, attn_BT: Tensor, *, adapters: list[
         kwargs.update(vision_inputs(images_B, tokens_BT, int(config.image_token_id)))
     # no padding: no mask, so attention keeps its fastest (purely causal) path
     mask = None if bool(attn_BT.all()) else attn_BT
-    out = model(input_ids=tokens_BT, attention_mask=mask, output_hidden_states=hidden, use_cache=False, **kwargs)
+    if adapters is None:
+        out = model(input_ids=tokens_BT, attention_mask=mask, output_hidden_states=hidden, use_cache=False, **kwargs)
+    else:
+        with RowAdapters(model, adapters):  # row b under adapters[b]
+            out = model(input_ids=tokens_BT, attention_mask=mask, output_hidden_states=hidden, use_cache=False,
+                        **kwargs)
     return out.logits, (out.hidden_states[-1] if hidden else None)
 
 

@@ -6,10 +6,11 @@
 >>> host.forward_backward_batch([(alice, data_a, "cross_entropy", {}), (bob, data_b, "ppo", {})])  # doctest: +SKIP
 
 Each tenant is a :class:`~trainer.core.client.TrainingClient` with its own adapter, gradients and AdamW
-state; the base weights are frozen and shared. Forward passes select each row's adapter with peft's
-mixed-batch ``adapter_names``, so one pass serves several tenants (:meth:`ModelHost.forward_backward_batch`).
-Passes run with dropout off (the model stays in eval mode): peft refuses mixed batches in training
-mode, and the tiny and common chat models use no dropout anyway. A full-parameter tenant trains the
+state; the base weights are frozen and shared. Forward passes apply each row's adapter to its rows
+(:class:`~trainer.sampling.row_adapters.RowAdapters`: each request's rows together, one LoRA term per
+tenant on contiguous rows), so one pass serves several tenants (:meth:`ModelHost.forward_backward_batch`).
+Passes run with dropout off (the model stays in eval mode), as peft's mixed batches required; the tiny
+and common chat models use no dropout anyway. A full-parameter tenant trains the
 base weights themselves, so it is the only tenant while it lives; removing it restores the base.
 
 Samplers come from the decode loop of :mod:`trainer.sampling` on the host's model (``sampler="hf"``) or from one vLLM
@@ -237,10 +238,11 @@ class ModelHost:
         logits, _ = run_model(self.model, tokens, attn, adapters=adapters, images_B=images_B)
         losses: list[Tensor] = []
         outs: list[tuple[int, ForwardBackwardOutput]] = []
-        row = 0
-        for i, _adapter, padded, loss_fn, config in good:
-            B, T = padded.tokens_BT.shape
-            logits_BTV = logits[row:row + B, :T]
+        # split, not slices: a split's backward is one cat, where each slice's is a zero-filled full-size gradient
+        pieces = logits.split([p.tokens_BT.shape[0] for _, _, p, _, _ in good])
+        for (i, _adapter, padded, loss_fn, config), piece_BTV in zip(good, pieces):
+            T = padded.tokens_BT.shape[1]
+            logits_BTV = piece_BTV[:, :T]
             lp_BT = target_logprobs(logits_BTV, padded.inputs["target_tokens"], config.get("temperature", 1.0))
             loss, elementwise_BT, metrics = weighted_loss(loss_fn, lp_BT, padded.inputs, config, logits_BTV=logits_BTV)
             losses.append(loss)
@@ -248,7 +250,6 @@ class ModelHost:
             out_metrics = {"loss:sum": float(loss.detach()), "tokens:sum": active,
                            **{k: float(v) for k, v in metrics.items()}}
             outs.append((i, ForwardBackwardOutput(_per_datum(padded, lp_BT, elementwise_BT, None), out_metrics)))
-            row += B
         if backward:
             torch.stack(losses).sum().backward()
         return outs

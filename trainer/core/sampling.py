@@ -28,6 +28,7 @@ from trainer.sampling import (
     generation_model,
     stop_string_check,
 )
+from trainer.sampling.row_adapters import RowAdapters
 
 
 class SamplingClient:
@@ -111,14 +112,13 @@ class SamplingClient:
         stop_ids = set(params.stop_token_ids) if params.stop is not None else {self.eos_id}
         greedy = params.temperature == 0
         ids_BT = torch.tensor([prompt] * n, device=device)
-        kwargs: dict[str, Any] = {}
-        if self.adapter is not None:
-            kwargs["adapter_names"] = self._adapters(n)
+        adapters = self._adapters(n)
+        rows = RowAdapters(self.model, adapters) if adapters is not None else None
         with _eval_mode(self.model), _seeded(params.seed, device):
             out = decode(model, ids_BT, torch.ones_like(ids_BT), max_new_tokens=params.max_tokens, eos_ids=stop_ids,
                          temperature=1.0 if greedy else params.temperature, greedy=greedy,
                          top_k=max(params.top_k, 0), top_p=params.top_p,
-                         stop_check=stop_string_check(params.stop_strings, self.tokenizer), **kwargs)
+                         stop_check=stop_string_check(params.stop_strings, self.tokenizer), row_adapters=rows)
         return list(zip(out.token_ids, out.finish_reasons))
 
 

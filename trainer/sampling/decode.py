@@ -10,7 +10,8 @@ and per-row stops (EOS or any stop id, a per-row token budget, an optional check
 It ends as soon as every row has stopped.
 
 Prompts are left-padded; position ids count real tokens only, so a padded row sees the same positions
-as it would alone. Extra keyword arguments (a peft ``adapter_names`` list, say) go to every forward.
+as it would alone. Rows may decode under different LoRA adapters (``row_adapters``, one batch for several
+tenants). Extra keyword arguments (a peft ``adapter_names`` list, say) go to every forward.
 
 >>> out = decode(model, ids_BT, attn_BT, max_new_tokens=[16, 8], eos_ids={eos}, temperature=1.0)  # doctest: +SKIP
 >>> out.token_ids[0], out.logprobs[0], out.finish_reasons[0]                                      # doctest: +SKIP
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 
 from trainer.sampling.kernels import HFKernel, LlamaKernel
+from trainer.sampling.row_adapters import RowAdapters
 
 
 @dataclass
@@ -41,14 +43,27 @@ class Decoded:
 def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int | Sequence[int],
            eos_ids: set[int] | frozenset[int] = frozenset(), temperature: float = 1.0, greedy: bool = False,
            top_k: int = 0, top_p: float = 1.0, stop_check: Callable[[list[int]], bool] | None = None,
-           **forward_kwargs: Any) -> Decoded:
+           row_adapters: RowAdapters | None = None, **forward_kwargs: Any) -> Decoded:
     """Continue each left-padded row of ``ids_BT`` (mask ``attn_BT``) until it stops.
 
     ``max_new_tokens``: one budget for all rows or one per row. ``eos_ids``: ids that end a row
     (kept as its last id, reason "stop"). ``stop_check(new_ids)`` is asked after every new id of a row
     still running (stop strings); True ends it with reason "stop". ``greedy`` takes the argmax and
-    reports log-probs at temperature 1.
+    reports log-probs at temperature 1. ``row_adapters``: row ``b`` decodes under that LoRA adapter
+    (:class:`~trainer.sampling.row_adapters.RowAdapters`, entered here).
     """
+    if row_adapters is None:
+        return _decode(model, ids_BT, attn_BT, max_new_tokens, eos_ids, temperature, greedy, top_k, top_p,
+                       stop_check, None, forward_kwargs)
+    with row_adapters:
+        return _decode(model, ids_BT, attn_BT, max_new_tokens, eos_ids, temperature, greedy, top_k, top_p,
+                       stop_check, row_adapters, forward_kwargs)
+
+
+def _decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, max_new_tokens: int | Sequence[int],
+            eos_ids: set[int] | frozenset[int], temperature: float, greedy: bool, top_k: int, top_p: float,
+            stop_check: Callable[[list[int]], bool] | None, adapters: RowAdapters | None,
+            forward_kwargs: dict[str, Any]) -> Decoded:
     B = ids_BT.shape[0]
     device = ids_BT.device
     budgets = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -66,10 +81,21 @@ def decode(model: Any, ids_BT: Tensor, attn_BT: Tensor, *, max_new_tokens: int |
     attn_BS[:, :T] = attn_BT
     pos_BT = (attn_BS[:, :T].cumsum(-1) - 1).clamp_(min=0)
     kernel = (None if forward_kwargs else LlamaKernel.build(model, T + n_max)) or HFKernel(model)
-    # rows with the same prompt (a GRPO group's samples) share one prefill, its cache copied to each of them
-    unique_UT, inverse_B = torch.unique(torch.cat([ids_BT, attn_BS[:, :T]], dim=1), dim=0, return_inverse=True)
+    # rows with the same prompt and adapter (a GRPO group's samples) share one prefill, its cache copied to each
+    # of them; the adapter's index leads the key so that the unique rows keep each adapter's rows together
+    adapter_B = torch.zeros((B, 1), dtype=torch.long, device=device)
+    if adapters is not None:
+        names = {name: i for i, name in enumerate(dict.fromkeys(adapters.adapters_B))}
+        adapter_B[:, 0] = torch.tensor([names[a] for a in adapters.adapters_B], device=device)
+    unique_UT, inverse_B = torch.unique(torch.cat([adapter_B, ids_BT, attn_BS[:, :T]], dim=1), dim=0,
+                                        return_inverse=True)
     if len(unique_UT) < B and not forward_kwargs:
-        logits_UV = kernel.prefill(unique_UT[:, :T], unique_UT[:, T:], pos_BT[_first_rows(inverse_B, len(unique_UT))])
+        first_U = _first_rows(inverse_B, len(unique_UT))
+        if adapters is not None:
+            adapters.select(first_U)
+        logits_UV = kernel.prefill(unique_UT[:, 1:T + 1], unique_UT[:, T + 1:], pos_BT[first_U])
+        if adapters is not None:
+            adapters.select(range(B))
         if kernel.expand(inverse_B):
             logits_BV = logits_UV[inverse_B]
         else:  # a cache type that cannot copy rows: prefill every row

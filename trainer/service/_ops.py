@@ -330,7 +330,8 @@ class Ops:
         q = self.queue.stats
         return {"queue": {"pending": self.queue.pending(), "jobs": q.jobs, "busy_s": round(q.busy_s, 3),
                           "refused": q.refused, "batches": q.batches, "batched_jobs": q.batched_jobs,
-                          "largest_batch": q.largest_batch},
+                          "largest_batch": q.largest_batch,
+                          "busy_by_type": {k: round(v, 3) for k, v in q.busy_by_type.items()}},
                 "sampler_slots": {"slots": self.samplers.max_loaded, **self.samplers.stats.as_dict()},
                 **({"sampler_servers": self.remote.stats()} if self.remote is not None else {})}
 

@@ -107,6 +107,7 @@ class QueueStats:
     jobs: int = 0  # jobs run in all
     refused: int = 0  # submissions answered 429
     busy_s: float = 0.0  # time the worker spent running work
+    busy_by_type: dict[str, float] = field(default_factory=dict)  # request type -> its share of busy_s
 
 
 class WorkQueue:
@@ -290,6 +291,8 @@ class WorkQueue:
             outcomes = self._run(jobs)
             elapsed_s = time.perf_counter() - start
             self.stats.busy_s += elapsed_s
+            kind = jobs[0].request_type
+            self.stats.busy_by_type[kind] = self.stats.busy_by_type.get(kind, 0.0) + elapsed_s
             self.stats.jobs += len(jobs)
             log.debug("requests %s (%s) in %.3f s", [j.request_id for j in jobs], jobs[0].request_type, elapsed_s)
             for j, outcome in zip(jobs, outcomes):

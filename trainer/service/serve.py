@@ -218,6 +218,9 @@ def serve(args: argparse.Namespace) -> int:
              "on" if settings.tokens else "off")
     # keep-alive well past the SDK's 10 s heartbeat, so its pooled connections are reused, never re-opened;
     # connections beyond limit_concurrency get a 503 (which the SDK retries) instead of more memory
+    # two busy threads share the GIL (the event loop and the model worker): every request hands off between them,
+    # and a hand-off waits up to the switch interval (5 ms by default) while the other thread runs Python
+    sys.setswitchinterval(0.0005)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, timeout_keep_alive=75,
                             limit_concurrency=1024)
     uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,92 @@
+"""Per-row LoRA adapters (RowAdapters): the same outputs and gradients as peft's mixed batches, in any row order."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from trainer.core import AdamParams, Datum, ModelHost
+from trainer.model import ModelConfig
+from trainer.sampling.row_adapters import BASE_ADAPTER, RowAdapters, runs_of
+
+TINY = dict(name="tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
+
+@pytest.fixture
+def host() -> ModelHost:
+    host = ModelHost(ModelConfig(**TINY), max_tenants=3)
+    for i, name in enumerate(["alice", "bob", "carol"]):
+        client = host.create_lora_client(name, rank=2 + 2 * i, seed=i)
+        probe = [Datum.from_sequence([5, 6, 7, 8 + i], weights=[0.0, 1.0, 1.0, 1.0])]
+        client.forward_backward(probe)  # move B off its zero init, so every adapter changes the output
+        client.optim_step(AdamParams(learning_rate=0.05))
+    return host
+
+
+def test_runs_group_consecutive_rows():
+    assert runs_of(["a", "a", "b", BASE_ADAPTER, "a"]) == [(0, 2, "a"), (2, 3, "b"), (3, 4, None), (4, 5, "a")]
+
+
+def test_rows_match_peft_mixed_batches_forward_and_backward(host):
+    names = [host.client(n).adapter for n in ("alice", "bob", "carol")]
+    # interleaved runs and a base row: RowAdapters is exact in any order, only faster when rows are grouped
+    adapters = [names[0], names[1], names[1], BASE_ADAPTER, names[2], names[0]]
+    ids_BT = torch.randint(3, 200, (len(adapters), 7), generator=torch.Generator().manual_seed(0))
+    params = [p for n in ("alice", "bob", "carol") for p in host.client(n).params]
+
+    def pass_(rows: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        for p in params:
+            p.grad = None
+        if rows:
+            with RowAdapters(host.model, adapters):
+                logits = host.model(input_ids=ids_BT).logits
+        else:
+            logits = host.model(input_ids=ids_BT, adapter_names=adapters).logits
+        (logits.square().mean()).backward()
+        return logits.detach(), [p.grad.clone() for p in params]
+
+    ours, grads = pass_(True)
+    peft, peft_grads = pass_(False)
+    torch.testing.assert_close(ours, peft)
+    for g, h in zip(grads, peft_grads):
+        torch.testing.assert_close(g, h)
+    # the base row is the base model's; after the block the layers are peft's own again
+    assert all("forward" not in vars(m) for m in host.model.modules())
+    with host.model.disable_adapter():
+        torch.testing.assert_close(ours[3], host.model(input_ids=ids_BT[3:4]).logits[0])
+
+
+def test_rows_of_the_decode_kernel_layout(host):
+    """[B * T, features] inputs (the decode kernel's rows) take each row's adapter for all its positions."""
+    names = [host.client(n).adapter for n in ("alice", "bob")]
+    layer = next(m for m in host.model.modules() if hasattr(m, "lora_A") and names[0] in m.lora_A)
+    x = torch.randn(2 * 3, layer.in_features)
+    with RowAdapters(host.model, names):
+        both = layer(x)
+        with pytest.raises(ValueError, match="rows"):
+            layer(torch.randn(5, layer.in_features))
+    for b, name in enumerate(names):
+        alone = layer(x[3 * b:3 * b + 3], adapter_names=[name] * 3)
+        torch.testing.assert_close(both[3 * b:3 * b + 3], alone)
+
+
+def test_a_block_is_its_threads_alone(host):
+    """Another thread's pass on the same model, while a block is open, runs peft's own forward (its active
+    adapter), not the block's rows; a nested block on one thread is refused."""
+    names = [host.client(n).adapter for n in ("alice", "bob")]
+    layer = next(m for m in host.model.modules() if hasattr(m, "lora_A") and names[0] in m.lora_A)
+    x = torch.randn(3, layer.in_features)
+    own = layer(x)
+    seen: list[torch.Tensor] = []
+    with RowAdapters(host.model, [names[1]] * 3):
+        worker = threading.Thread(target=lambda: seen.append(layer(x)))
+        worker.start()
+        worker.join()
+        mine = layer(x)
+        with pytest.raises(RuntimeError, match="nested"):
+            RowAdapters(host.model, names).__enter__()
+    torch.testing.assert_close(seen[0], own)
+    torch.testing.assert_close(mine, layer(x, adapter_names=[names[1]] * 3))
+    assert not torch.allclose(mine, own)
