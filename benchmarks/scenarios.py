@@ -50,7 +50,7 @@ SCENARIOS = [
              "accuracy (greedy, held-out diagrams: which figure)", 0.3,
              lambda cfg, seed, out, smoke: run_geometry_vision(cfg, seed, out, smoke=smoke)),
     Scenario("geometry-tools", "scenario_geometry_tools.toml",
-             "accuracy (greedy, held-out triangles: a side only the measure tool reads)", 0.2,
+             "accuracy (greedy, held-out triangles, ruler tool)", 0.2,
              lambda cfg, seed, out, smoke: run_geometry_tools(cfg, seed, out, smoke=smoke)),
     Scenario("gomoku", "scenario_gomoku.toml", "win rate vs the random opponent (greedy, held-out games)", 0.2,
              lambda cfg, seed, out, smoke: run_gomoku(cfg, seed, out, smoke=smoke)),

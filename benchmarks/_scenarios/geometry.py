@@ -20,8 +20,8 @@ from .common import CONFIGS, RunResult, metric_curve
 
 DEMO_SEED_BASE = 10**9  # warm-up problems: train-split seeds far from the ones the RL steps draw (0, 1, ...)
 FIGURE_DEMOS, FIGURE_SFT_STEPS, FIGURE_SFT_LR = 256, 25, 1e-2  # as examples/vision_train.py's colour warm-up
-TOOL_DEMOS, TOOL_SFT_STEPS, TOOL_SFT_LR = 256, 60, 3e-3
-CALL_FRACTION = 0.5  # warm-up demonstrations that call the ruler before answering (the rest answer at once)
+TOOL_DEMOS, TOOL_SFT_STEPS, TOOL_SFT_LR = 256, 90, 5e-3  # the ~55-token call must come out whole when sampled
+CALL_FRACTION = 1.0  # warm-up conversations that call the ruler before answering (the call format; 0.5 let GRPO drop the calls)
 TEXT_ONLY = "tiny"
 
 
