@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:  # run as a script (`python benchmarks/scenarios.p
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._scenarios.common import RunResult  # noqa: E402
+from benchmarks._scenarios.geometry import run_geometry_tools, run_geometry_vision  # noqa: E402
 from benchmarks._scenarios.gomoku import run_gomoku  # noqa: E402
 from benchmarks._scenarios.math import run_math  # noqa: E402
 from benchmarks._scenarios.two_agent import run_two_agent  # noqa: E402
@@ -50,6 +51,12 @@ SCENARIOS = [
              lambda cfg, seed, out, smoke: run_math(cfg, seed, out, smoke=smoke)),
     Scenario("math-lora", "scenario_math_lora.toml", "validation accuracy (greedy, held-out sums)", 0.3,
              lambda cfg, seed, out, smoke: run_math(cfg, seed, out, smoke=smoke)),
+    Scenario("geometry-vision", "scenario_geometry_vision.toml",
+             "accuracy (greedy, held-out diagrams: which figure)", 0.3,
+             lambda cfg, seed, out, smoke: run_geometry_vision(cfg, seed, out, smoke=smoke)),
+    Scenario("geometry-tools", "scenario_geometry_tools.toml",
+             "accuracy (greedy, held-out triangles, ruler tool)", 0.2,
+             lambda cfg, seed, out, smoke: run_geometry_tools(cfg, seed, out, smoke=smoke)),
     Scenario("gomoku", "scenario_gomoku.toml", "win rate vs the random opponent (greedy, held-out games)", 0.2,
              lambda cfg, seed, out, smoke: run_gomoku(cfg, seed, out, smoke=smoke)),
     Scenario("gomoku-two-agent", "scenario_gomoku_two_agent.toml",

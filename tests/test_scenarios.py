@@ -111,3 +111,39 @@ def test_metric_curve_keeps_one_value_per_step_and_refuses_a_run_that_never_eval
     path.write_text('{"step": 0, "eval/episodes": 4, "eval/win_rate": 0.25}\n{"step": 2, "train/reward_mean": 1}\n'
                     '{"step": 5, "eval/episodes": 4}\n')
     assert metric_curve(path, "eval/win_rate", absent=0.0) == [(0, 0.25), (5, 0.0)]  # no outcome: no win
+
+
+def test_geometry_vision_plots_the_text_only_policy_beside_it_and_warms_up_on_random_letters(tmp_path: Path) -> None:
+    from benchmarks._scenarios.geometry import _train_problems, figure_demos
+
+    result = scenarios.pick("geometry-vision")[0].run("scenario_geometry_vision.toml", 0, tmp_path, True)
+    assert [step for step, _ in result.extra["text-only policy (tiny)"]] == [0, 1]
+    assert (tmp_path / "text_only" / "metrics.jsonl").is_file()
+    cfg = load_config(ROOT / "examples" / "configs" / "scenario_geometry_vision.toml")
+    demos = figure_demos(cfg, 60, seed=0)
+    truths = [env.current_problem().answer for env, _ in _train_problems(cfg, 60, seed=0)]
+    assert {d["completion"] for d in demos} == {"t", "q", "c"}
+    hits = sum(d["completion"] == truth for d, truth in zip(demos, truths))
+    assert hits < 40  # random letters (about 20 of 60 by chance), not the figures' answers
+    assert all(env.current_problem().split == "train" for env, _ in _train_problems(cfg, 5, seed=0))
+
+
+def test_geometry_tools_plots_the_tool_call_rate_and_warms_up_on_the_formats_only(tmp_path: Path) -> None:
+    from benchmarks._scenarios.geometry import CALL_FRACTION, _train_problems, measure_demos
+    from envhub.tool_parsers import hermes
+
+    result = scenarios.pick("geometry-tools")[0].run("scenario_geometry_tools.toml", 0, tmp_path, True)
+    assert [step for step, _ in result.extra["tool-call rate"]] == [0, 1]
+    cfg = load_config(ROOT / "examples" / "configs" / "scenario_geometry_tools.toml")
+    demos = measure_demos(cfg, 40, seed=0)
+    truths = [env.current_problem().answer for env, _ in _train_problems(cfg, 40, seed=0)]
+    calls = [d for d in demos if d["messages"][-2]["role"] == "tool"]
+    assert abs(len(calls) - CALL_FRACTION * 40) <= 10 and all(d["tools"] == cfg.env.tools for d in demos)
+    for demo, truth in zip(demos, truths):
+        if demo["messages"][-2]["role"] == "tool":
+            parsed = hermes(demo["messages"][2]["content"])
+            asked = demo["messages"][1]["content"][-1]["text"].split()[3].rstrip("?")
+            assert [(c.name, c.arguments) for c in parsed.calls] == [("measure", {"segment": asked})]
+            assert demo["messages"][-2]["content"] == truth  # the ruler's real reading
+    answers = [d["messages"][-1]["content"] for d in demos]
+    assert sum(a == f"\\boxed{{{t}}}" for a, t in zip(answers, truths)) < 20  # random lengths, not the readings

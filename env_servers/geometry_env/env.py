@@ -9,7 +9,12 @@ Two modes (config ``mode``):
   the episode ends when an answer is right or ``max_attempts`` (3) are used. Episode returns:
   1.0, 0.95, 0.9 or −0.1.
 * ``"single"``: one text turn, reward ``0.9 × accuracy + 0.1 × format`` where the format is
-  ``<think>…</think>`` followed by ``\boxed{}``.
+  ``<think>…</think>`` followed by ``\boxed{}`` (for a multiple-choice problem, such as the
+  ``figure`` kind: a first word naming one of its choices).
+
+Diagram-only kinds (:mod:`env_servers.geometry_env.figures`): ``figure`` (which figure is drawn)
+and ``measure`` (a side only the ``measure`` tool, a ruler on the diagram, reads); their statements
+never give the answer. ``instruction=""`` drops the mode's instruction after the statement.
 
 The first observation carries the statement and instruction (``text``), the diagram as PNG
 (``images[0]``) and the system prompt (``metadata["system_prompt"]``). Grading is
@@ -21,11 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from env_servers.geometry_env import calculator, loaders, problems
+from env_servers.geometry_env import calculator, figures, loaders, problems
 from env_servers.geometry_env.calculator import CalculatorError
 from env_servers.geometry_env.problems import GeometryProblem
 from env_servers.geometry_env.render import render_png_cached
-from env_servers.math_grading.grading import extract_boxed, grade, grade_answer, has_think_then_boxed
+from env_servers.math_grading.grading import GradeResult, extract_boxed, grade, grade_answer, has_think_then_boxed
 from envhub import Env, Observation, StepResult, tool
 from envhub.config import from_kwargs
 from envhub.errors import ActionValidationError, EpisodeStateError
@@ -59,6 +64,7 @@ class GeometryConfig:
     data_dir: str | None = None  # the original geometry3k layout
     dataset_rel_tol: float | None = 0.01  # geometry3k answers are rounded decimals
     system_prompt: str | None = None  # None: the mode's default
+    instruction: str | None = None  # after the statement; None: the mode's default, "" none
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -78,7 +84,8 @@ class GeometryEnv(Env):
 
     ``reset(seed, split="train", kind=None, difficulty=None, index=None, problem=None, answer=None)``:
     ``kind`` is a generator family (``triangle_angle``, ``law_of_cosines``, ``circle_arc``, ...; see
-    :mod:`env_servers.geometry_env.problems`), ``difficulty`` 1-3 picks among the families of that
+    :mod:`env_servers.geometry_env.problems`) or a diagram-only kind (``figure``, ``measure``; see
+    :mod:`env_servers.geometry_env.figures`), ``difficulty`` 1-3 picks among the families of that
     level, ``index`` a deterministic problem of the split, ``problem`` + ``answer`` a custom one.
     Without a generator ``kind``, configured geometry3k data (``data_files``/``data_dir``) is used.
     """
@@ -100,7 +107,10 @@ class GeometryEnv(Env):
             raise ActionValidationError(f"reset(): {exc}") from None
         self.attempts, self.turns = 0, 0
         p, single = self.problem, self.config.mode == "single"
-        text = f"{p.statement} {SINGLE_INSTRUCTION if single else TOOLS_INSTRUCTION}"
+        instruction = self.config.instruction
+        if instruction is None:
+            instruction = SINGLE_INSTRUCTION if single else TOOLS_INSTRUCTION
+        text = f"{p.statement} {instruction}".strip()
         images = []
         if self.config.include_image:
             png = p.image_png or (render_png_cached(p.problem_id, p.diagram, self.config.image_size)
@@ -117,6 +127,10 @@ class GeometryEnv(Env):
             if not (isinstance(statement, str) and statement.strip() and isinstance(answer, str) and answer.strip()):
                 raise ValueError("Expected both 'problem' and 'answer' as non-empty strings for a custom problem.")
             return GeometryProblem("custom", statement, answer, kind or "custom", difficulty, split)
+        if kind in figures.KINDS:
+            if index is not None:
+                return figures.problem_at(index, split=split, kind=kind)
+            return figures.generate(self.rng, split=split, kind=kind)
         source = self.config.data_dir or self.config.data_files.get(split)
         if kind in problems.KINDS or not (self.config.data_dir or self.config.data_files):
             if index is not None:
@@ -145,9 +159,16 @@ class GeometryEnv(Env):
     # -- single mode and text turns -------------------------------------------------------------
     def on_text(self, text: str) -> StepResult:
         if self.config.mode == "single":
-            answer = self.current_problem().answer
-            verdict = grade(text, answer, rel_tol=self._rel_tol)
-            accuracy, fmt = float(verdict.correct), float(has_think_then_boxed(text))
+            problem = self.current_problem()
+            answer = problem.answer
+            if problem.choices:  # multiple choice: the reply's first word names a choice, or the format fails
+                choice = figures.choice_of(text, problem.choices)
+                verdict = GradeResult(choice, choice == answer)
+                fmt = float(choice is not None)
+            else:
+                verdict = grade(text, answer, rel_tol=self._rel_tol)
+                fmt = float(has_think_then_boxed(text))
+            accuracy = float(verdict.correct)
             reward = self.config.accuracy_weight * accuracy + self.config.format_weight * fmt
             self.done = True
             return StepResult(observation=Observation(text=f"Current parsed answer={verdict.parsed} reward={reward:g}"),
@@ -242,6 +263,19 @@ class GeometryEnv(Env):
         return self._helper(calculator.arc_length, radius, angle_deg)
 
     @tool
+    def measure(self, segment: Annotated[str, "two point names of the diagram, e.g. AB"]) -> StepResult:
+        """Measure a segment of the diagram with a ruler: its length, to two decimals."""
+        self._require_tools_mode()
+        diagram = self.current_problem().diagram
+        if diagram is None:
+            return self._tool_turn("Error: this problem has no diagram to measure.")
+        try:
+            text = f"{round(figures.segment_length(diagram, segment), 2):g}"
+        except ValueError as exc:
+            text = f"Error: {exc}"
+        return self._tool_turn(text)
+
+    @tool
     def submit_answer(self, answer: Annotated[str, "your final answer, e.g. 2\\sqrt{13} or 65"]) -> StepResult:
         """Submit an answer to the verifier; you get the parsed answer and its reward, and may retry if wrong."""
         self._require_tools_mode()
@@ -254,6 +288,7 @@ class GeometryEnv(Env):
         info: dict[str, Any] = {"parsed_answer": verdict.parsed, "correct": verdict.correct, "attempts": self.attempts}
         if done:
             info["ground_truth"] = truth
+            info["rewards"] = {"accuracy": correctness}
             self.done = True
         reward = correctness if done else self.config.wrong_attempt_reward
         text = f"Current parsed answer={verdict.parsed} reward={correctness:g}"

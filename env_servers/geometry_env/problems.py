@@ -43,6 +43,8 @@ class Diagram:
     circles: list[tuple[str, float]] = field(default_factory=list)  # (centre point, radius)
     angles: list[tuple[str, str, str, str]] = field(default_factory=list)  # (P, vertex, Q, label)
     right_angles: list[tuple[str, str, str]] = field(default_factory=list)  # (P, vertex, Q)
+    # shaded interiors: a polygon's point names in order, or a 1-tuple naming a circle's centre
+    regions: list[tuple[str, ...]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class GeometryProblem:
     split: str
     diagram: Diagram | None = field(default=None, compare=False)
     image_png: bytes | None = field(default=None, compare=False, repr=False)
+    choices: tuple[str, ...] = ()  # a multiple-choice problem's answers (graded on the reply's first word)
 
 
 def _deg(x: float) -> float:

@@ -1,4 +1,5 @@
-"""Draw a :class:`~.problems.Diagram` as a PNG with Pillow: points, segments, circles, angle and length labels.
+"""Draw a :class:`~.problems.Diagram` as a PNG with Pillow: shaded regions, points, segments, circles, angle and
+length labels.
 
 Coordinates are scaled to fit the canvas (y up, as in the problem), so the picture has the
 proportions the statement describes.
@@ -16,7 +17,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from env_servers.geometry_env.problems import Diagram, Point
 
-INK, ACCENT, LABEL = (20, 20, 20), (200, 40, 40), (30, 60, 170)
+INK, ACCENT, LABEL, SHADE = (20, 20, 20), (200, 40, 40), (30, 60, 170), (50, 50, 50)
 
 
 @lru_cache(maxsize=4)
@@ -68,10 +69,14 @@ def render_png(diagram: Diagram, size: int = 384) -> bytes:
     px = {name: canvas.xy(p) for name, p in diagram.points.items()}
     centre = _centroid(list(px.values()))
     font_size = max(12, size // 24)
+    shaded = {region for region in diagram.regions if len(region) == 1}
+    for region in diagram.regions:
+        if len(region) >= 3:
+            draw.polygon([px[name] for name in region], fill=SHADE)
     for name, radius in diagram.circles:
         cx, cy = px[name]
         r = radius * canvas.scale
-        draw.ellipse((cx - r, cy - r, cx + r, cy + r), outline=INK, width=2)
+        draw.ellipse((cx - r, cy - r, cx + r, cy + r), outline=INK, width=2, fill=SHADE if (name,) in shaded else None)
     for p, q, label in diagram.segments:
         draw.line((px[p], px[q]), fill=INK, width=2)
         if label:

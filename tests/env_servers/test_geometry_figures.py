@@ -1,0 +1,84 @@
+"""Diagram-only geometry problems (``figure``, ``measure``): the answer is in the picture or a tool, never the text."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import random
+
+import pytest
+from PIL import Image
+
+from env_servers.geometry_env import GeometryEnv, figures
+from env_servers.geometry_env.render import render_png
+from envhub import Action
+from envhub.env import EnvRunner
+
+
+@pytest.mark.parametrize("kind", figures.KINDS)
+def test_validation_is_balanced_over_the_answers_and_the_statement_never_gives_them(kind: str) -> None:
+    answers = figures.ANSWERS[kind]
+    problems = [figures.problem_at(i, split="validation", kind=kind) for i in range(3 * len(answers))]
+    assert [p.answer for p in problems] == [answers[i % len(answers)] for i in range(len(problems))]
+    assert all(p.split == "validation" for p in problems)
+    assert len({p.problem_id for p in problems}) == len(problems)
+    if kind == "figure":
+        assert {p.statement for p in problems} == {figures.FIGURE_STATEMENT}
+    assert not any(p.answer in p.statement.split() for p in problems)
+
+
+def test_train_and_validation_figures_never_share_a_problem() -> None:
+    rng = random.Random(0)
+    train = {figures.generate(rng, split="train", kind="figure").problem_id for _ in range(200)}
+    validation = {figures.problem_at(i, split="validation", kind="figure").problem_id for i in range(60)}
+    assert not train & validation
+
+
+def test_the_three_figures_shade_different_parts_of_the_picture() -> None:
+    def ink(answer: str) -> float:
+        _, diagram = figures.BUILDERS["figure"](random.Random(1), answer)
+        grey = Image.open(io.BytesIO(render_png(diagram, 168))).convert("L")
+        return sum(v < 200 for v in grey.getdata()) / (168 * 168)
+
+    assert ink("t") < ink("c") < ink("q")
+
+
+def test_a_reply_names_a_choice_with_its_first_word() -> None:
+    choices = ("t", "q", "c")
+    assert figures.choice_of("t", choices) == "t"
+    assert figures.choice_of(" Quadrilateral!", choices) == "q"
+    assert figures.choice_of("x t", choices) is None and figures.choice_of("", choices) is None
+
+
+def test_the_ruler_reads_the_asked_side_and_refuses_a_segment_the_diagram_lacks() -> None:
+    problem = figures.problem_at(5, split="validation", kind="measure")
+    side = problem.statement.split()[3].rstrip("?")
+    assert f"{figures.segment_length(problem.diagram, side):.6f}" == f"{float(problem.answer):.6f}"
+    with pytest.raises(ValueError, match="two point names"):
+        figures.segment_length(problem.diagram, "AZ")
+
+
+def test_single_mode_grades_a_figure_answer_by_its_letter_with_named_components() -> None:
+    async def answer(text: str) -> dict:
+        runner = EnvRunner(GeometryEnv(mode="single", instruction="", image_size=168))
+        first = await runner.reset(split="validation", kind="figure", index=1)
+        assert first.observation.text == figures.FIGURE_STATEMENT and first.observation.images
+        return (await runner.step(Action(text=text).model_dump(exclude_none=True))).info
+
+    right, wrong, garbled = (asyncio.run(answer(t)) for t in ("q", "circle", "hmm"))
+    assert right["rewards"] == {"accuracy": 1.0, "format": 1.0}
+    assert wrong["rewards"] == {"accuracy": 0.0, "format": 1.0}
+    assert garbled["rewards"] == {"accuracy": 0.0, "format": 0.0}
+
+
+def test_tools_mode_measure_then_answer_scores_the_reading() -> None:
+    async def episode() -> tuple[str, float, dict]:
+        runner = EnvRunner(GeometryEnv(mode="tools", instruction="", max_attempts=1, max_turns=2))
+        first = await runner.reset(split="validation", kind="measure", index=2)
+        side = first.observation.text.split()[3].rstrip("?")
+        reading = await runner.step({"tool_name": "measure", "arguments": {"segment": side}})
+        final = await runner.step({"text": f"\\boxed{{{reading.observation.text}}}"})
+        return reading.observation.text, final.reward, final.info
+
+    reading, reward, info = asyncio.run(episode())
+    assert reading == figures.ANSWERS["measure"][2] and reward == 1.0 and info["rewards"] == {"accuracy": 1.0}
