@@ -37,13 +37,15 @@ def shape_05b(layers: int) -> dict[str, int]:
     return dict(hidden_size=896, num_layers=layers, num_heads=14, num_kv_heads=2, intermediate_size=4864)
 
 
-def start_server(shape: dict[str, int], log_dir: Path, timeout_s: float = 300.0) -> tuple[subprocess.Popen, str]:
+def start_server(shape: dict[str, int], log_dir: Path, timeout_s: float = 300.0,
+                 threads: int | None = None) -> tuple[subprocess.Popen, str]:
     """``python -m trainer.sampler_server`` with ``shape`` (fp32) on a free port, once healthy."""
     from trainer.quickstart import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "trainer.sampler_server", "--port", str(port), "--device", "cpu",
+            *(["--threads", str(threads)] if threads else []),
             "model.dtype=fp32", *(f"model.{k}={v}" for k, v in shape.items())]
     log = open(log_dir / f"sampler-{port}.log", "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -84,7 +86,7 @@ def run_quickstart(args: argparse.Namespace, servers: int, out: Path) -> dict[st
         argv += ["--sft-steps", "2", "--batch", "2", "--group", "2", "--eval-problems", "2", "--eval-every", "0"]
     try:
         for _ in range(servers):
-            proc, url = start_server(QUICKSTART_SHAPE, out)
+            proc, url = start_server(QUICKSTART_SHAPE, out, threads=1)  # as the quick start's --threads 1
             procs.append(proc)
             urls.append(url)
         if urls:

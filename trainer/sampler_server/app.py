@@ -5,6 +5,8 @@ route                       what it does
 ==========================  ===========================================================================
 ``POST /sample``            token ids in; ``n`` samples (ids, sampled log-probs, finish reason) and the
                             policy ``version`` that drew them out (:class:`~.protocol.SampleBody`)
+``POST /sample/batch``      many ``/sample`` bodies in one request, decoded together; one result per
+                            body: its samples and version, or its own error (:class:`~.protocol.SampleBatchBody`)
 ``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
 ``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
 ``DELETE /adapters/{name}`` unload it; ``GET /adapters`` lists the loaded ones with their versions
@@ -41,6 +43,7 @@ from trainer.sampler_server.protocol import (
     Backend,
     BadRequestError,
     NotFoundError,
+    SampleBatchBody,
     SampleBody,
     ServerLimits,
     check_job,
@@ -76,8 +79,24 @@ def _error_handler(status: int) -> Any:
 
 async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ValidationError)
+    return JSONResponse(error_body(_invalid(exc), 400), status_code=400)
+
+
+def _invalid(exc: ValidationError) -> str:
     problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
-    return JSONResponse(error_body(f"Invalid request: {problems}", 400), status_code=400)
+    return f"Invalid request: {problems}"
+
+
+#: the status an error of one request in a batch gets (as the routes' exception handlers map them)
+_STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (BadRequestError, 400), (ValidationError, 400), (NotFoundError, 404), (QueueFullError, 503))
+
+
+def _entry_error(exc: Exception) -> dict[str, Any]:
+    status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
+    if isinstance(exc, ValidationError):
+        return error_body(_invalid(exc), status)
+    return error_body(f"{type(exc).__name__}: {exc}" if status == 500 else str(exc), status)
 
 
 def _auth(state: ServerState) -> Any:
@@ -113,6 +132,26 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         samples, version = await state.batcher.submit(job)
         return {"samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
                             for s in samples], "version": version, "instance": state.instance}
+
+    @app.post("/sample/batch")
+    async def sample_batch(request: Request) -> Response:
+        body = await read_json(request, SampleBatchBody, limits.max_batch_request_bytes)
+        results: list[dict[str, Any] | None] = [None] * len(body.requests)
+        jobs = []
+        for i, raw in enumerate(body.requests):
+            try:
+                job = job_of(SampleBody.model_validate(raw))
+                check_job(job, limits, backend.vocab_size(), backend.max_context())
+                jobs.append((i, job))
+            except (ValidationError, BadRequestError) as exc:
+                results[i] = _entry_error(exc)
+        outcomes = await state.batcher.submit_many([job for _, job in jobs])
+        for (i, _), out in zip(jobs, outcomes):
+            results[i] = _entry_error(out) if isinstance(out, Exception) else {
+                "samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
+                            for s in out[0]], "version": out[1]}
+        # json.dumps straight away: FastAPI's encoder walks every float of a large answer one by one
+        return Response(json.dumps({"results": results, "instance": state.instance}), media_type="application/json")
 
     @app.put("/weights")
     async def put_weights(request: Request) -> dict[str, Any]:

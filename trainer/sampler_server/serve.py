@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (a GPU when there is one)")
     parser.add_argument("--tool-parser", default="auto",
                         help="tool-call parser for chat completions (default: chosen from the model name)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is fastest for a tiny model on a busy CPU)")
     parser.add_argument("--max-batch-rows", type=int, default=256, help="sequences per batched decode")
     parser.add_argument("--max-new-tokens", type=int, default=4096, help="the most tokens one request may ask for")
     parser.add_argument("--max-adapters", type=int, default=8, help="LoRA adapters loaded at once")
@@ -67,6 +69,11 @@ def serve(args: argparse.Namespace) -> int:
         print(f"envhub-train sampler: {exc}", file=sys.stderr)
         return 2
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"envhub-train sampler: expected --threads >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
     limits = ServerLimits(max_batch_rows=args.max_batch_rows, max_new_tokens=args.max_new_tokens,
                           max_adapters=args.max_adapters)
     try:

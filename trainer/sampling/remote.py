@@ -4,12 +4,17 @@
 ``await generate(GenRequest) -> SampledSequence``, ``update_weights(model, version)``, ``close()``):
 
 - **routing**: every turn of an episode goes to the server that sampled its first turn (its prompt
-  prefix is cached there), a new episode to the server with the fewest requests in flight;
+  prefix is cached there), a new episode to the server with the fewest turns queued or in flight;
+- **batching**: the turns are gathered as the in-process samplers gather theirs (a
+  :class:`~trainer.sampling.batching.TurnQueue`: until every live episode asked, :meth:`set_demand`)
+  and each server gets them in ONE ``POST /sample/batch`` request, which it decodes as one batch;
+  a server answering a batch gets the next one once it answered, the others meanwhile go on;
 - **weights**: ``update_weights`` streams the new weights (:mod:`.wire`; a LoRA run sends only its
   adapter) to every server at once, straight from the parameters, no checkpoint on disk; each sample
   reports the version that drew it;
 - **faults**: a server that fails a request (connection lost, 5xx, lost its weights) leaves the
-  rotation with a log line and the turn is sampled again on another server, so the episode goes on;
+  rotation with a log line and its turns are sampled again on the others, so the episodes go on
+  (a turn the server refused alone fails alone: a 4xx is the caller's bug, a 503 is retried);
   a server that cannot take an update leaves the rotation; a server that is down, late or back from
   a restart is probed at every update and joins only once it took the current weights; with no
   server left, :class:`SamplerServersDownError` stops the run, naming each server's last error.
@@ -19,20 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import torch
 
-from trainer.sampling.hf import generation_model
+from trainer.sampling.batching import TurnQueue
+from trainer.sampling.remote_push import payload, push, reason
 from trainer.sampling.types import GenRequest, SampledSequence, SamplingConfig
-from trainer.sampling.wire import encode
 
 #: the server the current episode's turns go to (an episode runs in one asyncio task)
 _EPISODE_SERVER: contextvars.ContextVar[str | None] = contextvars.ContextVar("envhub_sampler_server", default=None)
@@ -54,9 +57,34 @@ class ServerSlot:
     url: str
     in_rotation: bool = False
     version: int | None = None  # the version it took last (None: none yet)
-    in_flight: int = 0
+    in_flight: int = 0  # turns queued for it or in its batch
     instance: str | None = None  # the server process that took the weights (a restarted one has another)
     last_error: str = "never reached"
+
+
+@dataclass(eq=False)
+class _Turn:
+    """One episode's turn, queued for ``server`` or in its batch; ``tried``: servers that failed it."""
+
+    body: dict[str, Any]
+    server: ServerSlot
+    future: asyncio.Future[tuple[SampledSequence, str]]
+    tried: set[str] = field(default_factory=set)
+
+
+class _Lane:
+    """The turns of one event loop: its HTTP client, its queue and the batch each server is answering."""
+
+    def __init__(self, config: SamplingConfig, demand: Callable[[], int], client: httpx.AsyncClient):
+        self.client = client
+        self.queue: TurnQueue[_Turn] = TurnQueue(config)
+        self.queue.demand = demand
+        self.running: dict[str, list[_Turn]] = {}  # server url -> its batch in flight
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.worker: asyncio.Task[None] | None = None
+
+    def busy(self) -> int:
+        return sum(len(turns) for turns in self.running.values())
 
 
 class RemoteSampler:
@@ -85,42 +113,181 @@ class RemoteSampler:
         token = token or os.environ.get("ENVHUB_SAMPLER_TOKEN") or None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = httpx.Timeout(request_timeout_s, connect=10.0, pool=None)
-        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._lanes: dict[asyncio.AbstractEventLoop, _Lane] = {}
+        self._demand: Callable[[], int] = lambda: 1
         self._http = httpx.Client(headers=self._headers, timeout=self._timeout)
         self._wait_for_any(connect_timeout_s)
         self.update_weights(model, 0)
+
+    def set_demand(self, live_episodes: Callable[[], int]) -> None:
+        """Tell the sampler how many episodes are live: a batch waits (up to ``batch_wait_s``) until they all ask."""
+        self._demand = live_episodes
+
+    def _live(self) -> int:
+        return self._demand()
 
     # -- rollouts ---------------------------------------------------------------------------------
     async def generate(self, request: GenRequest) -> SampledSequence:
         """One turn, on the episode's server (or the least loaded one), re-sampled elsewhere if that one fails."""
         if request.images:
             raise ValueError("Expected text-only requests: sampler servers do not take images yet.")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"Expected max_new_tokens >= 1, got {request.max_new_tokens}.")
         body = {"prompt_ids": request.prompt_ids, "max_tokens": request.max_new_tokens,
                 "temperature": 0.0 if request.greedy else self.config.temperature, "top_p": self.config.top_p,
                 **({"adapter": self.adapter_name} if self.lora else {})}
-        client = self._client()
-        tried: set[str] = set()
-        retried: set[str] = set()
-        while True:
-            server = self._pick(tried)
-            server.in_flight += 1
+        lane = self._lane()
+        turn = _Turn(body, self._pick(), asyncio.get_running_loop().create_future())
+        turn.server.in_flight += 1
+        lane.queue.items.append(turn)
+        self._wake(lane)
+        sample, url = await turn.future
+        _EPISODE_SERVER.set(url)  # the episode's next turns go where this one was sampled
+        return sample
+
+    def generate_batch(self, requests: list[GenRequest]) -> list[SampledSequence]:
+        """Answer ``requests`` at once (a blocking call: each one is an episode of its own, routed as such)."""
+        async def run() -> list[SampledSequence]:
             try:
-                resp = await client.post(f"{server.url}/sample", json=body)
+                return list(await asyncio.gather(*(_fresh_episode(self.generate(r)) for r in requests)))
+            finally:
+                lane = self._lanes.pop(asyncio.get_running_loop())
+                if lane.worker is not None:
+                    lane.worker.cancel()
+                await lane.client.aclose()
+        return asyncio.run(run())
+
+    def _lane(self) -> _Lane:
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.get(loop)
+        if lane is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            client = httpx.AsyncClient(headers=self._headers, timeout=self._timeout, limits=limits)
+            lane = self._lanes[loop] = _Lane(self.config, self._live, client)
+        return lane
+
+    def _wake(self, lane: _Lane) -> None:
+        if lane.worker is None or lane.worker.done():
+            lane.worker = asyncio.create_task(self._drain(lane))
+
+    async def _drain(self, lane: _Lane) -> None:
+        """Gather the waiting turns, send each free server its own in one request; wait while all are busy."""
+        while lane.queue.items:
+            await lane.queue.gather(busy=lane.busy)
+            if not self._dispatch(lane) and lane.tasks:
+                await asyncio.wait(list(lane.tasks.values()), return_when=asyncio.FIRST_COMPLETED)
+
+    def _dispatch(self, lane: _Lane) -> bool:
+        """Start one request per server that has turns waiting and no batch in flight; whether any started."""
+        ready: dict[str, list[_Turn]] = {}
+        waiting = []
+        for turn in lane.queue.items:
+            if turn.future.done():  # its episode was cancelled
+                turn.server.in_flight -= 1
+                continue
+            if not turn.server.in_rotation and not self._reroute(turn):
+                continue
+            url = turn.server.url
+            if url in lane.running or len(ready.get(url, ())) >= self.config.max_batch_size:
+                waiting.append(turn)
+            else:
+                ready.setdefault(url, []).append(turn)
+        lane.queue.items = waiting
+        for url, turns in ready.items():
+            lane.running[url] = turns
+            lane.tasks[url] = asyncio.create_task(self._post(lane, self.servers[url], turns))
+        return bool(ready)
+
+    async def _post(self, lane: _Lane, server: ServerSlot, turns: list[_Turn]) -> None:
+        try:
+            await self._answer(lane.client, server, turns, lane.queue.items)
+        except Exception as exc:  # a bug on this side: the episodes waiting on this batch see it
+            for turn in turns:
+                self._settle_turn(turn, exc=exc)
+        finally:
+            del lane.running[server.url]
+            del lane.tasks[server.url]
+            if lane.queue.items:
+                self._wake(lane)
+
+    async def _answer(self, client: httpx.AsyncClient, server: ServerSlot, turns: list[_Turn],
+                      requeue: list[_Turn]) -> None:
+        """Send ``turns`` to ``server`` in one request and settle each; the ones to sample again go to ``requeue``."""
+        retried = False
+        while True:
+            try:
+                resp = await client.post(f"{server.url}/sample/batch", json={"requests": [t.body for t in turns]})
+                break
             except httpx.TransportError as exc:
                 # a kept-alive connection the server closed meanwhile fails once; a live server gets a retry
-                if server.url not in retried and await self._alive(client, server):
-                    retried.add(server.url)
+                if not retried and await self._alive(client, server):
+                    retried = True
                     continue
-                self._drop(server, f"{type(exc).__name__}: {exc}", tried)
-                continue
-            finally:
-                server.in_flight -= 1
-            result = self._result(server, resp, tried)
-            if result is not None:
-                _EPISODE_SERVER.set(server.url)
-                return result
-            if resp.status_code == 503:
-                await asyncio.sleep(RETRY_FULL_QUEUE_S)
+                return self._fail(server, f"{type(exc).__name__}: {exc}", turns, requeue)
+        if resp.status_code == 503:
+            await asyncio.sleep(RETRY_FULL_QUEUE_S)
+            requeue.extend(turns)
+        elif resp.status_code == 404 or resp.status_code >= 500:  # 404: no /sample/batch route, not a sampler
+            self._fail(server, f"HTTP {resp.status_code}: {reason(resp)}", turns, requeue)
+        elif resp.status_code >= 400:
+            error = SamplerRequestError(f"Sampler server {server.url} refused a request: HTTP {resp.status_code}: "
+                                        f"{reason(resp)}")
+            for turn in turns:
+                self._settle_turn(turn, exc=error)
+        else:
+            await self._settle_batch(server, turns, resp.json(), requeue)
+
+    async def _settle_batch(self, server: ServerSlot, turns: list[_Turn], data: dict[str, Any],
+                      requeue: list[_Turn]) -> None:
+        """Answer each turn from its result in ``data``, or queue it again (its server failed it, or was full)."""
+        if data.get("instance") != server.instance:  # restarted since it took the weights: they are gone
+            return self._fail(server, "it restarted since it took the weights", turns, requeue)
+        full = []
+        for turn, entry in zip(turns, data["results"], strict=True):
+            error = entry.get("error")
+            if error is None:
+                s = entry["samples"][0]
+                seq = SampledSequence(s["token_ids"], s["logprobs"], s["finish_reason"], version=entry["version"])
+                self._settle_turn(turn, (seq, server.url))
+            elif error.get("code") == 503:
+                full.append(turn)
+            elif (error.get("code") == 404 and self.lora) or error.get("code", 500) >= 500:
+                self._fail(server, f"HTTP {error.get('code')}: {error.get('message')}", [turn], requeue)
+            else:
+                self._settle_turn(turn, exc=SamplerRequestError(
+                    f"Sampler server {server.url} refused a request: HTTP {error.get('code')}: {error.get('message')}"))
+        if full:
+            await asyncio.sleep(RETRY_FULL_QUEUE_S)
+            requeue.extend(full)
+
+    def _settle_turn(self, turn: _Turn, result: tuple[SampledSequence, str] | None = None,
+                     exc: Exception | None = None) -> None:
+        turn.server.in_flight -= 1
+        if turn.future.done():
+            return
+        if exc is not None:
+            turn.future.set_exception(exc)
+        else:
+            turn.future.set_result(result)  # type: ignore[arg-type]  # one of result, exc is given
+
+    def _fail(self, server: ServerSlot, why: str, turns: list[_Turn], requeue: list[_Turn]) -> None:
+        """``server`` failed ``turns``: out of rotation, the turns go to the queue (another server takes them)."""
+        self._drop(server, why)
+        for turn in turns:
+            turn.tried.add(server.url)
+        requeue.extend(turns)
+
+    def _reroute(self, turn: _Turn) -> bool:
+        """Move ``turn`` off its server (out of rotation) to the least loaded other; False if none is left."""
+        turn.server.in_flight -= 1
+        try:
+            turn.server = self._least_loaded(turn.tried | {turn.server.url})
+        except SamplerServersDownError as exc:
+            if not turn.future.done():
+                turn.future.set_exception(exc)
+            return False
+        turn.server.in_flight += 1
+        return True
 
     async def _alive(self, client: httpx.AsyncClient, server: ServerSlot) -> bool:
         """Whether ``server`` answers ``/health`` within a couple of seconds."""
@@ -129,63 +296,30 @@ class RemoteSampler:
         except httpx.HTTPError:
             return False
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[SampledSequence]:
-        """Answer ``requests`` at once (a blocking call: each one is an episode of its own, routed as such)."""
-        async def run() -> list[SampledSequence]:
-            try:
-                return list(await asyncio.gather(*(_fresh_episode(self.generate(r)) for r in requests)))
-            finally:
-                await self._clients.pop(asyncio.get_running_loop()).aclose()
-        return asyncio.run(run())
-
-    def _result(self, server: ServerSlot, resp: httpx.Response, tried: set[str]) -> SampledSequence | None:
-        """The turn from ``resp``; None to try again (the server failed, or its queue is full)."""
-        if resp.status_code == 503:
-            return None
-        if (resp.status_code == 404 and self.lora) or resp.status_code >= 500:
-            self._drop(server, f"HTTP {resp.status_code}: {_reason(resp)}", tried)
-            return None
-        if resp.status_code >= 400:
-            raise SamplerRequestError(f"Sampler server {server.url} refused a request: HTTP {resp.status_code}: "
-                                      f"{_reason(resp)}")
-        data = resp.json()
-        if data.get("instance") != server.instance:  # restarted since it took the weights: they are gone
-            self._drop(server, "it restarted since it took the weights", tried)
-            return None
-        sample = data["samples"][0]
-        return SampledSequence(sample["token_ids"], sample["logprobs"], sample["finish_reason"], version=data["version"])
-
-    def _pick(self, tried: set[str]) -> ServerSlot:
+    def _pick(self) -> ServerSlot:
+        """The current episode's server, or the least loaded one for a new episode (or one whose server failed)."""
         sticky = _EPISODE_SERVER.get()
         slot = self.servers.get(sticky) if sticky else None
-        if slot is not None and slot.in_rotation and slot.url not in tried:
+        if slot is not None and slot.in_rotation:
             return slot
-        live = [s for s in self.servers.values() if s.in_rotation and s.url not in tried]
+        return self._least_loaded(set())
+
+    def _least_loaded(self, exclude: set[str]) -> ServerSlot:
+        live = [s for s in self.servers.values() if s.in_rotation and s.url not in exclude]
         if not live:
             raise SamplerServersDownError(self._down_message())
         return min(live, key=lambda s: s.in_flight)
 
-    def _drop(self, server: ServerSlot, reason: str, tried: set[str]) -> None:
-        tried.add(server.url)
-        _EPISODE_SERVER.set(None)
-        server.last_error = reason
+    def _drop(self, server: ServerSlot, why: str) -> None:
+        server.last_error = why
         if server.in_rotation:
             server.in_rotation = False
-            self.log(f"sampler server {server.url} failed ({reason}); out of rotation, its turns are re-sampled "
+            self.log(f"sampler server {server.url} failed ({why}); out of rotation, its turns are re-sampled "
                      "on the others; it rejoins after taking a weight update")
 
     def _down_message(self) -> str:
         lines = [f"  {s.url}: {s.last_error}" for s in self.servers.values()]
         return "No sampler server can take work (all down or out of rotation):\n" + "\n".join(lines)
-
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-            client = self._clients[loop] = httpx.AsyncClient(headers=self._headers, timeout=self._timeout,
-                                                             limits=limits)
-        return client
 
     # -- weights ----------------------------------------------------------------------------------
     def add_server(self, url: str) -> None:
@@ -199,7 +333,7 @@ class RemoteSampler:
         fails leaves the rotation. With none left, ``SamplerServersDownError``.
         """
         start = time.monotonic()
-        path, tensors, meta = self._payload(model, version)
+        path, tensors, meta = payload(model, version, lora=self.lora, adapter_name=self.adapter_name)
         servers = list(self.servers.values())
         with ThreadPoolExecutor(max_workers=len(servers)) as pool:
             outcomes = list(pool.map(lambda s: self._push(s, path, tensors, meta), servers))
@@ -226,49 +360,11 @@ class RemoteSampler:
                      "out of rotation until it takes an update")
         server.in_rotation, server.last_error = False, error
 
-    def _payload(self, model: Any, version: int) -> tuple[str, dict[str, torch.Tensor], dict[str, str]]:
-        peft_model = _peft_model(model)
-        if self.lora:
-            if peft_model is None:
-                raise ValueError("Expected a peft model for a LoRA run's weight push, got a plain one.")
-            from peft import get_peft_model_state_dict
-
-            cfg = peft_model.peft_config[peft_model.active_adapter]
-            lora = {"r": int(cfg.r), "lora_alpha": cfg.lora_alpha, "use_rslora": bool(cfg.use_rslora),
-                    "target_modules": sorted(cfg.target_modules) if not isinstance(cfg.target_modules, str)
-                    else cfg.target_modules}
-            tensors = dict(get_peft_model_state_dict(peft_model))
-            meta = {"version": str(version), "kind": "lora", "lora_config": json.dumps(lora)}
-            return f"/adapters/{self.adapter_name}", tensors, meta
-        base = generation_model(model)
-        tensors = {n: p.detach() for n, p in base.named_parameters()}
-        return "/weights", tensors, {"version": str(version), "kind": "full"}
-
-    def _push(self, server: ServerSlot, path: str, tensors: dict[str, torch.Tensor],
-              meta: dict[str, str]) -> str | None:
-        """Stream the weights to ``server``; None when it took them, else the reason it did not.
-
-        A transport error is tried once more if the server still answers ``/health`` (a kept-alive
-        connection it closed meanwhile); the server applies a body only once it arrived whole."""
-        for attempt in (1, 2):
-            try:
-                if not server.in_rotation or attempt == 2:
-                    self._http.get(f"{server.url}/health", timeout=2.0).raise_for_status()
-                chunks = encode(tensors, meta)
-                first = next(chunks)
-                size = len(first) + sum(t.numel() * t.element_size() for t in tensors.values())
-                resp = self._http.put(f"{server.url}{path}", content=_prepend(first, chunks),
-                                      headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
-                break
-            except httpx.TransportError as exc:
-                if attempt == 2:
-                    return f"{type(exc).__name__}: {exc}"
-            except httpx.HTTPError as exc:
-                return f"{type(exc).__name__}: {exc}"
-        if resp.status_code != 200:
-            return f"HTTP {resp.status_code}: {_reason(resp)}"
-        server.instance = resp.json().get("instance")
-        return None
+    def _push(self, server: ServerSlot, path: str, tensors: Any, meta: dict[str, str]) -> str | None:
+        instance, error = push(self._http, server.url, path, tensors, meta, probe=not server.in_rotation)
+        if error is None:
+            server.instance = instance
+        return error
 
     def _wait_for_any(self, timeout_s: float) -> None:
         """Block until one server answers ``/health`` (servers load their model first)."""
@@ -295,10 +391,10 @@ class RemoteSampler:
     def close(self) -> None:
         """Close the HTTP connections."""
         self._http.close()
-        for loop, client in list(self._clients.items()):
+        for loop, lane in list(self._lanes.items()):
             if not loop.is_closed() and not loop.is_running():
-                loop.run_until_complete(client.aclose())
-        self._clients.clear()
+                loop.run_until_complete(lane.client.aclose())
+        self._lanes.clear()
 
 
 async def _fresh_episode(turn: Any) -> SampledSequence:
@@ -306,23 +402,6 @@ async def _fresh_episode(turn: Any) -> SampledSequence:
     _EPISODE_SERVER.set(None)
     result: SampledSequence = await turn
     return result
-
-
-def _prepend(first: bytes | memoryview, rest: Iterator[bytes | memoryview]) -> Iterator[bytes]:
-    yield bytes(first)
-    yield from rest  # type: ignore[misc]  # httpx writes memoryviews as they are
-
-
-def _reason(resp: httpx.Response) -> str:
-    try:
-        return str(resp.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
-
-
-def _peft_model(model: Any) -> Any:
-    inner = generation_model(model)
-    return inner if hasattr(inner, "peft_config") else None
 
 
 __all__ = ["RemoteSampler", "SamplerServersDownError", "SamplerRequestError", "ServerSlot"]
