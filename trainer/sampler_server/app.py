@@ -8,6 +8,7 @@ route                       what it does
 ``POST /sample/batch``      many ``/sample`` bodies in one request, decoded together; one result per
                             body: its samples and version, or its own error (:class:`~.protocol.SampleBatchBody`)
 ``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
+                            (or, with ``X-Envhub-Weight-Ticket``, the same body over the weight channel)
 ``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
 ``DELETE /adapters/{name}`` unload it; ``GET /adapters`` lists the loaded ones with their versions
 ``GET /health``             status, model, version, adapters, queue depth (no token needed)
@@ -37,6 +38,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from trainer.sampler_server.batcher import QueueFullError, RequestBatcher
+from trainer.sampler_server.channel import TICKET_HEADER, WeightChannel
 from trainer.sampler_server.openai_api import router as openai_router
 from trainer.sampler_server.protocol import (
     MAX_NAME_CHARS,
@@ -54,11 +56,11 @@ from trainer.sampling.wire import TensorStreamReader, WeightFormatError
 
 
 def create_app(backend: Backend, *, limits: ServerLimits | None = None, token: str | None = None,
-               backend_kind: str = "hf", tool_parser: str = "auto") -> FastAPI:
-    """The FastAPI app serving ``backend``."""
+               backend_kind: str = "hf", tool_parser: str = "auto", channel: WeightChannel | None = None) -> FastAPI:
+    """The FastAPI app serving ``backend`` (weight bodies also through ``channel``, when given)."""
     limits = limits or ServerLimits()
     batcher = RequestBatcher(backend, max_batch_rows=limits.max_batch_rows, max_queued=limits.max_queued_requests)
-    state = ServerState(backend, batcher, limits, token, backend_kind, tool_parser)
+    state = ServerState(backend, batcher, limits, token, backend_kind, tool_parser, channel=channel)
     app = FastAPI(title="envhub sampler server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sampler = state
     app.middleware("http")(_auth(state))
@@ -118,7 +120,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": backend.model_name, "backend": state.backend_kind,
-                "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth}
+                "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth,
+                "weight_port": state.channel.port if state.channel is not None else None}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -157,7 +160,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def put_weights(request: Request) -> dict[str, Any]:
         async with state.update_lock:
             reader = TensorStreamReader(max_header_bytes=limits.max_header_bytes, plan=backend.plan_full)
-            tensors, version, nbytes, start = await _receive(request, reader, "full")
+            tensors, version, nbytes, start = await _receive(state, request, reader, "full")
             await asyncio.to_thread(backend.apply_full, tensors, version)
             _count_push(state, "full", nbytes, start)
         return {"version": version, "tensors": len(tensors), "bytes": nbytes, "instance": state.instance}
@@ -179,7 +182,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
             reader = TensorStreamReader(max_header_bytes=limits.max_header_bytes, plan=plan)
             try:
-                tensors, version, nbytes, start = await _receive(request, reader, "lora")
+                tensors, version, nbytes, start = await _receive(state, request, reader, "lora")
             except BaseException:
                 backend.discard_adapter(name)
                 raise
@@ -206,16 +209,22 @@ def _check_name(name: str) -> None:
                               f"got {name[:MAX_NAME_CHARS]!r}.")
 
 
-async def _receive(request: Request, reader: TensorStreamReader, kind: str) -> tuple[Any, int, int, float]:
-    """Stream a weight body into ``reader``; the tensors, the push's version, its size and start time."""
+async def _receive(state: ServerState, request: Request, reader: TensorStreamReader,
+                   kind: str) -> tuple[Any, int, int, float]:
+    """Stream a weight body into ``reader`` (from the request, or the weight channel when it names a ticket);
+    the tensors, the push's version, its size and start time."""
     start = time.monotonic()
     nbytes = 0
-    try:
-        async for chunk in request.stream():
-            nbytes += len(chunk)
-            reader.feed(chunk)
-    except ClientDisconnect as exc:
-        raise BadRequestError(f"The weight body was cut off after {nbytes} bytes.") from exc
+    ticket = request.headers.get(TICKET_HEADER)
+    if ticket is not None:
+        nbytes = await _receive_channel(state, ticket, reader)
+    else:
+        try:
+            async for chunk in request.stream():
+                nbytes += len(chunk)
+                reader.feed(chunk)
+        except ClientDisconnect as exc:
+            raise BadRequestError(f"The weight body was cut off after {nbytes} bytes.") from exc
     tensors = reader.finish()
     assert reader.header is not None
     meta = reader.header.metadata
@@ -225,6 +234,22 @@ async def _receive(request: Request, reader: TensorStreamReader, kind: str) -> t
     if not raw.isdigit():
         raise BadRequestError(f"Expected __metadata__.version: a non-negative integer, got {raw!r}.")
     return tensors, int(raw), nbytes, start
+
+
+async def _receive_channel(state: ServerState, ticket: str, reader: TensorStreamReader) -> int:
+    """Wait for the weight channel's connection with ``ticket`` to fill ``reader``; the body's size."""
+    if state.channel is None:
+        raise BadRequestError(f"This server has no weight channel; send the body with the request, not "
+                              f"{TICKET_HEADER}.")
+    expected = state.channel.expect(ticket, reader)
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(expected.claimed)), state.channel.ticket_wait_s)
+    except asyncio.TimeoutError:
+        if state.channel.withdraw(ticket):
+            raise BadRequestError(f"No weight stream presented the ticket within {state.channel.ticket_wait_s:.0f} s "
+                                  f"(is port {state.channel.port} reachable?).") from None
+    # reading runs in the channel's thread; its planner raises here if it refused the header
+    return await asyncio.wrap_future(expected.done)
 
 
 def _count_push(state: ServerState, kind: str, nbytes: int, start: float) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from trainer.sampling.batching import TurnQueue
-from trainer.sampling.remote_push import payload, push, reason
+from trainer.sampling.remote_push import ServerSlot, payload, push, reason
 from trainer.sampling.types import GenRequest, SampledSequence, SamplingConfig
 
 #: the server the current episode's turns go to (an episode runs in one asyncio task)
@@ -48,18 +48,6 @@ class SamplerServersDownError(RuntimeError):
 
 class SamplerRequestError(ValueError):
     """A server refused a request as malformed (a 4xx): a bug on this side, not a server fault."""
-
-
-@dataclass
-class ServerSlot:
-    """One server as the trainer sees it."""
-
-    url: str
-    in_rotation: bool = False
-    version: int | None = None  # the version it took last (None: none yet)
-    in_flight: int = 0  # turns queued for it or in its batch
-    instance: str | None = None  # the server process that took the weights (a restarted one has another)
-    last_error: str = "never reached"
 
 
 @dataclass(eq=False)
@@ -361,10 +349,7 @@ class RemoteSampler:
         server.in_rotation, server.last_error = False, error
 
     def _push(self, server: ServerSlot, path: str, tensors: Any, meta: dict[str, str]) -> str | None:
-        instance, error = push(self._http, server.url, path, tensors, meta, probe=not server.in_rotation)
-        if error is None:
-            server.instance = instance
-        return error
+        return push(self._http, server, path, tensors, meta)
 
     def _wait_for_any(self, timeout_s: float) -> None:
         """Block until one server answers ``/health`` (servers load their model first)."""

@@ -2,19 +2,43 @@
 
 The body is the :mod:`.wire` stream (a safetensors file written straight from the parameters, no
 file on disk); :class:`~trainer.sampling.remote.RemoteSampler` pushes it to every server at once.
+It travels over the server's weight channel (a plain TCP port, named ``weight_port`` at ``/health``,
+read with ``recv_into`` straight into the new tensors) when the server has one and it can be
+reached, else as the body of the HTTP request (slower: the HTTP server takes it in small pieces).
+Either way the HTTP request carries the bearer token and answers once the weights were applied.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import torch
 
 from trainer.sampling.hf import generation_model
-from trainer.sampling.wire import encode
+from trainer.sampling.wire import TICKET_HEADER, encode
+
+SOCKET_BUFFER_BYTES = 8 << 20
+
+
+@dataclass
+class ServerSlot:
+    """One server as the trainer sees it."""
+
+    url: str
+    in_rotation: bool = False
+    version: int | None = None  # the version it took last (None: none yet)
+    in_flight: int = 0  # turns queued for it or in its batch
+    instance: str | None = None  # the server process that took the weights (a restarted one has another)
+    last_error: str = "never reached"
+    weight_port: int | None = None  # its weight channel (from /health); None: weights go as HTTP bodies
 
 
 def payload(model: Any, version: int, *, lora: bool,
@@ -37,33 +61,67 @@ def payload(model: Any, version: int, *, lora: bool,
     return "/weights", tensors, {"version": str(version), "kind": "full"}
 
 
-def push(http: httpx.Client, url: str, path: str, tensors: dict[str, torch.Tensor], meta: dict[str, str], *,
-         probe: bool) -> tuple[str | None, str | None]:
-    """Stream the weights to the server at ``url``: (its instance id, None) once it took them, else (None, why).
+def push(http: httpx.Client, server: ServerSlot, path: str, tensors: dict[str, torch.Tensor],
+         meta: dict[str, str]) -> str | None:
+    """Stream the weights to ``server``; None once it took them (its ``instance`` noted), else the reason it did not.
 
-    ``probe``: ask ``/health`` first (a server out of rotation). A transport error is tried once more
-    if the server still answers ``/health`` (a kept-alive connection it closed meanwhile); the server
-    applies a body only once it arrived whole."""
+    A server out of rotation is asked ``/health`` first (which names its weight channel). A transport
+    error is tried once more if the server still answers ``/health`` (a kept-alive connection it
+    closed meanwhile); the server applies a body only once it arrived whole."""
     for attempt in (1, 2):
         try:
-            if probe or attempt == 2:
-                http.get(f"{url}/health", timeout=2.0).raise_for_status()
-            chunks = encode(tensors, meta)
-            first = next(chunks)
-            size = len(first) + sum(t.numel() * t.element_size() for t in tensors.values())
-            resp = http.put(f"{url}{path}", content=_prepend(first, chunks),
-                            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+            if not server.in_rotation or attempt == 2:
+                health = http.get(f"{server.url}/health", timeout=2.0)
+                health.raise_for_status()
+                server.weight_port = health.json().get("weight_port")
+            channel = _through_channel(http, server, path, tensors, meta)
+            resp = channel if channel is not None else _as_body(http, server.url, path, tensors, meta)
             break
         except httpx.TransportError as exc:
             if attempt == 2:
-                return None, f"{type(exc).__name__}: {exc}"
+                return f"{type(exc).__name__}: {exc}"
         except httpx.HTTPError as exc:
-            return None, f"{type(exc).__name__}: {exc}"
+            return f"{type(exc).__name__}: {exc}"
     if resp.status_code != 200:
-        return None, f"HTTP {resp.status_code}: {reason(resp)}"
-    return resp.json().get("instance"), None
+        return f"HTTP {resp.status_code}: {reason(resp)}"
+    server.instance = resp.json().get("instance")
+    return None
 
 
+def _as_body(http: httpx.Client, url: str, path: str, tensors: dict[str, torch.Tensor],
+             meta: dict[str, str]) -> httpx.Response:
+    chunks = encode(tensors, meta)
+    first = next(chunks)
+    size = len(first) + sum(t.numel() * t.element_size() for t in tensors.values())
+    return http.put(f"{url}{path}", content=_prepend(first, chunks),
+                    headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+
+
+def _through_channel(http: httpx.Client, server: ServerSlot, path: str, tensors: dict[str, torch.Tensor],
+                     meta: dict[str, str]) -> httpx.Response | None:
+    """Push over the server's weight channel: the HTTP request names a fresh ticket and answers once the body
+    that came with the ticket on the channel was applied. None when there is no channel to reach (it is then
+    not tried again until the next ``/health``)."""
+    host = urlsplit(server.url).hostname
+    if server.weight_port is None or host is None or not server.url.startswith("http://"):
+        return None  # no channel, or TLS: the plain channel would carry the weights in the clear
+    try:
+        sock = socket.create_connection((host, server.weight_port), timeout=5.0)
+    except OSError:
+        server.weight_port = None
+        return None
+    ticket = secrets.token_hex(16)
+    with sock, ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(http.put, f"{server.url}{path}", content=b"", headers={TICKET_HEADER: ticket})
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+            sock.settimeout(None)
+            sock.sendall(ticket.encode())
+            for chunk in encode(tensors, meta):
+                sock.sendall(chunk)
+        except OSError:
+            pass  # the server stopped reading (it refused the header, say): its HTTP answer says why
+        return answer.result()
 def reason(resp: httpx.Response) -> str:
     """The error message of a server's answer (the OpenAI error shape), else the start of its text."""
     try:
@@ -77,4 +135,4 @@ def _prepend(first: bytes | memoryview, rest: Iterator[bytes | memoryview]) -> I
     yield from rest  # type: ignore[misc]  # httpx writes memoryviews as they are
 
 
-__all__ = ["payload", "push", "reason"]
+__all__ = ["ServerSlot", "payload", "push", "reason"]
