@@ -2,7 +2,8 @@
 
 ``envhub-train sampler`` (:mod:`.serve`) runs one: :mod:`.app` (routes, weight updates, metrics) and
 :mod:`.openai_api` over a backend (:mod:`.backends` for HF, :mod:`.vllm_backend` for vLLM) behind the
-request batcher (:mod:`.batcher`). The trainer's side is :class:`trainer.sampling.RemoteSampler`
-(routing, weight pushes, faults); :mod:`trainer.sampling.wire` is the streamed safetensors format
-weights travel in.
+request batcher (:mod:`.batcher`); weight bodies also arrive over the weight channel (:mod:`.channel`,
+a plain TCP port). The trainer's side is :class:`trainer.sampling.RemoteSampler` (routing, one batched
+request per server, weight pushes, faults); :mod:`trainer.sampling.wire` is the streamed safetensors
+format weights travel in.
 """
