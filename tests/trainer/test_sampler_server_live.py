@@ -61,6 +61,20 @@ def test_pushes_after_real_steps_keep_server_logprobs_equal_to_the_trainers(tmp_
                 assert gap < 1e-4  # fp32 on both sides
                 seen.append(gen.logprobs[0])
         assert len(set(seen)) > 1  # the steps changed the policy the server samples from
+
+        # turns asked one after another go to the server in ONE request once every live episode asked
+        sampler.config.batch_wait_s = 10.0
+        sampler.set_demand(lambda: 4)
+
+        async def staggered() -> list:
+            async def episode(i: int) -> object:
+                await asyncio.sleep(0.05 * i)
+                return await sampler.generate(GenRequest(prompt, 4))
+            return list(await asyncio.gather(*(episode(i) for i in range(4))))
+
+        before = server.metric("batches_total")
+        assert len(asyncio.run(staggered())) == 4
+        assert server.metric("batches_total") - before == 1
         pushed = sampler.last_push_bytes
         sampler.close()
     finally:
