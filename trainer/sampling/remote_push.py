@@ -10,6 +10,7 @@ Either way the HTTP request carries the bearer token and answers once the weight
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
@@ -112,16 +113,27 @@ def _through_channel(http: httpx.Client, server: ServerSlot, path: str, tensors:
         return None
     ticket = secrets.token_hex(16)
     with sock, ThreadPoolExecutor(max_workers=1) as pool:
-        answer = pool.submit(http.put, f"{server.url}{path}", content=b"", headers={TICKET_HEADER: ticket})
+        sending = pool.submit(_send, sock, ticket, tensors, meta)
+        resp = None
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
-            sock.settimeout(None)
-            sock.sendall(ticket.encode())
-            for chunk in encode(tensors, meta):
-                sock.sendall(chunk)
-        except OSError:
-            pass  # the server stopped reading (it refused the header, say): its HTTP answer says why
-        return answer.result()
+            resp = http.put(f"{server.url}{path}", content=b"", headers={TICKET_HEADER: ticket})
+        finally:
+            if resp is None or resp.status_code != 200:  # refused (a wrong token, say), or the request failed:
+                with contextlib.suppress(OSError):       # the server will not read the rest, stop sending it
+                    sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):  # the server stopped reading a body it refused: its answer says why
+            sending.result()
+        return resp
+
+
+def _send(sock: socket.socket, ticket: str, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.settimeout(None)
+    sock.sendall(ticket.encode())
+    for chunk in encode(tensors, meta):
+        sock.sendall(chunk)
+
+
 def reason(resp: httpx.Response) -> str:
     """The error message of a server's answer (the OpenAI error shape), else the start of its text."""
     try:
