@@ -62,7 +62,9 @@ def test_eval_results_list_filter_conversation_and_image(tmp_path, shots) -> Non
         browser.wait_for("document.querySelectorAll('#list tbody tr').length === 12", "all rows again")
         # an episode opens as a conversation: a tool call, its result, an inline image that decoded
         browser.eval("document.querySelector('#list tbody tr[data-index=\"2\"]').click()")
-        browser.wait_for("document.querySelectorAll('#conv .msg').length === 5", "the conversation")
+        # episode 11's conversation (shown until now) has five messages too: wait for episode 2's own tool result
+        browser.wait_for("document.querySelectorAll('#conv .msg').length === 5 && "
+                         "document.querySelector('#conv .role-tool pre')?.textContent.includes('4')", "the conversation")
         roles = browser.eval("[...document.querySelectorAll('#conv .msg')].map(m => m.className)")
         assert roles == ["msg role-system", "msg role-user", "msg role-assistant", "msg role-tool", "msg role-assistant"]
         assert browser.eval("document.querySelector('#conv .tool-call .name').textContent") == "→ run_python"

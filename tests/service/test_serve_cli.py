@@ -13,7 +13,7 @@ def test_serve_help_lists_the_service_flags(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--port", "--host", "--model", "--served-name", "--sampler", "--token", "--max-tenants",
-                 "--full-parameter", "--idle-timeout-s", "--state-dir", "--max-lora-rank"):
+                 "--full-parameter", "--idle-timeout-s", "--state-dir", "--max-lora-rank", "--sampler-servers"):
         assert flag in out
 
 
@@ -22,6 +22,8 @@ def test_serve_help_lists_the_service_flags(capsys):
     (["--max-tenants", "0"], "--max-tenants >= 1"),
     (["--model-config", "no_such_field=1"], "--model-config KEY=VALUE"),
     (["--max-lora-rank", "0"], "--max-lora-rank >= 1"),
+    (["--sampler-servers", "127.0.0.1:8100"], "URLs like http://host:8100"),
+    (["--sampler-servers", "http://127.0.0.1:8100", "--sampler", "vllm"], "no --sampler vllm with --sampler-servers"),
 ])
 def test_bad_settings_exit_2_with_the_fix(argv, message, capsys, tmp_path):
     assert main(["serve", "--port", "0", "--state-dir", str(tmp_path), *argv]) == 2

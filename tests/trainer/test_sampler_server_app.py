@@ -59,6 +59,23 @@ async def test_sample_returns_n_samples_with_the_trainers_logprobs_and_the_versi
         assert gap < 1e-4
 
 
+async def test_prompt_logprobs_are_the_trainers_and_health_names_the_instance(backend) -> None:
+    model, _ = load_policy(TINY)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    prompt = [5, 6, 7, 8, 9]
+    async with client(backend) as http:
+        await http.put("/weights", content=weights_body(model, 8))
+        data = (await http.post("/sample", json={"prompt_ids": prompt, "max_tokens": 1, "prompt_logprobs": True})).json()
+        plain = (await http.post("/sample", json={"prompt_ids": prompt, "max_tokens": 1})).json()
+        health = (await http.get("/health")).json()
+    assert data["prompt_logprobs"][0] is None and "prompt_logprobs" not in plain
+    expected = trainer_logprobs(model, prompt[:1], prompt[1:])
+    assert (torch.tensor(data["prompt_logprobs"][1:]) - expected).abs().max() < 1e-5
+    assert health["instance"] == data["instance"]  # a client tells a restarted server by it
+
+
 async def test_seeds_repeat_and_stop_ids_and_strings_end_a_sample(backend) -> None:
     async with client(backend) as http:
         body = {"prompt_ids": [1, 2, 3], "n": 1, "max_tokens": 8, "seed": 3}

@@ -48,6 +48,9 @@ def test_vllm_server_follows_the_trainer_through_pushes(tmp_path, lora_rank) -> 
             gaps = [gap(client.model, prompt, s.tokens[:len(s.logprobs)], s.logprobs) for s in seqs
                     if s.stop_reason == "length"]
             assert gaps and max(gaps) < 1e-3  # fp32 both sides; vLLM's kernels differ from torch's in rounding
+            scored = _prompt_logprobs(server.url, prompt + [7, 8, 9], "policy" if lora_rank else None)
+            assert scored[0] is None
+            assert gap(client.model, prompt[:1], prompt[1:] + [7, 8, 9], scored[1:]) < 1e-3  # compute_logprobs
         with urllib.request.urlopen(f"{server.url}/v1/completions", data=json.dumps(
                 {"model": "policy" if lora_rank else "tiny", "prompt": "1+1=", "max_tokens": 3}).encode(),
                 timeout=60) as resp:
@@ -59,3 +62,11 @@ def test_vllm_server_follows_the_trainer_through_pushes(tmp_path, lora_rank) -> 
 
 async def _turns(sampler: RemoteSampler, prompt: list[int], n: int) -> list:
     return list(await asyncio.gather(*(sampler.generate(GenRequest(prompt, 6)) for _ in range(n))))
+
+
+def _prompt_logprobs(url: str, ids: list[int], adapter: str | None) -> list:
+    body = {"prompt_ids": ids, "max_tokens": 1, "prompt_logprobs": True, **({"adapter": adapter} if adapter else {})}
+    request = urllib.request.Request(f"{url}/sample", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        return list(json.load(resp)["prompt_logprobs"])

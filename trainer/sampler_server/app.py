@@ -3,15 +3,17 @@
 ==========================  ===========================================================================
 route                       what it does
 ==========================  ===========================================================================
-``POST /sample``            token ids in; ``n`` samples (ids, sampled log-probs, finish reason) and the
-                            policy ``version`` that drew them out (:class:`~.protocol.SampleBody`)
+``POST /sample``            token ids in; ``n`` samples (ids, sampled log-probs, finish reason), the
+                            prompt's log-probs when asked, and the policy ``version`` that drew them out
+                            (:class:`~.protocol.SampleBody`)
 ``POST /sample/batch``      many ``/sample`` bodies in one request, decoded together; one result per
                             body: its samples and version, or its own error (:class:`~.protocol.SampleBatchBody`)
 ``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
                             (or, with ``X-Envhub-Weight-Ticket``, the same body over the weight channel)
 ``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
 ``DELETE /adapters/{name}`` unload it; ``GET /adapters`` lists the loaded ones with their versions
-``GET /health``             status, model, version, adapters, queue depth (no token needed)
+``GET /health``             status, model, version, adapters, queue depth, instance, weight channel port
+                            (no token needed)
 ``GET /metrics``            Prometheus text: queue depth, requests, tokens, tokens/s, version, pushes
 ``/v1/...``                 ``models``, ``completions``, ``chat/completions`` (:mod:`.openai_api`)
 ==========================  ===========================================================================
@@ -45,8 +47,10 @@ from trainer.sampler_server.protocol import (
     Backend,
     BadRequestError,
     NotFoundError,
+    Sample,
     SampleBatchBody,
     SampleBody,
+    SampleJob,
     ServerLimits,
     check_job,
     job_of,
@@ -101,6 +105,13 @@ def _entry_error(exc: Exception) -> dict[str, Any]:
     return error_body(f"{type(exc).__name__}: {exc}" if status == 500 else str(exc), status)
 
 
+def _answer(job: SampleJob, samples: list[Sample], version: int) -> dict[str, Any]:
+    """The answer to one ``/sample`` body (an entry of ``/sample/batch``'s results, likewise)."""
+    return {"samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
+                        for s in samples], "version": version,
+            **({"prompt_logprobs": samples[0].prompt_logprobs} if job.prompt_logprobs else {})}
+
+
 def _auth(state: ServerState) -> Any:
     async def check(request: Request, call_next: Any) -> Response:
         if state.token is not None and request.url.path != "/health":
@@ -121,6 +132,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": backend.model_name, "backend": state.backend_kind,
                 "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth,
+                "instance": state.instance,
                 "weight_port": state.channel.port if state.channel is not None else None}
 
     @app.get("/metrics")
@@ -133,8 +145,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         job = job_of(body)
         check_job(job, limits, backend.vocab_size(), backend.max_context())
         samples, version = await state.batcher.submit(job)
-        return {"samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
-                            for s in samples], "version": version, "instance": state.instance}
+        return {**_answer(job, samples, version), "instance": state.instance}
 
     @app.post("/sample/batch")
     async def sample_batch(request: Request) -> Response:
@@ -149,10 +160,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             except (ValidationError, BadRequestError) as exc:
                 results[i] = _entry_error(exc)
         outcomes = await state.batcher.submit_many([job for _, job in jobs])
-        for (i, _), out in zip(jobs, outcomes):
-            results[i] = _entry_error(out) if isinstance(out, Exception) else {
-                "samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
-                            for s in out[0]], "version": out[1]}
+        for (i, job), out in zip(jobs, outcomes):
+            results[i] = _entry_error(out) if isinstance(out, Exception) else _answer(job, *out)
         # json.dumps straight away: FastAPI's encoder walks every float of a large answer one by one
         return Response(json.dumps({"results": results, "instance": state.instance}), media_type="application/json")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from trainer.core.forward import BASE_ADAPTER
+from trainer.core.forward import BASE_ADAPTER, run_model, target_logprobs
 from trainer.model import ModelConfig, load_policy
 from trainer.sampler_server.protocol import BadRequestError, NotFoundError, Sample, SampleJob
 from trainer.sampling.decode import decode, stop_string_check
@@ -94,9 +94,23 @@ class HFBackend:
         flat = [Sample(ids, lps, reason) for ids, lps, reason in zip(out.token_ids, out.logprobs, out.finish_reasons)]
         result, at = [], 0
         for job in jobs:
-            result.append(flat[at:at + job.n])
+            samples = flat[at:at + job.n]
+            if job.prompt_logprobs:
+                prompt_lps = self._prompt_logprobs(model, job, kwargs)
+                for sample in samples:
+                    sample.prompt_logprobs = prompt_lps
+            result.append(samples)
             at += job.n
         return result
+
+    def _prompt_logprobs(self, model: Any, job: SampleJob, kwargs: dict[str, Any]) -> list[float | None]:
+        """log p(prompt[i] | prompt[:i]) (None first), with the trainer's own forward pass and scoring."""
+        device = next(self.base.parameters()).device
+        tokens_BT = torch.tensor([job.prompt_ids], device=device)
+        adapters = kwargs["adapter_names"][:1] if kwargs else None
+        logits_BTV, _ = run_model(model, tokens_BT, torch.ones_like(tokens_BT), adapters=adapters)
+        scored = target_logprobs(logits_BTV[:, :-1], tokens_BT[:, 1:], 1.0)[0].float().cpu().tolist()
+        return [None, *scored]
 
     def _adapter_kwargs(self, adapter: str | None, rows: int) -> dict[str, Any]:
         if adapter is not None and adapter not in self._slots:

@@ -64,6 +64,7 @@ class SampleJob:
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     adapter: str | None = None
+    prompt_logprobs: bool = False  # also score the prompt: log p(prompt[i] | prompt[:i]), None first
 
     @property
     def greedy(self) -> bool:
@@ -82,6 +83,7 @@ class Sample:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
+    prompt_logprobs: list[float | None] | None = None  # the job's prompt scored (when it asked), on each sample
 
 
 class Backend(Protocol):
@@ -115,7 +117,8 @@ class Backend(Protocol):
 
 
 class SampleBody(BaseModel):
-    """``POST /sample``: token ids in; ``n`` continuations with their sampled log-probs out."""
+    """``POST /sample``: token ids in; ``n`` continuations with their sampled log-probs out (and the prompt's
+    log-probs, None first, with ``prompt_logprobs``: Tinker's ``compute_logprobs``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -129,6 +132,7 @@ class SampleBody(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOPS)
     seed: int | None = None
     adapter: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    prompt_logprobs: bool = False
 
 
 class SampleBatchBody(BaseModel):
@@ -161,7 +165,7 @@ def job_of(body: SampleBody) -> SampleJob:
     """The backend's job for a ``/sample`` body."""
     return SampleJob(tuple(body.prompt_ids), body.n, body.max_tokens, body.temperature, body.top_p, body.top_k,
                      None if body.stop_ids is None else tuple(body.stop_ids), tuple(body.stop), body.seed,
-                     body.adapter)
+                     body.adapter, body.prompt_logprobs)
 
 
 __all__ = ["ServerLimits", "SampleJob", "Sample", "Backend", "SampleBody", "SampleBatchBody", "BadRequestError", "NotFoundError",

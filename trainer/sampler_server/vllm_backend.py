@@ -75,7 +75,13 @@ class VLLMBackend:
         with self.sampler.weights_lock:
             request, version = self._adapter(adapter) if adapter else (None, self.version)
             outputs = on_vllm_thread(self.sampler.llm.generate, prompts, params, lora_request=request, use_tqdm=False)
-        return [[self._sample(c, job) for c in out.outputs] for job, out in zip(jobs, outputs)], version
+        results = [[self._sample(c, job) for c in out.outputs] for job, out in zip(jobs, outputs)]
+        for job, out, samples in zip(jobs, outputs, results):
+            if job.prompt_logprobs:
+                scored = [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], job.prompt_ids[1:])]
+                for sample in samples:
+                    sample.prompt_logprobs = [None, *scored]
+        return results, version
 
     def _params(self, job: SampleJob) -> Any:
         from vllm import SamplingParams
@@ -85,7 +91,8 @@ class VLLMBackend:
                               top_k=job.top_k if job.top_k > 0 else 0, seed=job.seed, logprobs=0,
                               stop_token_ids=stops, ignore_eos=job.stop_ids is not None,
                               stop=list(job.stop_strings) or None, include_stop_str_in_output=True,
-                              detokenize=bool(job.stop_strings), skip_special_tokens=False)
+                              detokenize=bool(job.stop_strings), skip_special_tokens=False,
+                              prompt_logprobs=0 if job.prompt_logprobs else None)
 
     def _sample(self, completion: Any, job: SampleJob) -> Sample:
         ids = list(completion.token_ids)

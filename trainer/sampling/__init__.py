@@ -12,8 +12,11 @@ package and nothing else; it imports neither of them. Its parts:
   callers with one batched call, under a weights lock;
 - :mod:`~trainer.sampling.hf`: :class:`HFSampler`, the policy model itself through the decode loop;
 - :mod:`~trainer.sampling.remote`: :class:`RemoteSampler`, the trainer's side of ``envhub-train sampler``
-  servers (episode-sticky routing, one batched request per server, faults); :mod:`~trainer.sampling.remote_push`
-  its weight pushes in the :mod:`~trainer.sampling.wire` format (over a server's weight channel or HTTP);
+  servers (episode-sticky routing, one batched request per server, faults), on
+  :mod:`~trainer.sampling.pool`'s :class:`SamplerPool` (rotation, fail-over, pushes, catching joiners up),
+  which the training service's sampling on the same servers uses too; :mod:`~trainer.sampling.remote_push`
+  is what a push carries and how it travels (a server's weight channel, else an HTTP body), in the
+  :mod:`~trainer.sampling.wire` format;
 - :mod:`~trainer.sampling.vllm_engine`: :class:`VLLMSampler`, a vLLM engine (its GPU or CPU build) on one
   dedicated thread, with in-memory weight sync, ``generate_batch`` and Tinker-style ``sample``.
 
@@ -40,6 +43,7 @@ from trainer.sampling.batching import BatchingSampler
 from trainer.sampling.decode import Decoded, decode, stop_string_check, supports_decode
 from trainer.sampling.factory import make_sampler
 from trainer.sampling.hf import HFSampler, generation_model
+from trainer.sampling.pool import Push, SamplerPool
 from trainer.sampling.protocol import Sampler
 from trainer.sampling.remote import RemoteSampler, SamplerServersDownError
 from trainer.sampling.types import GenRequest, SampledSequence, SampleResponse, SamplingConfig, SamplingParams
@@ -49,10 +53,12 @@ __all__ = [
     "Decoded",
     "GenRequest",
     "HFSampler",
+    "Push",
     "RemoteSampler",
     "SampleResponse",
     "SampledSequence",
     "Sampler",
+    "SamplerPool",
     "SamplerServersDownError",
     "SamplingConfig",
     "SamplingParams",

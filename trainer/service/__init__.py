@@ -1,7 +1,7 @@
 """The Tinker-compatible training service: HTTP requests → durable futures → the training core.
 
-``envhub-train serve`` runs it; ``tinker.ServiceClient(base_url=...)`` drives it unmodified.
-See ``docs/service.md``.
+``envhub-train serve`` runs it; ``tinker.ServiceClient(base_url=...)`` drives it unmodified. It samples in
+process, or on ``envhub-train sampler`` servers (``--sampler-servers``: ``_remote``). See ``docs/service.md``.
 """
 
 from trainer.service._settings import ServiceSettings

@@ -22,11 +22,13 @@ from typing import Any
 
 from trainer.core import Datum, ModelHost, TrainingClient
 from trainer.model import vocab_size_of
+from trainer.sampling.pool import SamplerServersDownError
 from trainer.service import _paths, _proto, _requests, _wire
 from trainer.service._errors import NotFound, UserError
 from trainer.service._limits import Limits
 from trainer.service._lora import checkpoint_lora, linear_parts, lora_targets
 from trainer.service._queue import PROTOBUF, Batchable, BatchRunner, WorkQueue, json_body
+from trainer.service._remote import RemoteSampling, adapter_name, full_push, lora_push
 from trainer.service._samplers import SamplerCache
 from trainer.service._sampling import Sampling
 from trainer.service._settings import ServiceSettings
@@ -64,6 +66,8 @@ class Ops:
                                max_pending=settings.max_pending, max_queued=settings.max_queued,
                                max_queued_bytes=settings.max_queued_bytes)
         self.samplers = SamplerCache(host, max_loaded=settings.sampler_slots)
+        self.remote = (RemoteSampling(settings.sampler_servers, token=settings.sampler_token,
+                                      max_loaded=settings.sampler_slots) if settings.sampler_servers else None)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
         self._owners: OrderedDict[str, str] = OrderedDict()  # session id -> owner (see _session_owner)
         vocab_size = vocab_size_of(host.base)
@@ -241,6 +245,8 @@ class Ops:
                                 "checkpoints, the limit (--max-checkpoints-per-run); save over an existing name.")
             directory = client.save_state(path.directory(self.settings.state_dir), optimizer=kind == "weights")
             self._record_checkpoint(path, directory)
+            if kind == "sampler_weights":
+                self._push_for_sampler(req.model_id, adapter_name(str(path)), client.version)
             return json_body({"path": str(path)})
         request_type = "save_weights" if kind == "weights" else "save_weights_for_sampler"
         return self.queue.submit(request_type, work, owner=owner, dedupe_key=_dedupe(req.model_id, req.seq_id),
@@ -253,6 +259,8 @@ class Ops:
             raise UserError(f"Unknown training run {model_id!r}.")
         sampler_id = _paths.sampler_id(row["session_id"], sampling_session_seq_id)
         self.samplers.snapshot(sampler_id, model_id, self.generation.get(model_id, 0))
+        weights = self.samplers.snapshots[sampler_id].weights
+        self._push_for_sampler(model_id, adapter_name(sampler_id), self.generation.get(model_id, 0), weights)
         self.store.add_sampler(sampler_id, row["session_id"], row["base_model"], None, model_id)
         return json_body({"path": None, "sampling_session_id": sampler_id})
 
@@ -292,8 +300,30 @@ class Ops:
         self.samplers.drop_run(model_id)
         self.generation.pop(model_id, None)
         if model_id in self.host.clients:
+            full = model_id == self.host.full
             self.host.remove(model_id)
+            if self.remote is not None and full:  # the servers sample the base model again
+                try:
+                    self.remote.put_full(full_push(self.host.base, 0))
+                except SamplerServersDownError as exc:  # kept for the servers that come back (the prober)
+                    log.warning("the base weights wait for a sampler server: %s", exc)
+        if self.remote is not None:
+            self.remote.drop_run(model_id)
         return json_body({"model_id": model_id})
+
+    def _push_for_sampler(self, model_id: str, name: str, version: int, weights: Any = None) -> None:
+        """With sampler servers: the run's weights to every server, as adapter ``name`` (``weights``: a copy of them
+        already made), or as the servers' full weights for a full-parameter run."""
+        if self.remote is None:
+            return
+        client = self._client(model_id)
+        if client.adapter is None:
+            self.remote.put_full(full_push(self.host.base, version))
+            return
+        config = self.host.model.peft_config[client.adapter]
+        push = lora_push(name, client.weights_state() if weights is None else weights, rank=int(config.r),
+                         targets=config.target_modules, version=version)
+        self.remote.put(name, model_id, push)
 
     def stats(self) -> dict[str, Any]:
         """What the scheduler and the sampler slots did: ``GET /api/v1/service_stats``."""
@@ -301,7 +331,8 @@ class Ops:
         return {"queue": {"pending": self.queue.pending(), "jobs": q.jobs, "busy_s": round(q.busy_s, 3),
                           "refused": q.refused, "batches": q.batches, "batched_jobs": q.batched_jobs,
                           "largest_batch": q.largest_batch},
-                "sampler_slots": {"slots": self.samplers.max_loaded, **self.samplers.stats.as_dict()}}
+                "sampler_slots": {"slots": self.samplers.max_loaded, **self.samplers.stats.as_dict()},
+                **({"sampler_servers": self.remote.stats()} if self.remote is not None else {})}
 
     # -- helpers (worker thread) ---------------------------------------------------------------
 

@@ -12,6 +12,9 @@ waits behind another's long queue for more than one batch, and an ``optim_step``
 at its lane's next turn. Batchable jobs of a ``windowed`` type (sampling) wait up to ``batch_window_s``
 after they arrive so that concurrent requests meet in one batch; other lanes' ready work runs meanwhile.
 
+Work may also answer with a ``concurrent.futures.Future`` (sampling on sampler servers: the servers do the
+model work): the worker moves on to the next job, and the request's future is finished when that one is.
+
 A finished future's body is written to the store before anyone waiting on it is woken, so a result a
 client saw is one a restart keeps. Errors are categorised here, in one place:
 :class:`~trainer.service._errors.UserError` and ``ValueError`` (bad input, unknown ids, limits) become
@@ -33,7 +36,8 @@ import threading
 import time
 import traceback
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future as Later
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +52,10 @@ PROTOBUF = "application/x-protobuf"
 #: what a queued job costs besides its request's bytes (the closure, the future's row): many tiny jobs add up
 _JOB_BYTES = 1024
 
-#: work returns the future's body and content type
-Work = Callable[[], tuple[bytes, str]]
+#: a result that arrives later, from another thread: the future's body and content type
+Deferred = Later[tuple[bytes, str]]
+#: work returns the future's body and content type, or a Deferred one
+Work = Callable[[], "tuple[bytes, str] | Deferred"]
 
 
 def json_body(obj: object) -> tuple[bytes, str]:
@@ -61,7 +67,7 @@ def error_body(message: str, category: str) -> bytes:
 
 
 #: runs several jobs' ``Batchable.payload`` in one go: one ``(body, content_type)`` or exception per job
-BatchRunner = Callable[[list[Any]], list["tuple[bytes, str] | BaseException"]]
+BatchRunner = Callable[[list[Any]], Sequence["tuple[bytes, str] | Deferred | BaseException"]]
 
 
 @dataclass
@@ -286,12 +292,29 @@ class WorkQueue:
             self.stats.busy_s += elapsed_s
             self.stats.jobs += len(jobs)
             log.debug("requests %s (%s) in %.3f s", [j.request_id for j in jobs], jobs[0].request_type, elapsed_s)
-            for j, (status, body, content_type) in zip(jobs, outcomes):
-                self.store.finish_future(j.request_id, status, body, content_type)
-                self._release(j)
-                self._wake(j.request_id)
+            for j, outcome in zip(jobs, outcomes):
+                if isinstance(outcome, Later):
+                    outcome.add_done_callback(functools.partial(self._finish_later, j))
+                else:
+                    self._finish(j, *outcome)
 
-    def _run(self, jobs: list[_Job]) -> list[tuple[str, bytes, str]]:
+    def _finish(self, job: _Job, status: str, body: bytes, content_type: str) -> None:
+        self.store.finish_future(job.request_id, status, body, content_type)
+        self._release(job)
+        self._wake(job.request_id)
+
+    def _finish_later(self, job: _Job, later: Deferred) -> None:
+        """A deferred result arrived (on the thread that produced it)."""
+        result: Any
+        if later.cancelled():
+            result = RuntimeError("the service stopped before this request was answered")
+        else:
+            result = later.exception() or later.result()
+        outcome = self._outcome(job, result)
+        assert not isinstance(outcome, Later)
+        self._finish(job, *outcome)
+
+    def _run(self, jobs: list[_Job]) -> list[tuple[str, bytes, str] | Deferred]:
         first = jobs[0]
         if len(jobs) == 1:
             return [self._outcome(first, self._call(first.work))]
@@ -325,7 +348,9 @@ class WorkQueue:
             return exc
 
     @staticmethod
-    def _outcome(job: _Job, result: Any) -> tuple[str, bytes, str]:
+    def _outcome(job: _Job, result: Any) -> tuple[str, bytes, str] | Deferred:
+        if isinstance(result, Later):
+            return result
         if not isinstance(result, BaseException):
             body, content_type = result
             return "completed", body, content_type

@@ -82,12 +82,22 @@ class SamplerCache:
             self.drop(old)
             self.snapshots[old] = Snapshot(model_id, -1, None, 0)  # remembered, but its weights are gone
 
-    def for_snapshot(self, sampler_id: str, generation_of: Callable[[str], int | None]) -> SamplingClient | VLLMView:
+    def get(self, sampler_id: str) -> Snapshot:
+        """The snapshot behind an ephemeral sampler; ``ValueError``, saying what to do, when it has none or it was
+        released."""
         snap = self.snapshots.get(sampler_id)
         if snap is None:
             raise ValueError(f"Sampler {sampler_id!r} has no weights on this server (ephemeral samplers do not "
                              "survive a restart); save named weights with save_weights_for_sampler(name) and "
                              "create_sampling_client(model_path=...) to keep them.")
+        if snap.weights is None and snap.generation < 0:
+            raise ValueError(f"Sampler {sampler_id!r} was released: a training run keeps only its last "
+                             f"{self.keep_snapshots} ephemeral samplers; ask for a new one with "
+                             "save_weights_and_get_sampling_client().")
+        return snap
+
+    def for_snapshot(self, sampler_id: str, generation_of: Callable[[str], int | None]) -> SamplingClient | VLLMView:
+        snap = self.get(sampler_id)
         live = generation_of(snap.model_id)
         # while the run has not stepped since the snapshot its live adapter is the snapshot (HF samples it
         # in place; a vLLM engine needs the adapter's copy registered, done once below)
@@ -95,10 +105,6 @@ class SamplerCache:
                 and (snap.weights is None or self.host.vllm is None)):
             return self.host.live_sampler(self.host.client(snap.model_id), live)
         if snap.weights is None:
-            if snap.generation < 0:
-                raise ValueError(f"Sampler {sampler_id!r} was released: a training run keeps only its last "
-                                 f"{self.keep_snapshots} ephemeral samplers; ask for a new one with "
-                                 "save_weights_and_get_sampling_client().")
             if snap.model_id in self.host.clients:  # full-parameter run: its sampler follows the live weights
                 return self.host.live_sampler(self.host.client(snap.model_id), live)
             raise ValueError(f"Sampler {sampler_id!r} belongs to training run {snap.model_id!r}, which is unloaded.")
@@ -106,13 +112,15 @@ class SamplerCache:
         return self._load(sampler_id, lambda: (weights, snap.rank, snap.targets))
 
     def for_checkpoint(self, directory: Path) -> SamplingClient | VLLMView:
-        def read() -> tuple[dict[str, torch.Tensor], int, list[str]]:
-            if self.host.full is not None:
-                raise ValueError("This server trains the full model (--full-parameter); it samples only from the "
-                                 "training run's live weights, not from saved checkpoints.")
-            rank, targets = checkpoint_lora(directory)
-            return torch.load(directory / "weights.pt", map_location="cpu", weights_only=True), rank, targets
-        return self._load(f"path:{directory}", read)
+        return self._load(f"path:{directory}", lambda: self.read_checkpoint(directory))
+
+    def read_checkpoint(self, directory: Path) -> tuple[dict[str, torch.Tensor], int, list[str]]:
+        """A saved LoRA adapter's ``(weights, rank, target layers)``; refused on a full-parameter server."""
+        if self.host.full is not None:
+            raise ValueError("This server trains the full model (--full-parameter); it samples only from the "
+                             "training run's live weights, not from saved checkpoints.")
+        rank, targets = checkpoint_lora(directory)
+        return torch.load(directory / "weights.pt", map_location="cpu", weights_only=True), rank, targets
 
     def base(self) -> SamplingClient | VLLMView:
         return self.host.base_sampler()

@@ -16,6 +16,7 @@ pinned while it runs; a batch that needs more adapters than there are slots runs
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,7 +27,15 @@ from trainer.core.vllm_samplers import VLLMView, sample_views
 from trainer.service import _paths, _requests, _wire
 from trainer.service._errors import NotFound, UserError
 from trainer.service._limits import Limits
-from trainer.service._queue import PROTOBUF, Batchable, WorkQueue
+from trainer.service._queue import PROTOBUF, Batchable, Deferred, WorkQueue
+from trainer.service._remote import (
+    RemoteRequest,
+    RemoteSampling,
+    adapter_name,
+    checkpoint_version,
+    lora_push,
+    sample_body,
+)
 from trainer.service._samplers import SamplerCache, SlotsFull
 from trainer.service._settings import ServiceSettings
 from trainer.service._store import Store
@@ -41,6 +50,7 @@ class Ops(Protocol):
     store: Store
     queue: WorkQueue
     samplers: SamplerCache
+    remote: RemoteSampling | None
     generation: dict[str, int]
     limits: Limits
 
@@ -117,11 +127,13 @@ class Sampling:
         sequence_ids = [f"{key or sampler_id}:{i}" for i in range(req.num_samples)]
         queued = QueuedSample(req, prompt, params)
         tokens = req.num_samples * (len(prompt) + params.max_tokens)
-        # one vLLM generate call takes rows with any parameters, seeds included (vLLM seeds each request)
-        settings_key = "vllm" if ops.host.vllm is not None else decode_key(params)
+        # one vLLM generate call takes rows with any parameters, seeds included (vLLM seeds each request); so do
+        # sampler servers (each request is sent on its own, all of a batch at once)
+        settings_key = ("remote" if ops.remote is not None else "vllm" if ops.host.vllm is not None
+                        else decode_key(params))
         batch = None if settings_key is None else Batchable(queued, settings_key, tokens, ops.settings.max_sample_tokens)
 
-        def work() -> Result:
+        def work() -> Result | Deferred:
             out = self.run([queued])[0]
             if isinstance(out, BaseException):
                 raise out
@@ -129,9 +141,11 @@ class Sampling:
         rid = ops.queue.submit("sample", work, owner=owner, cost_bytes=8 * len(prompt), dedupe_key=key, batch=batch)
         return rid, sequence_ids
 
-    def run(self, queued: list[QueuedSample]) -> list[Result | BaseException]:
+    def run(self, queued: list[QueuedSample]) -> list[Result | Deferred | BaseException]:
         """Answer queued requests, merging those that can share a pass; one result or error per request (worker)."""
-        results: list[Result | BaseException] = [ValueError("not run")] * len(queued)
+        if self.ops.remote is not None:
+            return self._run_remote(self.ops.remote, queued)
+        results: list[Result | Deferred | BaseException] = [ValueError("not run")] * len(queued)
         groups: dict[Any, list[tuple[int, Pending]]] = {}
         cache = self.ops.samplers
         try:
@@ -155,7 +169,7 @@ class Sampling:
 
     @staticmethod
     def _run_groups(groups: dict[Any, list[tuple[int, Pending]]],
-                    results: list[Result | BaseException]) -> None:
+                    results: list[Result | Deferred | BaseException]) -> None:
         for members in groups.values():
             try:
                 if len(members) == 1:
@@ -189,6 +203,80 @@ class Sampling:
                 raise UserError(f"Unknown checkpoint {model_path}.")
             return ops.samplers.for_checkpoint(Path(checkpoint["path"]))
         return ops.samplers.base()
+
+
+    # -- on sampler servers (--sampler-servers) ------------------------------------------------------
+    def _run_remote(self, remote: RemoteSampling, queued: list[QueuedSample]) -> list[Result | Deferred | BaseException]:
+        """Send a batch's requests to the sampler servers, in rounds of at most ``max_loaded`` adapters (the servers'
+        room), each round's adapters pushed first where they are missing (worker thread); the answers come later."""
+        results: list[Result | Deferred | BaseException] = [ValueError("not run")] * len(queued)
+        rounds: list[list[tuple[int, RemoteRequest, str]]] = [[]]
+        for i, q in enumerate(queued):
+            try:
+                request, run_id = self.remote_request(q)
+            except ValueError as exc:
+                results[i] = exc
+                continue
+            names = {r.adapter for _, r, _ in rounds[-1]} | {request.adapter}
+            if len(names - {None}) > remote.max_loaded:
+                rounds.append([])
+            rounds[-1].append((i, request, run_id))
+        for members in rounds:
+            keep = {r.adapter for _, r, _ in members if r.adapter is not None}
+            try:
+                for _, r, run_id in members:
+                    if r.adapter is not None and r.make_push is not None:
+                        remote.ensure(r.adapter, r.make_push, run_id, keep)
+            except Exception as exc:  # no server took the adapters (all down): every request of the round fails
+                for i, _, _ in members:
+                    results[i] = exc
+                continue
+            for (i, _, _), later in zip(members, remote.dispatch([r for _, r, _ in members], _proto_result)):
+                results[i] = later
+        return results
+
+    def remote_request(self, q: QueuedSample) -> tuple[RemoteRequest, str]:
+        """The servers' request for ``q`` (its adapter, how to push it) and the training run the adapter is of."""
+        ops, req = self.ops, q.req
+        sampler_id = req.sampling_session_id
+        row = ops.store.sampler(sampler_id) if sampler_id is not None else None
+        if sampler_id is not None and row is None:
+            raise UserError(f"Unknown sampling session {sampler_id!r}.")
+        model_path = row["model_path"] if row else req.model_path
+        adapter: str | None = None
+        make: Any = None
+        run_id = ""
+        if row and row["model_id"]:
+            snap = ops.samplers.get(str(sampler_id))
+            run_id = snap.model_id
+            if snap.weights is not None:
+                adapter = adapter_name(str(sampler_id))
+                make = functools.partial(lora_push, adapter, snap.weights, rank=snap.rank, targets=snap.targets,
+                                         version=snap.generation)
+            elif snap.model_id not in ops.host.clients:  # a full-parameter run's sampler: the servers hold its weights
+                raise UserError(f"Sampler {sampler_id!r} belongs to training run {snap.model_id!r}, which is unloaded.")
+        elif model_path:
+            path = _paths.parse(str(model_path))
+            checkpoint = ops.store.checkpoint(str(path))
+            if checkpoint is None:
+                raise UserError(f"Unknown checkpoint {model_path}.")
+            directory, run_id, adapter = Path(checkpoint["path"]), path.training_run_id, adapter_name(str(path))
+
+            def make() -> Any:
+                weights, rank, targets = ops.samplers.read_checkpoint(directory)
+                return lora_push(str(adapter), weights, rank=rank, targets=targets,
+                                 version=checkpoint_version(directory))
+            if ops.host.full is not None:
+                ops.samplers.read_checkpoint(directory)  # refused: a full-parameter service has no adapters
+        elif ops.host.full is not None:
+            raise UserError(f"Training run {ops.host.full!r} is training the base weights; base sampling is "
+                            "unavailable.")
+        body = sample_body(q.prompt, req.num_samples, q.params, bool(req.prompt_logprobs), adapter)
+        return RemoteRequest(adapter, make, body), run_id
+
+
+def _proto_result(response: SampleResponse) -> Result:
+    return _wire.sample_proto([response]), PROTOBUF
 
 
 def _run_group(group: list[Pending]) -> list[SampleResponse]:

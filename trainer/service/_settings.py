@@ -32,7 +32,9 @@ class ServiceSettings:
     device: str = "auto"
     threads: int | None = None  # torch CPU threads for model work (None: torch's default)
     batch_window_s: float = 0.005  # a sample request waits this long for others to share its engine batch
-    sampler_slots: int = 4  # sampler adapters loaded at once (LRU swapped past them)
+    sampler_slots: int = 4  # sampler adapters loaded at once (LRU swapped past them), here or on the servers
+    sampler_servers: tuple[str, ...] = ()  # envhub-train sampler servers that sample instead of this process
+    sampler_token: str | None = None  # their bearer token
     # -- limits ----------------------------------------------------------------------------------------
     max_batch_tokens: int = 32768  # tokens in one forward_backward
     max_batch_datums: int = 1024  # datums in one forward_backward
@@ -68,6 +70,13 @@ class ServiceSettings:
             self.max_tenants = 1  # a full-parameter run owns the base weights
         if self.sampler not in ("hf", "vllm"):
             raise ValueError(f"Expected --sampler hf or vllm, got {self.sampler!r}.")
+        self.sampler_servers = tuple(u.strip().rstrip("/") for u in self.sampler_servers if u.strip())
+        bad_urls = [u for u in self.sampler_servers if not u.startswith(("http://", "https://"))]
+        if bad_urls:
+            raise ValueError(f"Expected --sampler-servers URLs like http://host:8100, got {bad_urls}.")
+        if self.sampler_servers and self.sampler != "hf":
+            raise ValueError("Expected no --sampler vllm with --sampler-servers: the servers sample (start them with "
+                             "`envhub-train sampler --backend vllm`), this process only trains.")
 
     @property
     def name(self) -> str:

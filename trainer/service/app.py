@@ -53,6 +53,8 @@ def create_app(ops: Ops) -> Starlette:
             ops.queue.close()  # lets the request in progress finish and record its result
             if ops.host.vllm is not None:
                 ops.host.vllm.close()  # frees the engine and its adapter files
+            if ops.remote is not None:
+                ops.remote.close()
 
     # routes match in order: the ones every training step calls come first
     routes = [Route(path, handler, methods=[method]) for method, path, handler in

@@ -2,6 +2,7 @@
 
     envhub-train serve --port 8900                          # the tiny model on CPU
     envhub-train serve --model Qwen/Qwen3-0.6B --served-name Qwen/Qwen3-0.6B --token tml-secret
+    envhub-train serve --sampler-servers http://127.0.0.1:8100,http://127.0.0.1:8101   # sampling on those servers
     # then, in any process:
     #   tinker.ServiceClient(base_url="http://127.0.0.1:8900", api_key="tml-secret")
 
@@ -103,8 +104,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"how long a sample request waits for others to share its engine batch (default "
                              f"{d.batch_window_s * 1000:g}; 0: batch only what is already queued)")
     parser.add_argument("--sampler-slots", type=int, default=d.sampler_slots,
-                        help=f"sampler adapters held loaded at once; past them the least recently used is swapped "
-                             f"out (default {d.sampler_slots})")
+                        help=f"sampler adapters held loaded at once (here, or on each sampler server); past them the "
+                             f"least recently used is swapped out (default {d.sampler_slots})")
+    parser.add_argument("--sampler-servers", default=os.environ.get("ENVHUB_SAMPLER_SERVERS", ""), metavar="URL,...",
+                        help="envhub-train sampler servers (comma-separated URLs) that sample for this service: it "
+                             "only trains, pushes each sampler's LoRA adapter (full weights with --full-parameter) "
+                             "to every server on save_weights_for_sampler, and sends sample/compute_logprobs to the "
+                             "least loaded one (default: $ENVHUB_SAMPLER_SERVERS, else sample in this process); "
+                             "their bearer token from $ENVHUB_SAMPLER_TOKEN")
     _add_limits(parser, d)
     parser.add_argument("--device", default=d.device,
                         help="torch device: auto (default: cuda when present), cpu, cuda:N")
@@ -144,7 +151,9 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
                            max_request_bytes=args.max_request_mb * 2**20, max_pending=args.max_pending,
                            max_queued=args.max_queued, batch_window_s=args.batch_window_ms / 1000,
                            sampler_slots=args.sampler_slots, max_sessions=args.max_sessions,
-                           max_checkpoints_per_run=args.max_checkpoints_per_run)
+                           max_checkpoints_per_run=args.max_checkpoints_per_run,
+                           sampler_servers=tuple(args.sampler_servers.split(",")) if args.sampler_servers else (),
+                           sampler_token=os.environ.get("ENVHUB_SAMPLER_TOKEN") or None)
 
 
 def model_config(name: str, overrides: list[str]) -> Any:

@@ -1,0 +1,156 @@
+"""``envhub-train serve --sampler-servers``: the service trains, real ``envhub-train sampler`` processes sample.
+
+Driven by the official ``tinker`` SDK: two LoRA tenants' samplers answer from their own adapters on the servers
+(log-probs equal to the training run's own, fp32), training calls are answered while the servers sample, a
+server killed mid-request has its requests re-sent to the other, a restarted one gets the adapters before it
+takes work, and with every server gone a request fails with a message naming them, neither hanging nor a 500;
+a full-parameter run's samplers read its pushed full weights.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from concurrent.futures import wait
+
+import pytest
+
+from tests.service.test_service_sdk import forward_logprobs, prompt_logprobs, sft_datum, train
+from tests.trainer.sampler_servers import TINY, ServerProcess
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+pytestmark = pytest.mark.live
+
+PROMPT = [40, 41, 42, 43]
+
+
+@pytest.fixture
+def sampler_servers(tmp_path):
+    servers = [ServerProcess(tmp_path, *TINY), ServerProcess(tmp_path, *TINY)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def health(server: ServerProcess) -> dict:
+    with urllib.request.urlopen(f"{server.url}/health", timeout=5) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def stats(service) -> dict:
+    """The service's ``sampler_servers`` stats (the SDK has no call for ``service_stats``)."""
+    with urllib.request.urlopen(f"{service.url}/api/v1/service_stats", timeout=5) as resp:
+        return dict(json.loads(resp.read())["sampler_servers"])
+
+
+def sampled_logprobs_match_the_run(tc, sampler, seed: int) -> list[list[int]]:
+    """Sample twice from ``sampler``; each sampled token's log-prob equals the training run's own (fp32)."""
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=seed)
+    out = sampler.sample(types.ModelInput.from_ints(PROMPT), 2, params).result()
+    for seq in out.sequences:
+        ids = PROMPT + list(seq.tokens)
+        expected = forward_logprobs(tc, ids)[len(PROMPT) - 1:]
+        assert list(seq.logprobs) == pytest.approx(expected, abs=1e-4)
+    return [list(seq.tokens) for seq in out.sequences]
+
+
+def test_two_tenants_sample_their_own_adapters_on_the_servers(serve_training, sdk, sampler_servers):
+    a, b = sampler_servers
+    service = serve_training(sampler_servers=(a.url, b.url), sampler_slots=2)
+    sc = sdk(service.url)
+    alice = sc.create_lora_training_client(base_model="tiny", rank=8, seed=0).result()
+    bob = sc.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
+    train(alice, 4)
+    train(bob, 4, ids=list(range(100, 132)))
+    alice_sampler = alice.save_weights_and_get_sampling_client().result()
+    bob_sampler = bob.save_weights_and_get_sampling_client().result()
+
+    expected_alice, expected_bob = forward_logprobs(alice), forward_logprobs(bob)
+    assert prompt_logprobs(alice_sampler) == pytest.approx(expected_alice, abs=1e-4)
+    assert prompt_logprobs(bob_sampler) == pytest.approx(expected_bob, abs=1e-4)
+    assert expected_alice != pytest.approx(expected_bob, abs=1e-2)  # two different adapters answered
+    sampled_logprobs_match_the_run(alice, alice_sampler, seed=1)
+    sampled_logprobs_match_the_run(bob, bob_sampler, seed=2)
+
+    # a named sampler checkpoint is pushed when saved, and keeps its weights while the run trains on
+    path = alice.save_weights_for_sampler("alice-4").result().path
+    train(alice, 2, lr=0.1, ids=list(range(200, 232)))
+    named = sc.create_sampling_client(model_path=path).result()
+    assert prompt_logprobs(named) == pytest.approx(expected_alice, abs=1e-4)
+    base = sc.create_sampling_client(base_model="tiny").result()
+    assert prompt_logprobs(base) != pytest.approx(expected_alice, abs=1e-2)
+
+    # two slots: saving the named one unloaded alice's ephemeral adapter (the least recently used) from the
+    # servers; asking for it again pushes it again from its copy, and it still answers with alice's weights
+    assert prompt_logprobs(alice_sampler) == pytest.approx(expected_alice, abs=1e-4)
+
+    # the servers did the sampling, both of them, and each holds the two adapters, by name, with a version
+    for server in (a, b):
+        assert server.metric("requests_total") > 0
+        adapters = health(server)["adapters"]
+        assert adapters[path.removeprefix("tinker://").replace("/", ".")] == 4  # optimizer steps at the save
+        assert len(adapters) == 2
+    assert all(s["in_rotation"] for s in stats(service)["servers"].values())
+
+
+@pytest.mark.slow
+def test_a_killed_server_a_restarted_one_and_none_left(serve_training, sdk, sampler_servers, tmp_path):
+    a, b = sampler_servers
+    service = serve_training(sampler_servers=(a.url, b.url))
+    sc = sdk(service.url)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=8, seed=0).result()
+    train(tc, 3)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    expected = forward_logprobs(tc)
+
+    # long requests on both servers; a dies while it holds some: they are answered by b, whole
+    params = types.SamplingParams(max_tokens=300, temperature=1.0, stop=[])
+    before = a.metric("requests_total")
+    futures = [sampler.sample(types.ModelInput.from_ints(PROMPT + [i]), 1, params) for i in range(6)]
+    # the servers sample apart from training: a training call is answered while they still work
+    assert forward_logprobs(tc) == pytest.approx(expected, abs=1e-6)
+    assert not all(f.done() for f in futures)
+    deadline = time.monotonic() + 60
+    while a.metric("requests_total") < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    a.kill()
+    wait(futures, timeout=300)
+    for future in futures:
+        [seq] = future.result().sequences
+        assert len(seq.tokens) == 300 and len(seq.logprobs) == 300
+    servers = stats(service)["servers"]
+    assert not servers[a.url]["in_rotation"] and servers[b.url]["in_rotation"]
+    assert prompt_logprobs(sampler) == pytest.approx(expected, abs=1e-4)
+
+    # a restarted on its port gets the adapter before it takes work: its answers are the run's
+    restarted = ServerProcess(tmp_path, *TINY, port=a.port)
+    sampler_servers.append(restarted)
+    deadline = time.monotonic() + 60
+    while not health(restarted)["adapters"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    b.kill()
+    assert prompt_logprobs(sampler) == pytest.approx(expected, abs=1e-4)
+    assert restarted.metric("requests_total") > 0
+
+    # every server gone: the request fails at once, naming the servers, and the service still trains
+    restarted.kill()
+    start = time.monotonic()
+    with pytest.raises(tinker.RequestFailedError, match="No sampler server can take work") as err:
+        sampler.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result()
+    assert a.url in str(err.value) and b.url in str(err.value)
+    assert time.monotonic() - start < 30
+    tc.forward_backward([sft_datum()], "cross_entropy").result()
+
+
+def test_a_full_parameter_run_pushes_its_full_weights(serve_training, sdk, sampler_servers):
+    a, b = sampler_servers
+    sc = sdk(serve_training(sampler_servers=(a.url, b.url), full_parameter=True).url)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    train(tc, 3, lr=1e-2)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    assert prompt_logprobs(sampler) == pytest.approx(forward_logprobs(tc), abs=1e-4)
+    sampled_logprobs_match_the_run(tc, sampler, seed=3)
+    assert health(a)["version"] == health(b)["version"] == 3 and not health(a)["adapters"]
