@@ -130,6 +130,13 @@ async def test_a_batch_request_is_decoded_together_and_each_entry_answered_or_re
         assert metric(after, "batches_total") - metric(before, "batches_total") == 1
         assert metric(after, "requests_total") - metric(before, "requests_total") == 6
         assert (await http.post("/sample/batch", json={"requests": []})).status_code == 400
+        # an entry that asks for its prompt scored gets it, as /sample answers it; the others do not
+        scored = {"prompt_ids": [5, 6, 7], "max_tokens": 2, "prompt_logprobs": True}
+        resp = await http.post("/sample/batch", json={"requests": [scored, good[0]]})
+        first, second = resp.json()["results"]
+        assert first["prompt_logprobs"][0] is None and "prompt_logprobs" not in second
+        gap = trainer_logprobs(model, [5], [6, 7]) - torch.tensor(first["prompt_logprobs"][1:])
+        assert gap.abs().max() < 1e-4
 
 
 def metric(text: str, name: str) -> float:
