@@ -1,13 +1,13 @@
 """Sampler servers against the in-process sampler: quick-start GRPO step time, rollout time and weight-push
 time per step with 0 (in process), 1 and 2 ``envhub-train sampler`` servers on this host, side by side;
-then the time to push a tiny and a 0.5B-shaped model over loopback HTTP and the trainer-vs-server
-log-prob mismatch after each push (fp32 on both sides).
+then the time to push a tiny and a 0.5B-shaped model over loopback (through the server's weight channel
+and as an HTTP body) and the trainer-vs-server log-prob mismatch after each push (fp32 on both sides).
 
 Part 1 runs ``python -m trainer.quickstart`` three times with the same seed (``--sampler-servers``
-for the server runs; the servers are started here with the quick start's model shape). Part 2 starts
-one server per shape, pushes the trainer's weights ``--repeats`` times (``RemoteSampler.update_weights``:
-a streamed safetensors body, no file) and samples after each push, comparing the server's log-probs
-with the trainer's own forward pass on the same ids.
+for the server runs; the servers are started here with the quick start's model shape and its one torch
+thread). Part 2 starts one server per shape and transport, pushes the trainer's weights ``--repeats``
+times (``RemoteSampler.update_weights``: a streamed safetensors body, no file) and samples after each
+push, comparing the server's log-probs with the trainer's own forward pass on the same ids.
 
     .venv/bin/python benchmarks/sampler_servers.py                 # both parts
     .venv/bin/python benchmarks/sampler_servers.py --part push --layers-05b 24
@@ -37,13 +37,15 @@ def shape_05b(layers: int) -> dict[str, int]:
     return dict(hidden_size=896, num_layers=layers, num_heads=14, num_kv_heads=2, intermediate_size=4864)
 
 
-def start_server(shape: dict[str, int], log_dir: Path, timeout_s: float = 300.0) -> tuple[subprocess.Popen, str]:
+def start_server(shape: dict[str, int], log_dir: Path, timeout_s: float = 300.0,
+                 threads: int | None = None, channel: bool = True) -> tuple[subprocess.Popen, str]:
     """``python -m trainer.sampler_server`` with ``shape`` (fp32) on a free port, once healthy."""
     from trainer.quickstart import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "trainer.sampler_server", "--port", str(port), "--device", "cpu",
+            *(["--threads", str(threads)] if threads else []), *([] if channel else ["--weight-port", "-1"]),
             "model.dtype=fp32", *(f"model.{k}={v}" for k, v in shape.items())]
     log = open(log_dir / f"sampler-{port}.log", "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -84,7 +86,7 @@ def run_quickstart(args: argparse.Namespace, servers: int, out: Path) -> dict[st
         argv += ["--sft-steps", "2", "--batch", "2", "--group", "2", "--eval-problems", "2", "--eval-every", "0"]
     try:
         for _ in range(servers):
-            proc, url = start_server(QUICKSTART_SHAPE, out)
+            proc, url = start_server(QUICKSTART_SHAPE, out, threads=1)  # as the quick start's --threads 1
             procs.append(proc)
             urls.append(url)
         if urls:
@@ -126,11 +128,11 @@ def trainer_logprobs(model: torch.nn.Module, prompt: list[int], ids: list[int]) 
     return target_logprobs(logits[:, :-1], tokens[:, 1:], 1.0)[0, len(prompt) - 1:]
 
 
-def push_and_compare(shape: dict[str, int], repeats: int, log_dir: Path) -> dict[str, float]:
+def push_and_compare(shape: dict[str, int], repeats: int, log_dir: Path, channel: bool) -> dict[str, float]:
     from trainer.model import ModelConfig, load_policy
     from trainer.sampling import GenRequest, RemoteSampler
 
-    proc, url = start_server(shape, log_dir)
+    proc, url = start_server(shape, log_dir, channel=channel)
     try:
         model, _ = load_policy(ModelConfig(**shape, dtype="fp32"))
         sampler = RemoteSampler([url], model, log=lambda m: None)
@@ -157,13 +159,16 @@ def part_push(args: argparse.Namespace) -> None:
     shapes = {"tiny (quick start)": QUICKSTART_SHAPE}
     if not args.smoke:
         shapes[f"0.5B-shaped, {args.layers_05b} layers"] = shape_05b(args.layers_05b)
-    print(f"\nweight push over loopback HTTP (fp32, median of {args.repeats}) and the trainer-vs-server log-prob "
-          "mismatch after each push")
-    print(f"{'model':<28}{'MB':>9}{'push s':>9}{'MB/s':>9}{'max |lp gap|':>14}")
+    print(f"\nweight push over loopback (fp32, median of {args.repeats}): the body over the server's weight channel "
+          "(the default) and as the HTTP request's body (--weight-port -1), the trainer-vs-server log-prob mismatch "
+          "after each push")
+    print(f"{'model':<28}{'via':<9}{'MB':>9}{'push s':>9}{'MB/s':>9}{'max |lp gap|':>14}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, shape in shapes.items():
-            r = push_and_compare(shape, args.repeats, Path(tmp))
-            print(f"{name:<28}{r['mb']:>9.1f}{r['push_s']:>9.3f}{r['mb'] / r['push_s']:>9.0f}{r['gap']:>14.2e}")
+            for via, channel in (("channel", True), ("HTTP", False)):
+                r = push_and_compare(shape, args.repeats, Path(tmp), channel)
+                print(f"{name:<28}{via:<9}{r['mb']:>9.1f}{r['push_s']:>9.3f}{r['mb'] / r['push_s']:>9.0f}"
+                      f"{r['gap']:>14.2e}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

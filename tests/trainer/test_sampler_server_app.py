@@ -104,6 +104,46 @@ async def test_bad_requests_get_4xx_with_a_reason(backend) -> None:
         assert resp.status_code == 400
 
 
+async def test_a_batch_request_is_decoded_together_and_each_entry_answered_or_refused_alone(backend) -> None:
+    model, _ = load_policy(TINY)
+    async with client(backend) as http:
+        await http.put("/weights", content=weights_body(model, 4))
+        before = (await http.get("/metrics")).text
+        good = [{"prompt_ids": [5, 6, 7 + i], "max_tokens": 4 + i} for i in range(5)]
+        bad = [{"prompt_ids": [1, 99999]}, {"prompt_ids": [1], "bogus": 1}, {"prompt_ids": [1], "adapter": "nope"}]
+        resp = await http.post("/sample/batch", json={"requests": [good[0], *bad, *good[1:]]})
+        after = (await http.get("/metrics")).text
+        assert resp.status_code == 200, resp.text
+        results = resp.json()["results"]
+        assert len(results) == 8
+        answered = [results[0], *results[4:]]
+        for body, result in zip(good, answered):
+            [sample] = result["samples"]
+            assert result["version"] == 4 and len(sample["token_ids"]) == len(sample["logprobs"]) <= body["max_tokens"]
+            gap = (trainer_logprobs(model, body["prompt_ids"], sample["token_ids"]) - torch.tensor(sample["logprobs"]))
+            assert gap.abs().max() < 1e-4
+        errors = [r["error"] for r in results[1:4]]
+        assert [e["code"] for e in errors] == [400, 400, 404]
+        assert "out of range" in errors[0]["message"] and "bogus" in errors[1]["message"]
+        assert "nope" in errors[2]["message"]
+        # the five good prompts went into ONE decode (the unknown adapter into a second one, which failed)
+        assert metric(after, "batches_total") - metric(before, "batches_total") == 1
+        assert metric(after, "requests_total") - metric(before, "requests_total") == 6
+        assert (await http.post("/sample/batch", json={"requests": []})).status_code == 400
+        # an entry that asks for its prompt scored gets it, as /sample answers it; the others do not
+        scored = {"prompt_ids": [5, 6, 7], "max_tokens": 2, "prompt_logprobs": True}
+        resp = await http.post("/sample/batch", json={"requests": [scored, good[0]]})
+        first, second = resp.json()["results"]
+        assert first["prompt_logprobs"][0] is None and "prompt_logprobs" not in second
+        gap = trainer_logprobs(model, [5], [6, 7]) - torch.tensor(first["prompt_logprobs"][1:])
+        assert gap.abs().max() < 1e-4
+
+
+def metric(text: str, name: str) -> float:
+    [line] = [ln for ln in text.splitlines() if ln.startswith(f"envhub_sampler_{name} ")]
+    return float(line.split()[1])
+
+
 async def test_weight_pushes_that_do_not_fit_the_model_are_refused_and_change_nothing(backend) -> None:
     model, _ = load_policy(TINY)
     other, _ = load_policy(ModelConfig(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1))

@@ -1,5 +1,6 @@
 """Sampler servers as real processes: log-probs that match the trainer after full and LoRA pushes over real
-optimizer steps, a server killed mid-run, a late joiner, every server gone, and GRPO learning through two."""
+optimizer steps, pushes over the weight channel and as HTTP bodies, a server killed mid-run, a late joiner,
+every server gone, and GRPO learning through two."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from tests.trainer.test_recipes import config as recipe_config
 from trainer.core import Datum, TrainingClient
 from trainer.core.forward import run_model, target_logprobs
 from trainer.model import ModelConfig, load_policy
+from trainer.quickstart import free_port
 from trainer.recipes.rl import train
-from trainer.sampling import GenRequest, RemoteSampler, SamplerServersDownError
+from trainer.sampling import GenRequest, RemoteSampler, SamplerPool, SamplerServersDownError
+from trainer.sampling.remote_push import payload
 
 pytestmark = pytest.mark.live
 SHAPE = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
@@ -61,12 +64,56 @@ def test_pushes_after_real_steps_keep_server_logprobs_equal_to_the_trainers(tmp_
                 assert gap < 1e-4  # fp32 on both sides
                 seen.append(gen.logprobs[0])
         assert len(set(seen)) > 1  # the steps changed the policy the server samples from
+
+        # turns asked one after another go to the server in ONE request once every live episode asked
+        sampler.config.batch_wait_s = 10.0
+        sampler.set_demand(lambda: 4)
+
+        async def staggered() -> list:
+            async def episode(i: int) -> object:
+                await asyncio.sleep(0.05 * i)
+                return await sampler.generate(GenRequest(prompt, 4))
+            return list(await asyncio.gather(*(episode(i) for i in range(4))))
+
+        before = server.metric("batches_total")
+        assert len(asyncio.run(staggered())) == 4
+        assert server.metric("batches_total") - before == 1
         pushed = sampler.last_push_bytes
         sampler.close()
     finally:
         server.stop()
     params = sum(p.numel() for p in client.model.parameters() if p.requires_grad) * 4
     assert pushed == params  # LoRA: the adapter alone travels
+
+
+def test_the_pools_pushes_go_over_the_weight_channel_and_fall_back_to_http_bodies(tmp_path) -> None:
+    """The pool the trainer and the training service share pushes over the channel /health names; a channel it
+    cannot reach, or a server without one, gets the same weights as an HTTP body."""
+    with_channel, without = ServerProcess(tmp_path, *TINY), ServerProcess(tmp_path, *TINY, "--weight-port", "-1")
+    pool = SamplerPool([with_channel.url, without.url], log=lambda m: None)
+    try:
+        model, _ = load_policy(ModelConfig(**SHAPE))
+        prompt = [4, 5, 6]
+        for version, unreachable in ((1, False), (2, True)):
+            if unreachable:  # the announced port stops answering: the push goes as an HTTP body, and stays so
+                pool.servers[with_channel.url].weight_port = free_port()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.05)
+            pool.push(payload(model, version, lora=False, adapter_name="policy"))
+            channel = pool.servers[with_channel.url].weight_port
+            assert (channel is None) if unreachable else (channel is not None)  # a channel push answered
+            assert pool.servers[without.url].weight_port is None
+            for url in (with_channel.url, without.url):
+                server, data = asyncio.run(pool.request({"prompt_ids": prompt, "max_tokens": 4}, prefer=url))
+                sample = data["samples"][0]
+                assert server.url == url and data["version"] == version
+                gap = trainer_logprobs(model, prompt, sample["token_ids"]) - torch.tensor(sample["logprobs"])
+                assert gap.abs().max() < 1e-4
+    finally:
+        pool.close()
+        for server in (with_channel, without):
+            server.stop()
 
 
 def test_a_killed_server_has_its_turns_resampled_a_late_joiner_gets_weights_first(tmp_path) -> None:

@@ -6,10 +6,14 @@ route                       what it does
 ``POST /sample``            token ids in; ``n`` samples (ids, sampled log-probs, finish reason), the
                             prompt's log-probs when asked, and the policy ``version`` that drew them out
                             (:class:`~.protocol.SampleBody`)
+``POST /sample/batch``      many ``/sample`` bodies in one request, decoded together; one result per
+                            body: its samples and version, or its own error (:class:`~.protocol.SampleBatchBody`)
 ``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
+                            (or, with ``X-Envhub-Weight-Ticket``, the same body over the weight channel)
 ``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
 ``DELETE /adapters/{name}`` unload it; ``GET /adapters`` lists the loaded ones with their versions
-``GET /health``             status, model, version, adapters, queue depth, instance (no token needed)
+``GET /health``             status, model, version, adapters, queue depth, instance, weight channel port
+                            (no token needed)
 ``GET /metrics``            Prometheus text: queue depth, requests, tokens, tokens/s, version, pushes
 ``/v1/...``                 ``models``, ``completions``, ``chat/completions`` (:mod:`.openai_api`)
 ==========================  ===========================================================================
@@ -36,13 +40,17 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from trainer.sampler_server.batcher import QueueFullError, RequestBatcher
+from trainer.sampler_server.channel import TICKET_HEADER, WeightChannel
 from trainer.sampler_server.openai_api import router as openai_router
 from trainer.sampler_server.protocol import (
     MAX_NAME_CHARS,
     Backend,
     BadRequestError,
     NotFoundError,
+    Sample,
+    SampleBatchBody,
     SampleBody,
+    SampleJob,
     ServerLimits,
     check_job,
     job_of,
@@ -52,11 +60,11 @@ from trainer.sampling.wire import TensorStreamReader, WeightFormatError
 
 
 def create_app(backend: Backend, *, limits: ServerLimits | None = None, token: str | None = None,
-               backend_kind: str = "hf", tool_parser: str = "auto") -> FastAPI:
-    """The FastAPI app serving ``backend``."""
+               backend_kind: str = "hf", tool_parser: str = "auto", channel: WeightChannel | None = None) -> FastAPI:
+    """The FastAPI app serving ``backend`` (weight bodies also through ``channel``, when given)."""
     limits = limits or ServerLimits()
     batcher = RequestBatcher(backend, max_batch_rows=limits.max_batch_rows, max_queued=limits.max_queued_requests)
-    state = ServerState(backend, batcher, limits, token, backend_kind, tool_parser)
+    state = ServerState(backend, batcher, limits, token, backend_kind, tool_parser, channel=channel)
     app = FastAPI(title="envhub sampler server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sampler = state
     app.middleware("http")(_auth(state))
@@ -77,8 +85,31 @@ def _error_handler(status: int) -> Any:
 
 async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ValidationError)
+    return JSONResponse(error_body(_invalid(exc), 400), status_code=400)
+
+
+def _invalid(exc: ValidationError) -> str:
     problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
-    return JSONResponse(error_body(f"Invalid request: {problems}", 400), status_code=400)
+    return f"Invalid request: {problems}"
+
+
+#: the status an error of one request in a batch gets (as the routes' exception handlers map them)
+_STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (BadRequestError, 400), (ValidationError, 400), (NotFoundError, 404), (QueueFullError, 503))
+
+
+def _entry_error(exc: Exception) -> dict[str, Any]:
+    status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
+    if isinstance(exc, ValidationError):
+        return error_body(_invalid(exc), status)
+    return error_body(f"{type(exc).__name__}: {exc}" if status == 500 else str(exc), status)
+
+
+def _answer(job: SampleJob, samples: list[Sample], version: int) -> dict[str, Any]:
+    """The answer to one ``/sample`` body (an entry of ``/sample/batch``'s results, likewise)."""
+    return {"samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
+                        for s in samples], "version": version,
+            **({"prompt_logprobs": samples[0].prompt_logprobs} if job.prompt_logprobs else {})}
 
 
 def _auth(state: ServerState) -> Any:
@@ -101,7 +132,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": backend.model_name, "backend": state.backend_kind,
                 "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth,
-                "instance": state.instance}
+                "instance": state.instance,
+                "weight_port": state.channel.port if state.channel is not None else None}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -113,15 +145,31 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         job = job_of(body)
         check_job(job, limits, backend.vocab_size(), backend.max_context())
         samples, version = await state.batcher.submit(job)
-        return {"samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
-                            for s in samples], "version": version, "instance": state.instance,
-                **({"prompt_logprobs": samples[0].prompt_logprobs} if job.prompt_logprobs else {})}
+        return {**_answer(job, samples, version), "instance": state.instance}
+
+    @app.post("/sample/batch")
+    async def sample_batch(request: Request) -> Response:
+        body = await read_json(request, SampleBatchBody, limits.max_batch_request_bytes)
+        results: list[dict[str, Any] | None] = [None] * len(body.requests)
+        jobs = []
+        for i, raw in enumerate(body.requests):
+            try:
+                job = job_of(SampleBody.model_validate(raw))
+                check_job(job, limits, backend.vocab_size(), backend.max_context())
+                jobs.append((i, job))
+            except (ValidationError, BadRequestError) as exc:
+                results[i] = _entry_error(exc)
+        outcomes = await state.batcher.submit_many([job for _, job in jobs])
+        for (i, job), out in zip(jobs, outcomes):
+            results[i] = _entry_error(out) if isinstance(out, Exception) else _answer(job, *out)
+        # json.dumps straight away: FastAPI's encoder walks every float of a large answer one by one
+        return Response(json.dumps({"results": results, "instance": state.instance}), media_type="application/json")
 
     @app.put("/weights")
     async def put_weights(request: Request) -> dict[str, Any]:
         async with state.update_lock:
             reader = TensorStreamReader(max_header_bytes=limits.max_header_bytes, plan=backend.plan_full)
-            tensors, version, nbytes, start = await _receive(request, reader, "full")
+            tensors, version, nbytes, start = await _receive(state, request, reader, "full")
             await asyncio.to_thread(backend.apply_full, tensors, version)
             _count_push(state, "full", nbytes, start)
         return {"version": version, "tensors": len(tensors), "bytes": nbytes, "instance": state.instance}
@@ -143,7 +191,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
             reader = TensorStreamReader(max_header_bytes=limits.max_header_bytes, plan=plan)
             try:
-                tensors, version, nbytes, start = await _receive(request, reader, "lora")
+                tensors, version, nbytes, start = await _receive(state, request, reader, "lora")
             except BaseException:
                 backend.discard_adapter(name)
                 raise
@@ -170,16 +218,22 @@ def _check_name(name: str) -> None:
                               f"got {name[:MAX_NAME_CHARS]!r}.")
 
 
-async def _receive(request: Request, reader: TensorStreamReader, kind: str) -> tuple[Any, int, int, float]:
-    """Stream a weight body into ``reader``; the tensors, the push's version, its size and start time."""
+async def _receive(state: ServerState, request: Request, reader: TensorStreamReader,
+                   kind: str) -> tuple[Any, int, int, float]:
+    """Stream a weight body into ``reader`` (from the request, or the weight channel when it names a ticket);
+    the tensors, the push's version, its size and start time."""
     start = time.monotonic()
     nbytes = 0
-    try:
-        async for chunk in request.stream():
-            nbytes += len(chunk)
-            reader.feed(chunk)
-    except ClientDisconnect as exc:
-        raise BadRequestError(f"The weight body was cut off after {nbytes} bytes.") from exc
+    ticket = request.headers.get(TICKET_HEADER)
+    if ticket is not None:
+        nbytes = await _receive_channel(state, ticket, reader)
+    else:
+        try:
+            async for chunk in request.stream():
+                nbytes += len(chunk)
+                reader.feed(chunk)
+        except ClientDisconnect as exc:
+            raise BadRequestError(f"The weight body was cut off after {nbytes} bytes.") from exc
     tensors = reader.finish()
     assert reader.header is not None
     meta = reader.header.metadata
@@ -189,6 +243,22 @@ async def _receive(request: Request, reader: TensorStreamReader, kind: str) -> t
     if not raw.isdigit():
         raise BadRequestError(f"Expected __metadata__.version: a non-negative integer, got {raw!r}.")
     return tensors, int(raw), nbytes, start
+
+
+async def _receive_channel(state: ServerState, ticket: str, reader: TensorStreamReader) -> int:
+    """Wait for the weight channel's connection with ``ticket`` to fill ``reader``; the body's size."""
+    if state.channel is None:
+        raise BadRequestError(f"This server has no weight channel; send the body with the request, not "
+                              f"{TICKET_HEADER}.")
+    expected = state.channel.expect(ticket, reader)
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(expected.claimed)), state.channel.ticket_wait_s)
+    except asyncio.TimeoutError:
+        if state.channel.withdraw(ticket):
+            raise BadRequestError(f"No weight stream presented the ticket within {state.channel.ticket_wait_s:.0f} s "
+                                  f"(is port {state.channel.port} reachable?).") from None
+    # reading runs in the channel's thread; its planner raises here if it refused the header
+    return await asyncio.wrap_future(expected.done)
 
 
 def _count_push(state: ServerState, kind: str, nbytes: int, start: float) -> None:

@@ -51,6 +51,7 @@ class HFBackend:
         self.version = 0
         self.lock = threading.Lock()
         self.max_lora_rank, self.max_adapters = max_lora_rank, max_adapters
+        self._spare: dict[str, torch.Tensor] = {}  # free tensors the next full update is received into
         self._slots: dict[str, _Slot] = {}
         self._filling: dict[str, str] = {}  # adapter name -> slot being filled by an update in progress
         self._slot_ids = itertools.count()
@@ -133,17 +134,33 @@ class HFBackend:
                 raise WeightFormatError(f"Expected {name} as floats of shape {tuple(params[name].shape)} (the "
                                         f"server's model), got {spec.dtype} {spec.shape}: start the server with the "
                                         "trainer's model settings.")
-            plan[name] = torch.empty(spec.shape, dtype=spec.dtype)
+            spare = self._spare.get(name)
+            if spare is None or tuple(spare.shape) != spec.shape or spare.dtype != spec.dtype:
+                spare = torch.empty(spec.shape, dtype=spec.dtype)
+            plan[name] = spare
+        self._spare = {}
         return plan
 
     def apply_full(self, tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Swap the new weights in, all at once, under the lock."""
+        """Swap the new weights in, all at once, under the lock.
+
+        What is free afterwards is kept for the next update to be received into (memory touched once, not
+        every push: a 0.5B model's fresh pages cost seconds): on a CPU the weights just replaced (double
+        buffering), on a GPU the host copies just uploaded."""
         params = self._base_params()
         moved = {name: t.to(params[name].device, params[name].dtype) for name, t in tensors.items()}
         with self.lock:
+            old = {name: params[name].data for name in moved}
             for name, tensor in moved.items():
                 params[name].data = tensor
             self.version = version
+        free = {}
+        for name, received in tensors.items():
+            if moved[name] is not received:  # uploaded to the device: the host copy is free
+                free[name] = received
+            elif _owns_storage(old[name]):
+                free[name] = old[name]
+        self._spare = free
 
     # -- adapters --------------------------------------------------------------------------------------
     def plan_adapter(self, name: str, lora_config: dict[str, Any], header: StreamHeader) -> dict[str, torch.Tensor]:
@@ -222,6 +239,11 @@ class HFBackend:
 
     def close(self) -> None:
         """Nothing to free beyond the model (garbage-collected)."""
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a contiguous CPU tensor spanning its whole storage (safe to overwrite once unused)."""
+    return t.device.type == "cpu" and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def check_names(header: StreamHeader, expected: set[str], what: str) -> None:

@@ -4,7 +4,9 @@ Many episodes ask for their next turn at about the same moment; answering them i
 what makes a sampler fast (on a CPU and on a GPU alike). :meth:`RequestBatcher.submit` queues a job;
 a drain task waits until arrivals pause (``quiet_s``, at most ``batch_wait_s``), groups the waiting
 jobs by :meth:`~trainer.sampler_server.protocol.SampleJob.batch_key`, and runs each group (at most
-``max_batch_rows`` sequences) in a worker thread while new requests keep queueing.
+``max_batch_rows`` sequences) in a worker thread while new requests keep queueing. The jobs of one
+multi-prompt request (:meth:`RequestBatcher.submit_many`, a client that gathered its turns itself)
+arrive together, so their decode starts without waiting for arrivals to pause.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class RequestBatcher:
         self.stats = BatcherStats()
         self._pending: list[tuple[SampleJob, asyncio.Future[tuple[list[Sample], int]]]] = []
         self._last_arrival = 0.0
+        self._gathered = False  # a multi-prompt request arrived: decode without waiting for a pause
         self._worker: asyncio.Task[None] | None = None
 
     @property
@@ -52,6 +55,30 @@ class RequestBatcher:
 
     async def submit(self, job: SampleJob) -> tuple[list[Sample], int]:
         """The job's samples and the policy version that drew them."""
+        return await self._queue(job)
+
+    async def submit_many(self, jobs: list[SampleJob]) -> list[tuple[list[Sample], int] | Exception]:
+        """Each job's samples and version, or the error that job met (the others are answered anyway).
+
+        The jobs are queued at once and decoded without waiting for other arrivals: the client gathered them."""
+        slots: list[asyncio.Future[tuple[list[Sample], int]] | Exception] = []
+        for job in jobs:
+            try:
+                slots.append(self._queue(job))
+            except QueueFullError as exc:
+                slots.append(exc)
+        self._gathered = True
+        futures = [s for s in slots if isinstance(s, asyncio.Future)]
+        try:
+            if futures:
+                await asyncio.wait(futures)
+        except asyncio.CancelledError:  # the client went away: its jobs leave the queue
+            for f in futures:
+                f.cancel()
+            raise
+        return [s if isinstance(s, Exception) else _outcome(s) for s in slots]
+
+    def _queue(self, job: SampleJob) -> asyncio.Future[tuple[list[Sample], int]]:
         if len(self._pending) >= self.max_queued:
             raise QueueFullError(f"{len(self._pending)} requests are queued (the most this server takes); "
                                  "retry later.")
@@ -62,15 +89,16 @@ class RequestBatcher:
         self.stats.requests += 1
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
-        return await fut
+        return fut
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:
             deadline = loop.time() + self.batch_wait_s
-            while loop.time() < deadline and loop.time() - self._last_arrival < self.quiet_s:
+            while (not self._gathered and loop.time() < deadline
+                   and loop.time() - self._last_arrival < self.quiet_s):
                 await asyncio.sleep(self.quiet_s / 2)
-            batch, self._pending = self._pending, []
+            batch, self._pending, self._gathered = self._pending, [], False
             groups: dict[tuple[object, ...], list[tuple[SampleJob, asyncio.Future[tuple[list[Sample], int]]]]] = {}
             for job, fut in batch:
                 if not fut.done():  # a client that went away cancelled its future
@@ -96,6 +124,15 @@ class RequestBatcher:
             self.stats.tokens += sum(len(s.token_ids) for s in result)
             if not fut.done():
                 fut.set_result((result, version))
+
+
+def _outcome(fut: asyncio.Future[tuple[list[Sample], int]]) -> tuple[list[Sample], int] | Exception:
+    exc = fut.exception()
+    if exc is None:
+        return fut.result()
+    if not isinstance(exc, Exception):
+        raise exc
+    return exc
 
 
 def _split_rows(group: list[tuple[SampleJob, asyncio.Future[tuple[list[Sample], int]]]],

@@ -19,6 +19,7 @@ from trainer.sampling.wire import StreamHeader
 MAX_IDS = 1 << 20
 MAX_STOPS = 64
 MAX_NAME_CHARS = 128
+MAX_BATCH_REQUESTS = 4096
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ServerLimits:
     max_batch_rows: int = 256          # sequences per batched decode
     max_queued_requests: int = 4096    # beyond this a request gets 503 (retry later)
     max_request_bytes: int = 8 << 20   # JSON bodies
+    max_batch_request_bytes: int = 64 << 20  # a multi-prompt /sample/batch body
     max_header_bytes: int = 16 << 20   # a weight push's safetensors header
     max_lora_rank: int = 256
     max_adapters: int = 8
@@ -133,6 +135,14 @@ class SampleBody(BaseModel):
     prompt_logprobs: bool = False
 
 
+class SampleBatchBody(BaseModel):
+    """``POST /sample/batch``: several ``/sample`` bodies decoded together, each answered (or refused) on its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH_REQUESTS)
+
+
 def check_job(job: SampleJob, limits: ServerLimits, vocab: int, context: int) -> None:
     """Refuse (``BadRequestError``, with the bound) a job past the server's limits or the model's vocabulary."""
     if len(job.prompt_ids) > limits.max_prompt_tokens:
@@ -158,5 +168,5 @@ def job_of(body: SampleBody) -> SampleJob:
                      body.adapter, body.prompt_logprobs)
 
 
-__all__ = ["ServerLimits", "SampleJob", "Sample", "Backend", "SampleBody", "BadRequestError", "NotFoundError",
+__all__ = ["ServerLimits", "SampleJob", "Sample", "Backend", "SampleBody", "SampleBatchBody", "BadRequestError", "NotFoundError",
            "check_job", "job_of"]

@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (a GPU when there is one)")
     parser.add_argument("--tool-parser", default="auto",
                         help="tool-call parser for chat completions (default: chosen from the model name)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is fastest for a tiny model on a busy CPU)")
+    parser.add_argument("--weight-port", type=int, default=0,
+                        help="TCP port of the weight channel, pushes' fast path (default 0: any free port, named at "
+                             "/health; -1: none, pushes go through HTTP)")
     parser.add_argument("--max-batch-rows", type=int, default=256, help="sequences per batched decode")
     parser.add_argument("--max-new-tokens", type=int, default=4096, help="the most tokens one request may ask for")
     parser.add_argument("--max-adapters", type=int, default=8, help="LoRA adapters loaded at once")
@@ -67,6 +72,11 @@ def serve(args: argparse.Namespace) -> int:
         print(f"envhub-train sampler: {exc}", file=sys.stderr)
         return 2
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"envhub-train sampler: expected --threads >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
     limits = ServerLimits(max_batch_rows=args.max_batch_rows, max_new_tokens=args.max_new_tokens,
                           max_adapters=args.max_adapters)
     try:
@@ -76,13 +86,25 @@ def serve(args: argparse.Namespace) -> int:
         print(f"envhub-train sampler: {exc}", file=sys.stderr)
         return 2
     token = args.token or os.environ.get("ENVHUB_SAMPLER_TOKEN") or None
-    app = create_app(backend, limits=limits, token=token, backend_kind=args.backend, tool_parser=args.tool_parser)
+    from trainer.sampler_server.channel import WeightChannel
+
+    try:
+        channel = WeightChannel(args.host, args.weight_port) if args.weight_port >= 0 else None
+    except OSError as exc:
+        print(f"envhub-train sampler: cannot open the weight channel on port {args.weight_port}: {exc}", file=sys.stderr)
+        backend.close()
+        return 2
+    app = create_app(backend, limits=limits, token=token, backend_kind=args.backend, tool_parser=args.tool_parser,
+                     channel=channel)
     print(f"envhub-train sampler: {backend.model_name} ({args.backend}, {device}) on http://{args.host}:{args.port}"
-          f"{' (token required)' if token else ''}", flush=True)
+          f"{' (token required)' if token else ''}"
+          f"{f', weight channel on port {channel.port}' if channel is not None else ''}", flush=True)
     try:
         # idle connections stay open for a while: a trainer's pool between two steps reuses them
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=120)
     finally:
+        if channel is not None:
+            channel.close()
         backend.close()
     return 0
 

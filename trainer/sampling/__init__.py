@@ -12,9 +12,11 @@ package and nothing else; it imports neither of them. Its parts:
   callers with one batched call, under a weights lock;
 - :mod:`~trainer.sampling.hf`: :class:`HFSampler`, the policy model itself through the decode loop;
 - :mod:`~trainer.sampling.remote`: :class:`RemoteSampler`, the trainer's side of ``envhub-train sampler``
-  servers (episode-sticky routing, weight pushes in the :mod:`~trainer.sampling.wire` format, faults), on
+  servers (episode-sticky routing, one batched request per server, faults), on
   :mod:`~trainer.sampling.pool`'s :class:`SamplerPool` (rotation, fail-over, pushes, catching joiners up),
-  which the training service's sampling on the same servers uses too;
+  which the training service's sampling on the same servers uses too; :mod:`~trainer.sampling.remote_push`
+  is what a push carries and how it travels (a server's weight channel, else an HTTP body), in the
+  :mod:`~trainer.sampling.wire` format;
 - :mod:`~trainer.sampling.vllm_engine`: :class:`VLLMSampler`, a vLLM engine (its GPU or CPU build) on one
   dedicated thread, with in-memory weight sync, ``generate_batch`` and Tinker-style ``sample``.
 
@@ -26,10 +28,10 @@ The interface, :class:`Sampler` (:mod:`~trainer.sampling.protocol`)::
     update_weights(model, version) -> None                     # sample model's current weights from now on
     close() -> None                                            # free the engine / files; idempotent
 
-A sampler behind an HTTP server fits the same interface on both sides: the server holds an
-``HFSampler`` or ``VLLMSampler`` and answers ``generate_batch`` requests (its ``BatchingSampler`` queue
-gathers concurrent clients into one call); the trainer's client subclasses :class:`BatchingSampler`,
-sends token ids in ``generate_batch`` and pushes weights (with their version) in ``update_weights``.
+A sampler behind an HTTP server fits the same interface: :class:`RemoteSampler` gathers the turns as
+:class:`BatchingSampler` does (the shared :class:`~trainer.sampling.batching.TurnQueue`), sends each
+``envhub-train sampler`` server its turns in one request, and pushes weights (with their version) in
+``update_weights``.
 Results carry the version that produced them, so a trainer can bound how stale its rollouts are.
 
 >>> sampler = make_sampler(model, tokenizer, SamplingConfig(temperature=0.8))            # doctest: +SKIP

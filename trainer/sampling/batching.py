@@ -1,9 +1,11 @@
-"""The request queue every in-process sampler shares: many awaiting callers, one batched call.
+"""The request queue every sampler shares: many awaiting callers, one batched call.
 
-Many episodes are in flight at once, each awaiting its own turn (and a sampler server has many
-clients): :meth:`BatchingSampler.generate` queues a request, and one drain task gathers every request
-that is waiting and answers them with ONE ``generate_batch`` call in a worker thread, so env traffic
-keeps flowing meanwhile. A backend subclasses it and implements ``generate_batch`` and ``update_weights``.
+Many episodes are in flight at once, each awaiting its own turn: :meth:`BatchingSampler.generate`
+queues a request, and one drain task gathers every request that is waiting and answers them with ONE
+``generate_batch`` call in a worker thread, so env traffic keeps flowing meanwhile. A backend
+subclasses it and implements ``generate_batch`` and ``update_weights``. The gathering itself,
+:class:`TurnQueue`, is shared with :class:`~trainer.sampling.remote.RemoteSampler`, which answers the
+turns it gathers with one request per sampler server.
 """
 
 from __future__ import annotations
@@ -11,9 +13,40 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from trainer.sampling.types import GenRequest, SampledSequence, SamplingConfig
+
+_T = TypeVar("_T")
+
+
+class TurnQueue(Generic[_T]):
+    """Turns waiting for a batched answer, released once every live episode asked for its turn.
+
+    One generate call for every live episode beats many small ones (CPU and GPU alike), so
+    :meth:`gather` waits until the waiting turns and the ones being answered meanwhile (``busy``)
+    cover every live episode (``demand``, :meth:`set_demand`; at most ``max_batch_size``), or
+    ``batch_wait_s`` passed.
+    """
+
+    def __init__(self, config: SamplingConfig):
+        self.config = config
+        self.items: list[_T] = []
+        self.demand: Callable[[], int] = lambda: 1
+
+    async def gather(self, busy: Callable[[], int] = lambda: 0) -> None:
+        """Wait until every live episode not being answered is waiting here (at most ``batch_wait_s``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.batch_wait_s
+        await asyncio.sleep(0)
+        while (len(self.items) + busy() < min(self.demand(), self.config.max_batch_size)
+               and loop.time() < deadline):
+            await asyncio.sleep(0.001)
+
+    def take(self, size: int) -> list[_T]:
+        """The first ``size`` waiting turns, out of the queue."""
+        batch, self.items = self.items[:size], self.items[size:]
+        return batch
 
 
 class BatchingSampler:
@@ -35,13 +68,12 @@ class BatchingSampler:
         self.calls = 0          # batched generate calls (metrics: how well batching works)
         self.sequences = 0
         self.weights_lock = threading.Lock()
-        self._pending: list[tuple[GenRequest, asyncio.Future[SampledSequence]]] = []
+        self._queue: TurnQueue[tuple[GenRequest, asyncio.Future[SampledSequence]]] = TurnQueue(self.config)
         self._worker: asyncio.Task[None] | None = None
-        self._demand: Callable[[], int] = lambda: 1
 
     def set_demand(self, live_episodes: Callable[[], int]) -> None:
         """Tell the sampler how many episodes are live: a batch waits (up to ``batch_wait_s``) until they all ask."""
-        self._demand = live_episodes
+        self._queue.demand = live_episodes
 
     def generate_batch(self, requests: list[GenRequest]) -> list[SampledSequence]:
         """Answer ``requests`` (all with the same greedy flag) in one call; runs in a worker thread."""
@@ -59,7 +91,7 @@ class BatchingSampler:
         if request.max_new_tokens < 1:
             raise ValueError(f"Expected max_new_tokens >= 1, got {request.max_new_tokens}.")
         fut: asyncio.Future[SampledSequence] = asyncio.get_running_loop().create_future()
-        self._pending.append((request, fut))
+        self._queue.items.append((request, fut))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         return await fut
@@ -75,23 +107,13 @@ class BatchingSampler:
         return results
 
     async def _drain(self) -> None:
-        while self._pending:
-            batch = await self._gather()
+        while self._queue.items:
+            await self._queue.gather()
+            batch = self._queue.take(self.config.max_batch_size)
             for greedy in (False, True):
                 part = [(r, f) for r, f in batch if r.greedy == greedy]
                 if part:
                     await self._answer(part)
-
-    async def _gather(self) -> list[tuple[GenRequest, asyncio.Future[SampledSequence]]]:
-        """The next batch: one generate call for every live episode beats many small ones (CPU and GPU alike)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.batch_wait_s
-        await asyncio.sleep(0)
-        while len(self._pending) < min(self._demand(), self.config.max_batch_size) and loop.time() < deadline:
-            await asyncio.sleep(0.001)
-        size = self.config.max_batch_size
-        batch, self._pending = self._pending[:size], self._pending[size:]
-        return batch
 
     async def _answer(self, part: list[tuple[GenRequest, asyncio.Future[SampledSequence]]]) -> None:
         try:
@@ -108,4 +130,4 @@ class BatchingSampler:
                 f.set_result(res)
 
 
-__all__ = ["BatchingSampler"]
+__all__ = ["BatchingSampler", "TurnQueue"]

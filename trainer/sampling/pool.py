@@ -5,12 +5,16 @@ Both clients of sampler servers stand on it: the trainer's :class:`~trainer.samp
 saved, ``trainer.service._remote``).
 
 - **requests**: :meth:`SamplerPool.request` posts a ``/sample`` body to the preferred server (an
-  episode's, say) or the one with the fewest requests in flight (of those, the one picked least); a server that fails it (connection lost,
-  5xx, an adapter it lost, a restart since it took its weights) leaves the rotation with a log line and
-  the request goes to another; with none left, :class:`SamplerServersDownError` names each server's
-  last error. A 4xx is the caller's bug: :class:`SamplerRequestError`.
-- **weights**: :meth:`SamplerPool.push` streams one :class:`Push` (:mod:`.wire`, no checkpoint on disk) to
-  every server in rotation at once; a server out of rotation that answers ``/health`` is sent everything
+  episode's, say) or the one with the fewest requests in flight (of those, the one picked least); a server
+  that fails it (connection lost, 5xx, an adapter it lost, a restart since it took its weights) leaves the
+  rotation with a log line and the request goes to another; with none left, :class:`SamplerServersDownError`
+  names each server's last error. A 4xx is the caller's bug: :class:`SamplerRequestError`.
+  :meth:`SamplerPool.request_batch` posts many bodies to one server in one ``/sample/batch`` request and
+  answers each (or says which to send again: the caller, which gathered them, re-routes them with
+  :meth:`SamplerPool.pick`).
+- **weights**: :meth:`SamplerPool.push` streams one :class:`~.remote_push.Push` (:mod:`.wire`, no checkpoint
+  on disk; over the server's weight channel when ``/health`` names one, else as an HTTP body) to every
+  server in rotation at once; a server out of rotation that answers ``/health`` is sent everything
   it must hold first (``catch_up``: the current weights, every adapter) and joins only once it took all of
   it. A server whose push fails leaves the rotation. :meth:`SamplerPool.rejoin` does the catching up
   without a new push (the service calls it periodically: servers that start late or restart get their
@@ -22,15 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import torch
 
-from trainer.sampling.wire import encode
+from trainer.sampling.remote_push import Push, put_as_body, put_through_channel
 
 RETRY_FULL_QUEUE_S = 0.05
 
@@ -53,28 +56,11 @@ class ServerSlot:
     url: str
     in_rotation: bool = False
     version: int | None = None  # the version it took last (None: none yet)
-    in_flight: int = 0
+    in_flight: int = 0  # requests (a batching client: turns queued for it) in flight
     picked: int = 0  # requests routed to it as the least loaded server
     instance: str | None = None  # the server process that took the weights (a restarted one has another)
     last_error: str = "never reached"
-
-
-@dataclass(frozen=True)
-class Push:
-    """One weight update: its route (``/weights`` or ``/adapters/<name>``), tensors and safetensors metadata
-    (``version``, ``kind``, a LoRA adapter's ``lora_config``)."""
-
-    path: str
-    tensors: Mapping[str, torch.Tensor]
-    meta: Mapping[str, str]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-    @property
-    def version(self) -> int:
-        return int(self.meta["version"])
+    weight_port: int | None = None  # its weight channel (from /health); None: weights go as HTTP bodies
 
 
 class SamplerPool:
@@ -98,7 +84,7 @@ class SamplerPool:
         tried: set[str] = set()
         retried: set[str] = set()
         while True:
-            server = self._pick(tried, prefer)
+            server = self.pick(tried, prefer)
             server.in_flight += 1
             try:
                 resp = await client.post(f"{server.url}/sample", json=body)
@@ -141,7 +127,50 @@ class SamplerPool:
         except httpx.HTTPError:
             return False
 
-    def _pick(self, tried: set[str], prefer: str | None) -> ServerSlot:
+    async def request_batch(self, server: ServerSlot, bodies: list[dict[str, Any]], *,
+                            adapter: bool) -> list[dict[str, Any] | SamplerRequestError | None]:
+        """``POST /sample/batch`` of ``bodies`` on ``server``: per body its answer, its refusal (a 4xx), or None
+        to send it again (the server failed it and left the rotation, or its queue was full: a short wait)."""
+        client = self._client()
+        for attempt in (1, 2):
+            try:
+                resp = await client.post(f"{server.url}/sample/batch", json={"requests": bodies})
+                break
+            except httpx.TransportError as exc:  # a kept-alive connection closed meanwhile: a live server gets a retry
+                if attempt == 2 or not await self._alive(client, server):
+                    self.drop(server, f"{type(exc).__name__}: {exc}", set())
+                    return [None] * len(bodies)
+        if resp.status_code == 404:  # no /sample/batch route: not a sampler server
+            self.drop(server, f"HTTP 404: {reason(resp)}", set())
+            return [None] * len(bodies)
+        try:
+            data = self._answer(server, resp, set(), adapter=adapter)
+        except SamplerRequestError as exc:
+            return [exc] * len(bodies)
+        if data is None:
+            await asyncio.sleep(RETRY_FULL_QUEUE_S if resp.status_code == 503 else 0)
+            return [None] * len(bodies)
+        out = [self._entry(server, entry, adapter=adapter) for entry in data["results"]]
+        if any(e is None for e in out) and server.in_rotation:  # some found its queue full
+            await asyncio.sleep(RETRY_FULL_QUEUE_S)
+        return out
+
+    def _entry(self, server: ServerSlot, entry: dict[str, Any], *,
+               adapter: bool) -> dict[str, Any] | SamplerRequestError | None:
+        """One result of a batch: the answer, a refusal, or None (sent again; a server failure drops the server)."""
+        error = entry.get("error")
+        if error is None:
+            return entry
+        code, why = error.get("code", 500), f"HTTP {error.get('code')}: {error.get('message')}"
+        if code == 503:
+            return None
+        if (code == 404 and adapter) or code >= 500:
+            self.drop(server, why, set())
+            return None
+        return SamplerRequestError(f"Sampler server {server.url} refused a request: {why}")
+
+    def pick(self, tried: set[str], prefer: str | None = None) -> ServerSlot:
+        """``prefer`` if it is in rotation and not in ``tried``, else the least loaded server in rotation."""
         slot = self.servers.get(prefer) if prefer else None
         if slot is not None and slot.in_rotation and slot.url not in tried:
             return slot
@@ -229,11 +258,9 @@ class SamplerPool:
     def _catch_up(self, server: ServerSlot, everything: Sequence[Push]) -> str | None:
         """Send every update a joining server must hold; None when it took them all (in one server process)."""
         try:
-            health = self._http.get(f"{server.url}/health", timeout=2.0)
-            health.raise_for_status()
+            server.instance = self._health(server).get("instance")
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
-        server.instance = health.json().get("instance")
         first = server.instance
         for push in everything:
             error = self.send(server, push)
@@ -259,17 +286,14 @@ class SamplerPool:
     def send(self, server: ServerSlot, push: Push) -> str | None:
         """Stream ``push`` to ``server``; None when it took it, else the reason it did not.
 
-        A transport error is tried once more if the server still answers ``/health`` (a kept-alive
-        connection it closed meanwhile); the server applies a body only once it arrived whole."""
+        It goes over the server's weight channel when its ``/health`` named one, else as the HTTP body. A
+        transport error is tried once more if the server still answers ``/health`` (a kept-alive connection
+        it closed meanwhile); the server applies a body only once it arrived whole."""
         for attempt in (1, 2):
             try:
                 if attempt == 2:
-                    self._http.get(f"{server.url}/health", timeout=2.0).raise_for_status()
-                chunks = encode(push.tensors, push.meta)
-                first = next(chunks)
-                size = len(first) + push.nbytes
-                resp = self._http.put(f"{server.url}{push.path}", content=_prepend(first, chunks),
-                                      headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+                    self._health(server)
+                resp = self._put(server, push)
                 break
             except httpx.TransportError as exc:
                 if attempt == 2:
@@ -280,6 +304,22 @@ class SamplerPool:
             return f"HTTP {resp.status_code}: {reason(resp)}"
         server.instance = resp.json().get("instance")
         return None
+
+    def _put(self, server: ServerSlot, push: Push) -> httpx.Response:
+        if server.weight_port is not None:
+            resp = put_through_channel(self._http, server.url, server.weight_port, push)
+            if resp is not None:
+                return resp
+            server.weight_port = None  # not reachable: HTTP bodies until the next /health names it again
+        return put_as_body(self._http, server.url, push)
+
+    def _health(self, server: ServerSlot) -> dict[str, Any]:
+        """The server's ``/health`` (raises if it does not answer); notes its weight channel."""
+        resp = self._http.get(f"{server.url}/health", timeout=2.0)
+        resp.raise_for_status()
+        health: dict[str, Any] = resp.json()
+        server.weight_port = health.get("weight_port")
+        return health
 
     def wait_for_any(self, timeout_s: float) -> None:
         """Block until one server answers ``/health`` (servers load their model first)."""
@@ -303,11 +343,6 @@ class SamplerPool:
             if not loop.is_closed() and not loop.is_running():
                 loop.run_until_complete(client.aclose())
         self._clients.clear()
-
-
-def _prepend(first: bytes | memoryview, rest: Iterator[bytes | memoryview]) -> Iterator[bytes]:
-    yield bytes(first)
-    yield from rest  # type: ignore[misc]  # httpx writes memoryviews as they are
 
 
 def reason(resp: httpx.Response) -> str:

@@ -35,6 +35,8 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 CHUNK_BYTES = 4 << 20  # one write of a large tensor: big enough for loopback speed, small enough to stream
+#: the HTTP header of a push whose body comes through the server's weight channel (a plain TCP port)
+TICKET_HEADER = "X-Envhub-Weight-Ticket"
 
 
 class WeightFormatError(ValueError):
@@ -163,6 +165,26 @@ class TensorStreamReader:
             if self._filled == end:
                 self._targets.pop(0)
 
+    def fill(self, recv_into: Callable[[memoryview], int]) -> None:
+        """Read the whole body with ``recv_into(buffer) -> bytes read`` (a socket's): the header first, then the
+        data straight into the planned tensors, no copy on the way; ``finish()`` then returns them."""
+        head = _read_exact(recv_into, 8)
+        (size,) = struct.unpack("<Q", head)
+        if size > self.max_header_bytes:
+            raise WeightFormatError(f"Expected a safetensors header of at most {self.max_header_bytes} bytes, "
+                                    f"got {size}.")
+        self.feed(head + _read_exact(recv_into, size))
+        for dest, end in self._targets:
+            at = 0
+            while at < len(dest):
+                got = recv_into(dest[at:])
+                if got == 0:
+                    raise WeightFormatError(f"Expected a complete safetensors body, got it cut off after "
+                                            f"{end - len(dest) + at} bytes of tensor data.")
+                at += got
+            self._filled = end
+        self._targets = []
+
     def finish(self) -> dict[str, torch.Tensor]:
         """The filled tensors; the body must have been complete."""
         if self.header is None or self._targets:
@@ -193,9 +215,20 @@ class TensorStreamReader:
         return rest
 
 
+def _read_exact(recv_into: Callable[[memoryview], int], size: int) -> bytes:
+    buf = bytearray(size)
+    view, at = memoryview(buf), 0
+    while at < size:
+        got = recv_into(view[at:])
+        if got == 0:
+            raise WeightFormatError(f"Expected a safetensors header, got the stream cut off after {at} of {size} bytes.")
+        at += got
+    return bytes(buf)
+
+
 def _allocate(header: StreamHeader) -> dict[str, torch.Tensor]:
     return {name: torch.empty(spec.shape, dtype=spec.dtype) for name, spec in header.specs.items()}
 
 
-__all__ = ["encode", "parse_header", "TensorStreamReader", "StreamHeader", "TensorSpec", "WeightFormatError",
+__all__ = ["TICKET_HEADER", "encode", "parse_header", "TensorStreamReader", "StreamHeader", "TensorSpec", "WeightFormatError",
            "DTYPES", "DTYPE_NAMES"]
