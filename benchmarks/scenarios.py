@@ -7,11 +7,16 @@ scenario: validation over training steps, the before-training level dashed, the 
 ``target``, ``seeds_met``, ``steps``, ``seconds``). It compares each scenario's validation after training
 with its own level before, against the rise the scenario must reach. ``--smoke`` trains one step per
 scenario (seconds; the targets are not checked).
+
+Each run leaves ``DIR/<name>/seed<k>/result.json`` (its curves and seconds); ``--replot`` trains nothing and
+builds the figure and the summary again from those files, so scenarios run at different times (``--only``)
+into one ``DIR`` end up in one figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -125,12 +130,36 @@ def plot(results: list[tuple[Scenario, list[RunResult]]], path: Path) -> Path:
     return path
 
 
+def run_one(scenario: Scenario, seed: int, out: Path, smoke: bool) -> RunResult:
+    """Train one seed of ``scenario`` under ``out/<name>/seed<k>`` and keep its curves there (``result.json``)."""
+    print(f"[scenarios] {scenario.name}, seed {seed}: {scenario.config}", flush=True)
+    run_dir = out / scenario.name / f"seed{seed}"
+    result = scenario.run(scenario.config, seed, run_dir, smoke)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "result.json").write_text(json.dumps(dataclasses.asdict(result)))
+    print(f"[scenarios] {scenario.name}, seed {seed}: {result.before:.3f} -> {result.after:.3f} "
+          f"in {result.seconds:.0f} s", flush=True)
+    return result
+
+
+def stored_runs(scenario_dir: Path) -> list[RunResult]:
+    """The runs an earlier ``run_one`` kept under ``scenario_dir`` (``seed*/result.json``), by seed."""
+    runs = []
+    for path in sorted(scenario_dir.glob("seed*/result.json")):
+        raw = json.loads(path.read_text())
+        runs.append(RunResult([(int(s), float(v)) for s, v in raw["curve"]], float(raw["seconds"]),
+                              {k: [(int(s), float(v)) for s, v in c] for k, c in raw.get("extra", {}).items()}))
+    return runs
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.scenarios", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/scenarios", help="where scenarios.png, summary.json and each run go")
     p.add_argument("--only", default=None, help=f"comma-separated names among {[s.name for s in SCENARIOS]}")
     p.add_argument("--seeds", type=int, default=1, help="seeds per scenario (0, 1, ...); the figure shows the band")
     p.add_argument("--smoke", action="store_true", help="one training step per scenario, seconds (CI)")
+    p.add_argument("--replot", action="store_true",
+                   help="train nothing: the figure and summary from the result.json files of earlier runs in --out")
     args = p.parse_args(argv)
     if not 1 <= args.seeds <= 10:
         p.error(f"Expected --seeds between 1 and 10, got {args.seeds}.")
@@ -143,15 +172,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     torch.set_num_threads(1)  # the tiny models run fastest on one thread; the env servers get the other core
     out = Path(args.out)
-    results = []
-    for scenario in pick(args.only):
-        runs = []
-        for seed in range(args.seeds):
-            print(f"[scenarios] {scenario.name}, seed {seed}: {scenario.config}", flush=True)
-            runs.append(scenario.run(scenario.config, seed, out / scenario.name / f"seed{seed}", args.smoke))
-            print(f"[scenarios] {scenario.name}, seed {seed}: {runs[-1].before:.3f} -> {runs[-1].after:.3f} "
-                  f"in {runs[-1].seconds:.0f} s", flush=True)
-        results.append((scenario, runs))
+    results = [(s, stored_runs(out / s.name)) for s in pick(args.only)] if args.replot else \
+        [(s, [run_one(s, seed, out, args.smoke) for seed in range(args.seeds)]) for s in pick(args.only)]
+    results = [(s, runs) for s, runs in results if runs]
+    if not results:
+        raise SystemExit(f"No result.json of a scenario run under {out}; run the scenarios there first.")
     summary = [summarise(s, runs) for s, runs in results]
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     figure = plot(results, out / "scenarios.png")

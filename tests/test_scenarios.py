@@ -95,6 +95,22 @@ def test_the_figure_has_one_panel_per_scenario(tmp_path: Path) -> None:
     assert width > 1.8 * height  # two panels side by side
 
 
+def test_replot_builds_figure_and_summary_from_runs_kept_at_different_times(tmp_path: Path) -> None:
+    for name, seed, curve in [("math", 0, [[0, 0.3], [10, 0.7]]), ("math", 1, [[0, 0.3], [10, 0.5]]),
+                              ("gomoku", 0, [[0, 0.0], [5, 0.1]])]:
+        run_dir = tmp_path / name / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "result.json").write_text(json.dumps({"curve": curve, "seconds": 2.0,
+                                                         "extra": {"invalid": [[0, 0.5], [5, 0.2]]}}))
+    summary = scenarios.main(["--replot", "--out", str(tmp_path)])
+    by_name = {entry["name"]: entry for entry in summary}
+    assert set(by_name) == {"math", "gomoku"}  # scenarios never run there are left out, not failed
+    assert by_name["math"]["seeds"] == 2 and by_name["math"]["seeds_met"] == 1 and by_name["math"]["after"] == 0.6
+    assert by_name["gomoku"]["rise"] == 0.1 and (tmp_path / "scenarios.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="No result.json"):
+        scenarios.main(["--replot", "--out", str(tmp_path / "empty")])
+
+
 def test_an_unknown_scenario_name_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(SystemExit, match="math-lora"):
         scenarios.pick("math,nope")
