@@ -155,8 +155,10 @@ def test_tenant_limit_idle_unload_and_full_parameter(serve_training, sdk):
             rid = http.post("/api/v1/unload_model", json={"model_id": run.model_id}).json()
             assert http.post("/api/v1/retrieve_future", json=rid).json() == {"model_id": run.model_id}
     c = sc.create_lora_training_client(base_model="tiny", rank=4).result()  # no adapter was left on the model
-    losses = train(c, 3)
-    assert losses[-1] < losses[0]
+    # a moderate step: at 2e-2 Adam's first sign-sized step on a fresh adapter (its A drawn from the process's
+    # RNG, which other threads also draw from) overshot once in a loaded run
+    losses = train(c, 3, lr=5e-3)
+    assert losses[-1] < losses[0], losses
 
     idle = serve_training(idle_timeout_s=0.5)
     ops = idle.app.state.ops

@@ -177,6 +177,8 @@ def test_geometry_with_diagrams_trains_end_to_end_over_msgpack(tmp_path, serve_e
     cfg = load_config(None, [*TINY_VL, f"env.url='{srv.ws_url}'", "env.train_task={ split = 'train' }",
                              "env.eval_task={ split = 'validation' }", "rollout.max_turns=2",
                              "rollout.max_tokens_per_turn=6", "rollout.max_total_tokens=12",
+                             # the tools' schemas (calculator and ruler) are ~4,200 byte-level tokens of prompt
+                             "rollout.max_context_tokens=8192", "model.max_position_embeddings=8192",
                              "algo.filter_zero_variance=false", "run.steps=1", "run.batch_size=2", "run.group_size=2",
                              "run.eval_problems=2", f"run.output_dir='{tmp_path}'", "run.device='cpu'",
                              f"rollout.tool_mode='{'tools' if mode == 'tools' else 'text'}'"])
