@@ -16,7 +16,7 @@ from .common import CONFIGS, RunResult, metric_curve
 
 DEMO_GAMES = 256      # warm-up games of random legal moves (the train split, seeds the RL run never draws)
 DEMO_SEED_BASE = 10**9
-SFT_STEPS = 100      # the format is learnt by then; more steps do not teach it to read the board (legal moves stay ~60%)
+SFT_STEPS = 600      # copying an empty cell's number is learnt slowly (docs/training.md, "Scenarios")
 SFT_LR = 3e-3
 
 
@@ -65,9 +65,7 @@ def random_games(env_cls: Any, system_prompt: str, n: int, max_turns: int, seed:
         obs = env.reset(seed=DEMO_SEED_BASE + seed * n + i, split="train")
         messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": obs.text}]
         for _ in range(max_turns):
-            board = env.state()["board"]
-            empty = [(r, c) for r, row in enumerate(board) for c, cell in enumerate(row) if cell == "."]
-            move = "<move>{},{}</move>".format(*rng.choice(empty))
+            move = demo_move(env, rng.choice(env.game.board.empty_cells()))
             messages.append({"role": "assistant", "content": move})
             result = env.step(Action(text=move))
             if result.done or result.truncated:
@@ -75,6 +73,13 @@ def random_games(env_cls: Any, system_prompt: str, n: int, max_turns: int, seed:
             messages.append({"role": "user", "content": result.observation.text})
         demos.append({"messages": messages})
     return demos
+
+
+def demo_move(env: Any, cell: tuple[int, int]) -> str:
+    """The reply that plays ``cell`` in the env's move format (``<move>n</move>`` or ``<move>r,c</move>``)."""
+    if env.config.cells:  # cells are numbered from 1 at the top left, row by row (Board.render_cells)
+        return f"<move>{cell[0] * env.config.board_size + cell[1] + 1}</move>"
+    return "<move>{},{}</move>".format(*cell)
 
 
 def _quiet(message: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from env_servers.gomoku_env.board import MOVE_FORMATS
 from env_servers.gomoku_env.opponents import OPPONENTS
 
 
@@ -33,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     game.add_argument("--render-image", action="store_true", default=None)
     game.add_argument("--brief-messages", action="store_true", default=None,
                       help="observations hold the board and whose turn it is, no rules or hints")
+    game.add_argument("--move-format", choices=MOVE_FORMATS, default=None,
+                      help="coords: <move>row,col</move> (default); cell: empty cells shown as numbers, <move>n</move>")
     game.add_argument("--turn-timeout-s", type=float, default=None)
     return parser.parse_args(argv)
 
@@ -40,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def env_config(args: argparse.Namespace) -> dict[str, Any]:
     """The GomokuConfig fields set on the command line."""
     names = ("board_size", "win_length", "opponent", "opponent_random_prob", "max_invalid_moves", "max_moves",
-             "opening_max_stones", "empty_board_prob", "render_image", "brief_messages", "turn_timeout_s")
+             "opening_max_stones", "empty_board_prob", "render_image", "brief_messages", "move_format",
+             "turn_timeout_s")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

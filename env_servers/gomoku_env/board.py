@@ -14,6 +14,7 @@ X, O, EMPTY = "X", "O", "."  # noqa: E741 (the stone is called O)
 WIN_LENGTH = 5  # gomoku's; a shorter line (3 on a 3x3 board: tic-tac-toe) makes a small, quick game
 MIN_WIN_LENGTH = 3
 MIN_SIZE, MAX_SIZE = 3, 19
+MOVE_FORMATS = ("coords", "cell")  # <move>row,col</move>, or <move>n</move> with n a cell's number (1 at top left)
 DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
 
 Move = tuple[int, int]
@@ -134,6 +135,20 @@ class Board:
                 for r in range(self.size)]
         return "\n".join([header, *rows])
 
+    def render_cells(self) -> str:
+        """The board as text with every empty cell shown as its number (1 at the top left, row by row).
+
+        A legal move in the ``"cell"`` format is then a number printed on the board.
+
+        >>> b = Board(3, win_length=3); b.place(0, 2, X); b.place(1, 1, O); print(b.render_cells())
+        1 2 X
+        4 O 6
+        7 8 9
+        """
+        width = len(str(self.size * self.size))
+        return "\n".join(" ".join((str(r * self.size + c + 1) if cell == EMPTY else cell).rjust(width)
+                                  for c, cell in enumerate(row)) for r, row in enumerate(self.cells))
+
     def rows(self) -> list[str]:
         """The board as one string per row (for observation metadata)."""
         return ["".join(row) for row in self.cells]
@@ -178,6 +193,38 @@ def parse_move(text: str | None) -> Move | None:
     if match is None:
         return None
     return int(match.group(1)), int(match.group(2))
+
+
+_CELL = re.compile(r"\s*(\d+)\s*")
+
+
+def parse_cell(text: str | None, size: int) -> Move | None:
+    """The move named by a cell number (``render_cells``): the LAST ``<move>n</move>`` tag, or a reply that is
+    only the number; None if malformed. Numbers past the board map off it (out of bounds, not malformed).
+
+    >>> parse_cell("<move>2</move> no, <move>6</move>", 3), parse_cell(" 7", 3), parse_cell("<move>1,1</move>", 3)
+    ((1, 2), (2, 0), None)
+    >>> parse_cell("<move>0</move>", 3), parse_cell("<move>10</move>", 3)
+    ((-1, 0), (3, 0))
+    """
+    if not isinstance(text, str):
+        return None
+    tags = _MOVE_TAG.findall(text)
+    match = _CELL.fullmatch(tags[-1] if tags else text)
+    if match is None:
+        return None
+    number = int(match.group(1))
+    return divmod(number - 1, size) if number >= 1 else (-1, 0)
+
+
+def cell_number(move: Move, size: int) -> int:
+    """The number ``render_cells`` prints on ``move``'s cell."""
+    return move[0] * size + move[1] + 1
+
+
+def parse_reply(text: str | None, size: int, move_format: str = "coords") -> Move | None:
+    """A model's move in ``move_format`` (one of ``MOVE_FORMATS``)."""
+    return parse_cell(text, size) if move_format == "cell" else parse_move(text)
 
 
 def coerce_move(row: object, col: object) -> Move | None:

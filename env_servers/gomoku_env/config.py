@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_servers.gomoku_env.board import WIN_LENGTH, check_shape
+from env_servers.gomoku_env.board import MOVE_FORMATS, WIN_LENGTH, check_shape
 from env_servers.gomoku_env.opponents import OPPONENTS
 from envhub.config import from_kwargs
 
@@ -71,6 +71,10 @@ class GomokuConfig:
         render_image: add a PNG of the board to every observation.
         brief_messages: observations carry the board and whose turn it is, without the rules and
             hints (the system prompt keeps them): a few times fewer tokens per turn on a small board.
+        move_format: ``"coords"`` (rows and columns numbered on the board's edges, ``<move>row,col</move>``)
+            or ``"cell"`` (every empty cell shown as its number, ``<move>n</move>``: a legal move is a number
+            printed on the board, which a tiny policy learns to copy far sooner than it learns to read
+            coordinates). Tool calls (``place_stone(row, col)``) take coordinates in both.
         turn_timeout_s: two-agent mode: how long a player waits for the other before the match ends.
         rewards: the reward table.
     """
@@ -85,6 +89,7 @@ class GomokuConfig:
     empty_board_prob: float = 0.2
     render_image: bool = False
     brief_messages: bool = False
+    move_format: str = "coords"
     turn_timeout_s: float = 120.0
     rewards: GomokuRewards = field(default_factory=GomokuRewards)
 
@@ -105,11 +110,18 @@ class GomokuConfig:
              self.empty_board_prob),
             (isinstance(self.render_image, bool), "render_image to be true or false", self.render_image),
             (isinstance(self.brief_messages, bool), "brief_messages to be true or false", self.brief_messages),
+            (self.move_format in MOVE_FORMATS, f"move_format to be one of {', '.join(MOVE_FORMATS)}",
+             self.move_format),
             (_is_num(self.turn_timeout_s) and self.turn_timeout_s > 0, "turn_timeout_s > 0", self.turn_timeout_s),
         ]
         for ok, expected, got in checks:
             if not ok:
                 raise ValueError(f"Expected {expected}, got {got!r}.")
+
+    @property
+    def cells(self) -> bool:
+        """Whether moves are cell numbers (``move_format = "cell"``)."""
+        return self.move_format == "cell"
 
     def replace(self, **changes: Any) -> GomokuConfig:
         """A copy with some fields changed (validated again)."""

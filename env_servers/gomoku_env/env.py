@@ -18,7 +18,7 @@ from env_servers.gomoku_env.board import (
     X,
     coerce_move,
     opening_moves,
-    parse_move,
+    parse_reply,
     random_opening,
 )
 from env_servers.gomoku_env.config import GomokuConfig
@@ -84,14 +84,19 @@ class GomokuEnv(Env):
             raise ActionValidationError(f"Invalid gomoku reset: {exc}") from None
         self.render_image = config.render_image
         board = self.game.board
-        obs = self._observation(prompts.first_message(board, X, brief=config.brief_messages), board, event="start")
-        obs.metadata["system_prompt"] = prompts.system_prompt(board.size, X, win_length=board.win_length)
+        obs = self._observation(prompts.first_message(board, X, brief=config.brief_messages, cells=config.cells),
+                                board, event="start")
+        obs.metadata["system_prompt"] = prompts.system_prompt(board.size, X, win_length=board.win_length,
+                                                              cells=config.cells)
         return obs
 
     def step(self, action: Action) -> StepResult:
-        """A text move (``<move>r,c</move>``) or a ``place_stone`` call; anything else is a bad-format move."""
+        """A text move (``<move>r,c</move>``, or ``<move>n</move>`` with ``move_format = "cell"``) or a
+        ``place_stone`` call; anything else is a bad-format move."""
         if action.tool_name is None:
-            return self._play(parse_move(action.text))
+            if self.game is None:
+                raise ActionValidationError("step before reset: call reset() to start a game.")
+            return self._play(parse_reply(action.text, self.game.board.size, self.game.config.move_format))
         if action.tool_name != "place_stone":
             return self._play(None, note=f"Unknown tool {action.tool_name!r}; the only tool is place_stone.")
         args = action.arguments
@@ -121,15 +126,18 @@ class GomokuEnv(Env):
         outcome = game.play(move)
         board = game.board
         if outcome.ended:
-            text = prompts.end_message(outcome.event, board, X, outcome.move, outcome.opponent_move)
+            text = prompts.end_message(outcome.event, board, X, outcome.move, outcome.opponent_move,
+                                       cells=game.config.cells)
         elif outcome.event in INVALID_EVENTS:
             text = prompts.invalid_message(outcome.event, board, outcome.move, X, game.invalid_streak,
-                                           game.config.max_invalid_moves, brief=game.config.brief_messages)
+                                           game.config.max_invalid_moves, brief=game.config.brief_messages,
+                                           cells=game.config.cells)
             if note:
                 text = f"{note}\n{text}"
         else:
             assert outcome.move is not None  # a valid move was made
-            text = prompts.move_message(board, X, outcome.move, outcome.opponent_move, brief=game.config.brief_messages)
+            text = prompts.move_message(board, X, outcome.move, outcome.opponent_move, brief=game.config.brief_messages,
+                                        cells=game.config.cells)
         return StepResult(observation=self._observation(text, board, outcome.event), reward=outcome.reward,
                           done=outcome.done, truncated=outcome.truncated, info=self._info(outcome))
 

@@ -17,7 +17,7 @@ from env_servers.gomoku_env.board import (
     coerce_move,
     opening_moves,
     other,
-    parse_move,
+    parse_reply,
     random_opening,
 )
 from env_servers.gomoku_env.config import GomokuConfig
@@ -92,9 +92,13 @@ class GomokuMatchEnv(Env):
         return self._first_observation()
 
     async def step(self, action: Action) -> StepResult:
-        """A text move (``<move>r,c</move>``) or a ``place_stone`` call; anything else is a bad-format move."""
+        """A text move (``<move>r,c</move>``, or ``<move>n</move>`` with ``move_format = "cell"``) or a
+        ``place_stone`` call; anything else is a bad-format move."""
         if action.tool_name is None:
-            return await self._play(parse_move(action.text))
+            if self.match is None:
+                raise ActionValidationError("step before reset: call reset(match_id=...) to join a match.")
+            config = self.match.game.config
+            return await self._play(parse_reply(action.text, config.board_size, config.move_format))
         if action.tool_name != "place_stone" or set(action.arguments) != {"row", "col"}:
             return await self._play(None)
         return await self.place_stone(action.arguments["row"], action.arguments["col"])
@@ -148,16 +152,17 @@ class GomokuMatchEnv(Env):
     def _first_observation(self) -> Observation:
         match, seat = self.match, self.seat
         assert match is not None and seat is not None
-        board = match.game.board
+        board, cells = match.game.board, match.game.config.cells
         if match.over:
             end = match.ends[seat]
-            text = prompts.end_message(end.reason, board, seat) + "\n\nSend any move to receive the result."
+            text = prompts.end_message(end.reason, board, seat, cells=cells) + "\n\nSend any move to receive the result."
             obs = self._observation(text, board, "match_over")
         else:
             obs = self._observation(prompts.first_message(board, seat, match.last_move.get(other(seat)),
-                                                          brief=match.game.config.brief_messages), board, "start")
+                                                          brief=match.game.config.brief_messages, cells=cells),
+                                    board, "start")
         obs.metadata["system_prompt"] = prompts.system_prompt(board.size, seat, first=seat == match.game.players[0],
-                                                              win_length=board.win_length)
+                                                              win_length=board.win_length, cells=cells)
         return obs
 
     def _result(self, report: Report) -> StepResult:
@@ -167,12 +172,15 @@ class GomokuMatchEnv(Env):
         legal = report.event in PLAYED_EVENTS  # the move is on the board
         reply = _reply(board, seat) if legal or report.end is not None else None
         if report.end is not None:
-            text = prompts.end_message(report.end.reason, board, seat, report.move if legal else None, reply)
+            text = prompts.end_message(report.end.reason, board, seat, report.move if legal else None, reply,
+                                       cells=game.config.cells)
         elif not legal:
             text = prompts.invalid_message(report.event, board, report.move, seat, game.invalid_streak[seat],
-                                           game.config.max_invalid_moves, brief=game.config.brief_messages)
+                                           game.config.max_invalid_moves, brief=game.config.brief_messages,
+                                           cells=game.config.cells)
         else:
-            text = prompts.move_message(board, seat, report.move, reply, brief=game.config.brief_messages)
+            text = prompts.move_message(board, seat, report.move, reply, brief=game.config.brief_messages,
+                                        cells=game.config.cells)
         info: dict[str, Any] = {"event": report.event, "valid": legal, "seat": seat, "match_id": match.match_id,
                                 "agents": dict(match.status), "invalid_streak": game.invalid_streak[seat],
                                 "move": list(report.move) if report.move else None,

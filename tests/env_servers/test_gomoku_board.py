@@ -10,7 +10,9 @@ from env_servers.gomoku_env.board import (
     OpeningConfig,
     X,
     board_from_moves,
+    cell_number,
     coerce_move,
+    parse_cell,
     parse_move,
     random_opening,
 )
@@ -105,6 +107,34 @@ def test_render_numbers_rows_and_columns_on_big_boards():
 ])
 def test_parse_move(text, expected):
     assert parse_move(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<move>5</move>", (1, 1)),
+    ("<MOVE> 9 </MOVE>", (2, 2)),
+    ("1", (0, 0)),  # a reply that is only the number
+    ("<move>2</move> no wait <move>7</move>", (2, 0)),  # the LAST tag counts
+    ("<move>0</move>", (-1, 0)),  # numbers off the board are out of bounds, not malformed
+    ("<move>10</move>", (3, 0)),
+    ("<move>1,1</move>", None),
+    ("<move>-3</move>", None),
+    ("<move>five</move>", None),
+    ("5 please", None),
+    ("", None),
+    (None, None),
+])
+def test_parse_cell(text, expected):
+    assert parse_cell(text, 3) == expected
+
+
+def test_render_cells_numbers_the_empty_cells_and_parse_cell_reads_them_back():
+    board = board_with(3, xs=[(0, 2)], os=[(1, 1)], win_length=3)
+    assert board.render_cells() == "1 2 X\n4 O 6\n7 8 9"
+    big = board_with(4, xs=[(3, 3)], win_length=3)
+    assert big.render_cells().splitlines() == [" 1  2  3  4", " 5  6  7  8", " 9 10 11 12", "13 14 15  X"]
+    for r, c in big.empty_cells():  # every number printed on the board is that cell's move
+        assert parse_cell(f"<move>{cell_number((r, c), 4)}</move>", 4) == (r, c)
+        assert str(cell_number((r, c), 4)) in big.render_cells().split()
 
 
 def test_coerce_move_accepts_ints_and_digit_strings_only():

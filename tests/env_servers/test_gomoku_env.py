@@ -116,6 +116,46 @@ async def test_tic_tac_toe_with_brief_messages():
     assert wins >= 15
 
 
+async def test_cell_move_format_numbers_the_board_and_takes_cell_numbers():
+    runner = EnvRunner(GomokuEnv(board_size=3, win_length=3, opponent="random", opening_max_stones=0,
+                                 brief_messages=True, move_format="cell"))
+    first = await runner.reset(seed=3)
+    assert first.observation.text == "1 2 3\n4 5 6\n7 8 9\nX to move."
+    assert "<move>n</move>" in first.observation.metadata["system_prompt"]
+    step = await runner.step({"text": "<move>5</move>"})
+    assert step.info["event"] == "valid" and step.info["move"] == [1, 1]
+    reply = step.info["opponent_move"]
+    assert step.observation.text.splitlines()[1].split()[1] == "X"
+    taken = f"<move>{reply[0] * 3 + reply[1] + 1}</move>"
+    cases = [(taken, "occupied"), ("<move>5</move>", "occupied"), ("<move>10</move>", "out_of_bounds"),
+             ("<move>1,1</move>", "bad_format")]
+    for action, event in cases:
+        result = await runner.step({"text": action})
+        assert result.info["event"] == event and result.reward == -1.0, action
+    tool = await runner.step({"tool_name": "place_stone", "arguments": {"row": 1, "col": 1}})
+    assert tool.info["event"] == "occupied"  # tool calls keep coordinates
+
+
+async def test_cell_move_format_full_messages_name_cells_by_number():
+    runner = EnvRunner(GomokuEnv(board_size=3, win_length=3, opponent="random", opening_max_stones=0,
+                                 move_format="cell"))
+    await runner.reset(seed=1)
+    step = await runner.step({"text": "<move>1</move>"})
+    o = step.info["opponent_move"]
+    cells = ["X" if i == 1 else "O" if i == o[0] * 3 + o[1] + 1 else str(i) for i in range(1, 10)]
+    board = "\n".join(" ".join(cells[k:k + 3]) for k in (0, 3, 6))
+    assert step.observation.text == (f"You placed X at 1. Opponent placed O at {o[0] * 3 + o[1] + 1}.\n\n{board}\n\n"
+                                     "Your turn (X). Reply with your move as <move>n</move>, n the number of an "
+                                     "empty cell.")
+    bad = await runner.step({"text": "<move>1</move>"})
+    assert "Cell 1 is OCCUPIED" in bad.observation.text
+
+
+def test_move_format_is_validated():
+    with pytest.raises(ValueError, match="move_format to be one of coords, cell"):
+        GomokuEnv(move_format="numbers")
+
+
 async def test_every_invalid_move_is_penalised_and_the_game_goes_on():
     runner = EnvRunner(GomokuEnv())
     await runner.reset(seed=0, opening=[[0, 0], [8, 8]])

@@ -88,6 +88,20 @@ async def test_draw_in_a_match_on_a_small_board():
     assert xs[-1].done and os[-1].done and xs[-1].reward == os[-1].reward == 0.0
 
 
+async def test_cell_move_format_in_a_match():
+    mid = new_id()
+    kwargs = {"board_size": 3, "win_length": 3, "brief_messages": True, "move_format": "cell"}
+    x, o = EnvRunner(GomokuMatchEnv(**kwargs)), EnvRunner(GomokuMatchEnv(**kwargs))
+    cell = lambda n: {"text": f"<move>{n}</move>"}  # noqa: E731
+    (x_first, xs), (o_first, os) = await asyncio.gather(
+        play_seat(x, mid, "X", [cell(1), cell(2), cell(3)]), play_seat(o, mid, "O", [cell(1), cell(5), cell(9)]))
+    assert x_first.observation.text == "1 2 3\n4 5 6\n7 8 9\nX to move."
+    assert o_first.observation.text == "X 2 3\n4 5 6\n7 8 9\nO to move."
+    assert "<move>n</move>" in o_first.observation.metadata["system_prompt"]
+    assert os[0].info["event"] == "occupied" and os[1].info["move"] == [1, 1]
+    assert xs[-1].info["end_reason"] == "win" and os[-1].info["end_reason"] == "loss"
+
+
 async def test_illegal_moves_are_charged_to_the_offender_and_the_turn_stays():
     mid = new_id()
     x, o = EnvRunner(GomokuMatchEnv()), EnvRunner(GomokuMatchEnv())

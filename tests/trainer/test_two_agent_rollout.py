@@ -160,6 +160,25 @@ async def test_the_scripted_random_player_only_makes_legal_moves_over_a_whole_ga
         assert all(r >= 0 or r == -10 for t in result.trajectories.values() for r in t.turn_rewards)
 
 
+@pytest.mark.parametrize("brief", [False, True])
+async def test_the_scripted_random_player_plays_cell_numbers_legally(tok, brief) -> None:
+    from trainer.recipes.opponents import RandomMoveSampler
+
+    players = {"r1": (RandomMoveSampler(tok, seed=1), tok), "r2": (RandomMoveSampler(tok, seed=2), tok)}
+
+    class CellMatchEnv(GomokuMatchEnv):
+        def __init__(self) -> None:  # one invalid move loses: a game played out is a game of legal moves
+            super().__init__(board_size=3, win_length=3, move_format="cell", brief_messages=brief,
+                             max_invalid_moves=1)
+
+    rollout = MatchRollout(EnvPool(env_cls=CellMatchEnv), players,
+                           RolloutConfig(max_turns=5, max_tokens_per_turn=24, max_total_tokens=512,
+                                         max_context_tokens=16384, tool_mode="text"))
+    specs = [MatchSpec(f"cell-{brief}-{i}", {"X": "r1", "O": "r2"}, {"seed": i, "opening": []}) for i in range(6)]
+    for result in await rollout.run(specs):
+        assert set(result.end_reasons.values()) in ({"win", "loss"}, {"draw"}), result.end_reasons
+
+
 def test_outcome_metrics_count_the_envs_outcome_not_its_end_reasons() -> None:
     from envhub.types import Outcome
     from trainer.recipes.players import outcome_metrics

@@ -3,7 +3,9 @@
 It behaves like a sampler (``await generate(request)``), so it takes a seat through the same rollout
 engine as a trained agent. It reads the last board drawn in the conversation as text (a header of
 column numbers, then one numbered row per line with ``.`` for an empty cell), and answers
-``<move>row,col</move>``. Its ids carry log-prob 0 and it never trains.
+``<move>row,col</move>``; a board drawn with every empty cell as its number (gomoku's
+``move_format = "cell"``: ``1 2 X`` / ``4 O 6`` / ``7 8 9``) it answers ``<move>n</move>``. Its ids carry
+log-prob 0 and it never trains.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from trainer.sampling import GenRequest, SampledSequence
 
 _ROW = re.compile(r"^\s*(\d+)((?:\s+[.XO])+)\s*$")
+_CELL_ROW = re.compile(r"^\s*(?:(?:\d+|X|O)\s+)+(?:\d+|X|O)\s*$")
 
 
 def empty_cells(text: str) -> list[tuple[int, int]]:
@@ -38,6 +41,22 @@ def empty_cells(text: str) -> list[tuple[int, int]]:
     if not boards:
         return []
     return [(r, c) for r, cells in enumerate(boards[-1]) for c, cell in enumerate(cells) if cell == "."]
+
+
+def empty_cell_numbers(text: str) -> list[int]:
+    """The numbers of the empty cells of the last numbered board in ``text`` (N lines of N entries).
+
+    >>> empty_cell_numbers("1 2 X\\n4 O 6\\n7 8 9\\nO to move.")
+    [1, 2, 4, 6, 7, 8, 9]
+    """
+    blocks: list[list[list[str]]] = [[]]
+    for line in text.splitlines():
+        if _CELL_ROW.match(line) and (not blocks[-1] or len(line.split()) == len(blocks[-1][0])):
+            blocks[-1].append(line.split())
+        elif blocks[-1]:
+            blocks.append([])
+    boards = [b for b in blocks if b and len(b) == len(b[0])]
+    return [int(v) for row in boards[-1] for v in row if v.isdigit()] if boards else []
 
 
 class RandomMoveSampler:
@@ -63,13 +82,17 @@ class RandomMoveSampler:
         """Scripted: nothing to free."""
 
     def _move(self, request: GenRequest) -> SampledSequence:
-        cells = empty_cells(self.tokenizer.decode(request.prompt_ids, skip_special_tokens=True))
-        r, c = self.rng.choice(cells) if cells else (0, 0)
-        ids = [*self.tokenizer.encode(f"<move>{r},{c}</move>", add_special_tokens=False),
+        text = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=True)
+        cells, numbers = empty_cells(text), empty_cell_numbers(text)
+        if numbers and not cells:
+            move = f"<move>{self.rng.choice(numbers)}</move>"
+        else:
+            move = "<move>{},{}</move>".format(*(self.rng.choice(cells) if cells else (0, 0)))
+        ids = [*self.tokenizer.encode(move, add_special_tokens=False),
                int(self.tokenizer.eos_token_id)]
         finish = "stop" if len(ids) <= request.max_new_tokens else "length"
         ids = ids[:request.max_new_tokens]
         return SampledSequence(ids, [0.0] * len(ids), finish)
 
 
-__all__ = ["RandomMoveSampler", "empty_cells"]
+__all__ = ["RandomMoveSampler", "empty_cell_numbers", "empty_cells"]
