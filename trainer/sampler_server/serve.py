@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-port", type=int, default=0,
                         help="TCP port of the weight channel, pushes' fast path (default 0: any free port, named at "
                              "/health; -1: none, pushes go through HTTP)")
+    parser.add_argument("--no-weight-group", dest="weight_group", action="store_false",
+                        help="refuse to join trainers' torch.distributed weight groups (POST /weight-group; a trainer "
+                             "with sampling.weight_group='gloo' then pushes over the weight channel)")
     parser.add_argument("--max-batch-rows", type=int, default=256, help="sequences per batched decode")
     parser.add_argument("--max-new-tokens", type=int, default=4096, help="the most tokens one request may ask for")
     parser.add_argument("--max-adapters", type=int, default=8, help="LoRA adapters loaded at once")
@@ -95,7 +98,7 @@ def serve(args: argparse.Namespace) -> int:
         backend.close()
         return 2
     app = create_app(backend, limits=limits, token=token, backend_kind=args.backend, tool_parser=args.tool_parser,
-                     channel=channel)
+                     channel=channel, weight_group=args.weight_group)
     print(f"envhub-train sampler: {backend.model_name} ({args.backend}, {device}) on http://{args.host}:{args.port}"
           f"{' (token required)' if token else ''}"
           f"{f', weight channel on port {channel.port}' if channel is not None else ''}", flush=True)
