@@ -9,6 +9,10 @@ new weights after every optimizer step, and ``OpenAI(base_url="http://HOST:8100/
 ``key=value`` arguments set the model's fields (``model.name``, ``model.dtype``, the tiny shape:
 :class:`~trainer.model.ModelConfig`); they must match the trainer's, or its first weight push is
 refused with the mismatch named. The token comes from ``--token`` or ``ENVHUB_SAMPLER_TOKEN``.
+
+Weights arrive over the weight channel (``--weight-port``), as HTTP bodies, or, when the trainer sets
+``sampling.weight_group='gloo'``, through a 2-rank gloo group it asks the server to join (the server then
+connects to the trainer's store port; ``--no-weight-group`` refuses).
 """
 
 from __future__ import annotations
