@@ -333,7 +333,7 @@ class SamplerPool:
             if resp.status_code == 200:
                 return resp
             why = f"HTTP {resp.status_code}: {reason(resp)}"
-        except (WeightGroupError, httpx.HTTPError) as exc:
+        except (WeightGroupError, httpx.HTTPError, OSError, RuntimeError) as exc:  # any failure: the proven paths
             why = f"{type(exc).__name__}: {exc}"
         if server.group is not None:
             server.group.close()

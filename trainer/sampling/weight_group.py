@@ -62,7 +62,10 @@ class TrainerGroup:
             raise WeightGroupError(f"Expected a server URL with a host, got {url!r}.")
         self.url, self.timeout_s = url, timeout_s
         self.group_id = secrets.token_hex(16)
-        addr = local_address_towards(host)
+        try:
+            addr = local_address_towards(host)
+        except OSError as exc:  # no IPv4 route to it (an IPv6-only host, a name that does not resolve)
+            raise WeightGroupError(f"no route to {host} for the group's store ({exc})") from exc
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
             self._store = dist.TCPStore(addr, 0, 2, True, timeout=timeout, wait_for_workers=False)
