@@ -1,7 +1,8 @@
 """Sampler servers against the in-process sampler: quick-start GRPO step time, rollout time and weight-push
 time per step with 0 (in process), 1 and 2 ``envhub-train sampler`` servers on this host, side by side;
-then the time to push a tiny and a 0.5B-shaped model over loopback (through the server's weight channel
-and as an HTTP body) and the trainer-vs-server log-prob mismatch after each push (fp32 on both sides).
+then the time to push a tiny and a 0.5B-shaped model over loopback (through a 2-rank gloo group,
+``sampling.weight_group = "gloo"``; through the server's weight channel; and as an HTTP body) and the
+trainer-vs-server log-prob mismatch after each push (fp32 on both sides).
 
 Part 1 runs ``python -m trainer.quickstart`` three times with the same seed (``--sampler-servers``
 for the server runs; the servers are started here with the quick start's model shape and its one torch
@@ -128,14 +129,15 @@ def trainer_logprobs(model: torch.nn.Module, prompt: list[int], ids: list[int]) 
     return target_logprobs(logits[:, :-1], tokens[:, 1:], 1.0)[0, len(prompt) - 1:]
 
 
-def push_and_compare(shape: dict[str, int], repeats: int, log_dir: Path, channel: bool) -> dict[str, float]:
+def push_and_compare(shape: dict[str, int], repeats: int, log_dir: Path, via: str) -> dict[str, float]:
     from trainer.model import ModelConfig, load_policy
-    from trainer.sampling import GenRequest, RemoteSampler
+    from trainer.sampling import GenRequest, RemoteSampler, SamplingConfig
 
-    proc, url = start_server(shape, log_dir, channel=channel)
+    proc, url = start_server(shape, log_dir, channel=via != "HTTP")
     try:
         model, _ = load_policy(ModelConfig(**shape, dtype="fp32"))
-        sampler = RemoteSampler([url], model, log=lambda m: None)
+        config = SamplingConfig(weight_group="gloo" if via == "group" else "off")
+        sampler = RemoteSampler([url], model, config, log=lambda m: None)
         times, gaps = [], []
         prompt = [11, 12, 13, 14, 15]
         for version in range(1, repeats + 1):
@@ -147,6 +149,7 @@ def push_and_compare(shape: dict[str, int], repeats: int, log_dir: Path, channel
             times.append(time.perf_counter() - start)
             gen = asyncio.run(sampler.generate(GenRequest(prompt, 8)))
             assert gen.version == version
+            assert not sampler.pool.servers[url].group_failed, "the weight group failed; the push took the channel"
             gaps.append(float((trainer_logprobs(model, prompt, gen.tokens) - torch.tensor(gen.logprobs)).abs().max()))
         megabytes = sampler.last_push_bytes / 1e6
         sampler.close()
@@ -159,14 +162,14 @@ def part_push(args: argparse.Namespace) -> None:
     shapes = {"tiny (quick start)": QUICKSTART_SHAPE}
     if not args.smoke:
         shapes[f"0.5B-shaped, {args.layers_05b} layers"] = shape_05b(args.layers_05b)
-    print(f"\nweight push over loopback (fp32, median of {args.repeats}): the body over the server's weight channel "
-          "(the default) and as the HTTP request's body (--weight-port -1), the trainer-vs-server log-prob mismatch "
-          "after each push")
+    print(f"\nweight push over loopback (fp32, median of {args.repeats}): the tensors through a gloo group "
+          "(sampling.weight_group='gloo'), the body over the server's weight channel (the default) and as the HTTP "
+          "request's body (--weight-port -1), the trainer-vs-server log-prob mismatch after each push")
     print(f"{'model':<28}{'via':<9}{'MB':>9}{'push s':>9}{'MB/s':>9}{'max |lp gap|':>14}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, shape in shapes.items():
-            for via, channel in (("channel", True), ("HTTP", False)):
-                r = push_and_compare(shape, args.repeats, Path(tmp), channel)
+            for via in ("group", "channel", "HTTP"):
+                r = push_and_compare(shape, args.repeats, Path(tmp), via)
                 print(f"{name:<28}{via:<9}{r['mb']:>9.1f}{r['push_s']:>9.3f}{r['mb'] / r['push_s']:>9.0f}"
                       f"{r['gap']:>14.2e}", flush=True)
 

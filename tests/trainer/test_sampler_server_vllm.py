@@ -1,5 +1,6 @@
 """A sampler server with the vLLM backend as a real process (in .venv-vllm; skipped elsewhere): log-probs that
-follow the trainer through full and LoRA pushes after real optimizer steps, and the OpenAI API."""
+follow the trainer through full and LoRA pushes after real optimizer steps (over the weight channel and through
+a gloo weight group), and the OpenAI API."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tests.trainer.sampler_servers import ServerProcess  # noqa: E402
 from trainer.core import AdamParams, Datum, TrainingClient  # noqa: E402
 from trainer.core.forward import run_model, target_logprobs  # noqa: E402
 from trainer.model import ModelConfig  # noqa: E402
-from trainer.sampling import GenRequest, RemoteSampler  # noqa: E402
+from trainer.sampling import GenRequest, RemoteSampler, SamplingConfig  # noqa: E402
 
 SHAPE = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
 ARGS = ["--backend", "vllm", "--device", "cpu", "model.dtype=fp32", *(f"model.{k}={v}" for k, v in SHAPE.items())]
@@ -31,17 +32,21 @@ def gap(model: torch.nn.Module, prompt: list[int], ids: list[int], logprobs: lis
     return float((ours - torch.tensor(logprobs)).abs().max())
 
 
+@pytest.mark.parametrize("weight_group", ["off", "gloo"])
 @pytest.mark.parametrize("lora_rank", [0, 4])
-def test_vllm_server_follows_the_trainer_through_pushes(tmp_path, lora_rank) -> None:
+def test_vllm_server_follows_the_trainer_through_pushes(tmp_path, lora_rank, weight_group) -> None:
     server = ServerProcess(tmp_path, *ARGS, timeout_s=600)
     try:
         client = TrainingClient.from_config(ModelConfig(**SHAPE, dtype="fp32", lora_rank=lora_rank))
-        sampler = RemoteSampler([server.url], client.model, lora=lora_rank > 0)
+        sampler = RemoteSampler([server.url], client.model, SamplingConfig(weight_group=weight_group),
+                                lora=lora_rank > 0)
         prompt = [11, 12, 13, 14]
         for version in (1, 2):
             client.forward_backward([Datum.from_sequence(prompt + [7, 8, 9], weights=[0] * 4 + [1, 1, 1])])
             client.optim_step(AdamParams(learning_rate=5e-2))
             client.save_weights_for_sampler(sampler, version)
+            slot = sampler.pool.servers[server.url]
+            assert (slot.group is not None and not slot.group_failed) == (weight_group == "gloo")
             seqs = asyncio.run(_turns(sampler, prompt, 4))
             assert all(s.version == version for s in seqs)
             # the stop token (appended with log-prob 0 when vLLM leaves it out) is not compared

@@ -11,6 +11,8 @@ route                       what it does
 ``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
                             (or, with ``X-Envhub-Weight-Ticket``, the same body over the weight channel)
 ``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
+``POST /weight-group``      join a trainer's 2-rank gloo group (:mod:`.group`); a push with
+                            ``X-Envhub-Weight-Group`` then brings only the header, the tensors through it
 ``DELETE /adapters/{name}`` unload it; ``GET /adapters`` lists the loaded ones with their versions
 ``GET /health``             status, model, version, adapters, queue depth, instance, weight channel port
                             (no token needed)
@@ -41,6 +43,7 @@ from starlette.requests import ClientDisconnect
 
 from trainer.sampler_server.batcher import QueueFullError, RequestBatcher
 from trainer.sampler_server.channel import TICKET_HEADER, WeightChannel
+from trainer.sampler_server.group import JoinBody
 from trainer.sampler_server.openai_api import router as openai_router
 from trainer.sampler_server.protocol import (
     MAX_NAME_CHARS,
@@ -56,15 +59,19 @@ from trainer.sampler_server.protocol import (
     job_of,
 )
 from trainer.sampler_server.state import BodyTooLargeError, ServerState, error_body, read_json
+from trainer.sampling.weight_group import GROUP_HEADER
 from trainer.sampling.wire import TensorStreamReader, WeightFormatError
 
 
 def create_app(backend: Backend, *, limits: ServerLimits | None = None, token: str | None = None,
-               backend_kind: str = "hf", tool_parser: str = "auto", channel: WeightChannel | None = None) -> FastAPI:
-    """The FastAPI app serving ``backend`` (weight bodies also through ``channel``, when given)."""
+               backend_kind: str = "hf", tool_parser: str = "auto", channel: WeightChannel | None = None,
+               weight_group: bool = True) -> FastAPI:
+    """The FastAPI app serving ``backend`` (weight bodies also through ``channel``, when given; the tensors of a
+    push through a trainer's gloo group it joined, unless ``weight_group`` is off)."""
     limits = limits or ServerLimits()
     batcher = RequestBatcher(backend, max_batch_rows=limits.max_batch_rows, max_queued=limits.max_queued_requests)
     state = ServerState(backend, batcher, limits, token, backend_kind, tool_parser, channel=channel)
+    state.groups.enabled = weight_group
     app = FastAPI(title="envhub sampler server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sampler = state
     app.middleware("http")(_auth(state))
@@ -133,7 +140,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return {"status": "ok", "model": backend.model_name, "backend": state.backend_kind,
                 "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth,
                 "instance": state.instance,
-                "weight_port": state.channel.port if state.channel is not None else None}
+                "weight_port": state.channel.port if state.channel is not None else None,
+                "weight_group": ["gloo"] if state.groups.enabled else []}
+
+    @app.post("/weight-group")
+    async def join_group(request: Request) -> dict[str, Any]:
+        body = await read_json(request, JoinBody, 4096)
+        await asyncio.to_thread(state.groups.join, body)
+        return {"group": body.group, "joined": True, "instance": state.instance}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -224,9 +238,13 @@ async def _receive(state: ServerState, request: Request, reader: TensorStreamRea
     the tensors, the push's version, its size and start time."""
     start = time.monotonic()
     nbytes = 0
-    ticket = request.headers.get(TICKET_HEADER)
+    ticket, group = request.headers.get(TICKET_HEADER), request.headers.get(GROUP_HEADER)
     if ticket is not None:
         nbytes = await _receive_channel(state, ticket, reader)
+    elif group is not None:  # the body is the header alone (the plan); the tensors come through the group
+        async for chunk in request.stream():
+            reader.feed(chunk)
+        nbytes = await asyncio.to_thread(state.groups.receive, group, reader)
     else:
         try:
             async for chunk in request.stream():

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from trainer.sampler_server.batcher import RequestBatcher
 from trainer.sampler_server.channel import WeightChannel
+from trainer.sampler_server.group import WeightGroups
 from trainer.sampler_server.protocol import Backend, ServerLimits
 
 
@@ -43,6 +44,7 @@ class ServerState:
     tool_parser: str = "auto"
     pushes: PushStats = field(default_factory=PushStats)
     channel: WeightChannel | None = None  # the plain TCP port weight bodies may come through
+    groups: WeightGroups = field(default_factory=WeightGroups)  # torch.distributed groups joined with trainers
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: float = field(default_factory=time.time)
     #: this process's id, in every answer: a client that sees it change knows the server restarted (weights lost)

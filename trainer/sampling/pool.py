@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from trainer.sampling.remote_push import Push, put_as_body, put_through_channel
+from trainer.sampling.weight_group import BACKENDS, TrainerGroup, WeightGroupError
 
 RETRY_FULL_QUEUE_S = 0.05
 
@@ -61,13 +62,18 @@ class ServerSlot:
     instance: str | None = None  # the server process that took the weights (a restarted one has another)
     last_error: str = "never reached"
     weight_port: int | None = None  # its weight channel (from /health); None: weights go as HTTP bodies
+    group: TrainerGroup | None = None  # the torch.distributed group pushes go through (weight_group on)
+    group_failed: bool = False  # the group failed once: the channel or HTTP bodies from then on
 
 
 class SamplerPool:
     """Sampler servers at ``urls`` (see the module docstring); ``token`` defaults to ``ENVHUB_SAMPLER_TOKEN``."""
 
     def __init__(self, urls: Sequence[str], *, token: str | None = None, request_timeout_s: float = 600.0,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, weight_group: str = "off", group_timeout_s: float = 60.0):
+        if weight_group not in BACKENDS:
+            raise ValueError(f"Expected weight_group in {BACKENDS}, got {weight_group!r}.")
+        self.weight_group, self.group_timeout_s = weight_group, group_timeout_s
         if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
             raise ValueError(f"Expected sampler server URLs like http://host:8100, got {list(urls)!r}.")
         self.log = log
@@ -306,12 +312,35 @@ class SamplerPool:
         return None
 
     def _put(self, server: ServerSlot, push: Push) -> httpx.Response:
+        if self.weight_group != "off" and not server.group_failed:
+            resp = self._put_through_group(server, push)
+            if resp is not None:
+                return resp
         if server.weight_port is not None:
             resp = put_through_channel(self._http, server.url, server.weight_port, push)
             if resp is not None:
                 return resp
             server.weight_port = None  # not reachable: HTTP bodies until the next /health names it again
         return put_as_body(self._http, server.url, push)
+
+    def _put_through_group(self, server: ServerSlot, push: Push) -> httpx.Response | None:
+        """Push through the server's weight group (formed on first use); None when the group failed (logged once:
+        that server takes the channel or HTTP bodies from then on)."""
+        try:
+            if server.group is None or server.group.broken:
+                server.group = TrainerGroup(self._http, server.url, timeout_s=self.group_timeout_s)
+            resp = server.group.put(self._http, push)
+            if resp.status_code == 200:
+                return resp
+            why = f"HTTP {resp.status_code}: {reason(resp)}"
+        except (WeightGroupError, httpx.HTTPError, OSError, RuntimeError) as exc:  # any failure: the proven paths
+            why = f"{type(exc).__name__}: {exc}"
+        if server.group is not None:
+            server.group.close()
+        server.group, server.group_failed = None, True
+        self.log(f"sampler server {server.url}: weight group failed ({why}); its weights go over the weight "
+                 "channel or as HTTP bodies from now on")
+        return None
 
     def _health(self, server: ServerSlot) -> dict[str, Any]:
         """The server's ``/health`` (raises if it does not answer); notes its weight channel."""

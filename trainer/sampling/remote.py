@@ -86,7 +86,7 @@ class RemoteSampler:
         self.version = 0
         self.lora, self.adapter_name, self.log = lora, adapter_name, log
         self.pool = SamplerPool(urls, token=token or os.environ.get("ENVHUB_SAMPLER_TOKEN") or None,
-                                request_timeout_s=request_timeout_s, log=log)
+                                request_timeout_s=request_timeout_s, log=log, weight_group=self.config.weight_group)
         self.last_push_s = 0.0
         self.last_push_bytes = 0
         self._pushed_s, self._pushed_bytes = 0.0, 0  # since the last metrics()

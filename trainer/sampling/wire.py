@@ -185,6 +185,17 @@ class TensorStreamReader:
             self._filled = end
         self._targets = []
 
+    def fill_each(self, recv: Callable[[torch.Tensor], None]) -> None:
+        """Once the header alone was fed: fill each planned tensor, in data order, with ``recv(its bytes as a flat
+        uint8 tensor)`` (a process group's receive, say); ``finish()`` then returns them."""
+        if self.header is None or self._filled:
+            raise WeightFormatError("Expected the safetensors header alone before the tensors' bytes.")
+        for name, spec in self.header.specs.items():
+            if spec.end > spec.begin:
+                recv(self.tensors[name].reshape(-1).view(torch.uint8))
+                self._filled = spec.end
+        self._targets = []
+
     def finish(self) -> dict[str, torch.Tensor]:
         """The filled tensors; the body must have been complete."""
         if self.header is None or self._targets:

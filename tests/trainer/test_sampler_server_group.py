@@ -1,0 +1,84 @@
+"""Weight pushes through a torch.distributed (gloo) group to real sampler server processes: full and LoRA pushes
+over real optimizer steps give the trainer's log-probs; a server that cannot join, or that lost the group,
+gets the weights over its weight channel instead."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from tests.trainer.sampler_servers import TINY, ServerProcess
+from tests.trainer.test_sampler_server_live import SHAPE, step, trainer_logprobs, turns
+from trainer.core import TrainingClient
+from trainer.model import ModelConfig, load_policy
+from trainer.sampling import RemoteSampler, SamplerPool, SamplingConfig
+from trainer.sampling.remote_push import payload
+
+pytestmark = pytest.mark.live
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_pushes_through_the_group_give_the_trainers_logprobs(tmp_path, lora_rank) -> None:
+    server = ServerProcess(tmp_path, *TINY)
+    logs: list[str] = []
+    try:
+        client = TrainingClient.from_config(ModelConfig(**SHAPE, lora_rank=lora_rank))
+        sampler = RemoteSampler([server.url], client.model, SamplingConfig(weight_group="gloo"),
+                                lora=lora_rank > 0, log=logs.append)
+        prompt = [11, 12, 13, 14]
+        seen = []
+        for version in (1, 2):
+            step(client, prompt)
+            client.save_weights_for_sampler(sampler, version)
+            slot = sampler.pool.servers[server.url]
+            assert slot.group is not None and not slot.group_failed, logs  # the tensors went through the group
+            for gen in turns(sampler, [prompt] * 4):
+                assert gen.version == version
+                gap = (trainer_logprobs(client.model, prompt, gen.token_ids) - torch.tensor(gen.logprobs)).abs().max()
+                assert gap < 1e-5
+                seen.append(gen.logprobs[0])
+        assert len(set(seen)) > 1  # the steps changed the policy the server samples from
+        assert server.metric("weight_updates_total") == 3  # the starting weights, then two steps
+        pushed = sampler.last_push_bytes
+        sampler.close()
+    finally:
+        server.stop()
+    params = sum(p.numel() for p in client.model.parameters() if p.requires_grad) * 4
+    assert pushed == params  # LoRA: the adapter alone travels
+    assert not [m for m in logs if "weight group failed" in m]
+
+
+def test_a_server_that_cannot_join_or_lost_the_group_gets_the_weights_over_the_channel(tmp_path) -> None:
+    refusing, joining = ServerProcess(tmp_path, *TINY, "--no-weight-group"), ServerProcess(tmp_path, *TINY)
+    logs: list[str] = []
+    pool = SamplerPool([refusing.url, joining.url], log=logs.append, weight_group="gloo", group_timeout_s=10.0)
+    restarted = None
+    try:
+        model, _ = load_policy(ModelConfig(**SHAPE))
+        prompt = [4, 5, 6]
+        for version in (1, 2, 3):
+            if version == 3:  # the server restarts on its port: its side of the group is gone
+                port = joining.port
+                joining.stop()
+                restarted = joining = ServerProcess(tmp_path, *TINY, port=port)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.05)
+            pool.push(payload(model, version, lora=False, adapter_name="policy"))
+            assert pool.servers[refusing.url].group_failed and pool.servers[refusing.url].group is None
+            grouped = pool.servers[joining.url]
+            assert (grouped.group_failed, grouped.group is None) == ((True, True) if version == 3 else (False, False))
+            for url in (refusing.url, joining.url):
+                server, data = asyncio.run(pool.request({"prompt_ids": prompt, "max_tokens": 4}, prefer=url))
+                sample = data["samples"][0]
+                assert server.url == url and data["version"] == version
+                gap = trainer_logprobs(model, prompt, sample["token_ids"]) - torch.tensor(sample["logprobs"])
+                assert gap.abs().max() < 1e-5
+        failures = [m for m in logs if "weight group failed" in m]
+        assert len(failures) == 2 and "--no-weight-group" in failures[0] and "no weight group" in failures[1]
+    finally:
+        pool.close()
+        for server in {refusing, joining, restarted} - {None}:
+            server.stop()
