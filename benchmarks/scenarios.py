@@ -95,15 +95,19 @@ def summarise(scenario: Scenario, runs: list[RunResult]) -> dict[str, Any]:
 
 
 def plot(results: list[tuple[Scenario, list[RunResult]]], path: Path) -> Path:
-    """One panel per scenario: the mean validation curve over seeds, the min-max band, the before level dashed,
+    """One panel per scenario (rows of three): the mean validation curve over seeds, the min-max band, the before level dashed,
     and the scenario's curves plotted beside it (``RunResult.extra``, dotted)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.4), squeeze=False)
-    for ax, (scenario, runs) in zip(axes[0], results):
+    ncols = min(3, len(results))  # rows of three panels
+    nrows = -(-len(results) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False)
+    for ax in axes.ravel()[len(results):]:
+        ax.axis("off")
+    for ax, (scenario, runs) in zip(axes.ravel(), results):
         steps = [s for s, _ in runs[0].curve]
         columns = [[dict(r.curve).get(s, r.curve[-1][1]) for r in runs] for s in steps]
         mean = [statistics.mean(c) for c in columns]
