@@ -141,7 +141,7 @@ class TrainerGroup:
 
 def make_group(store: dist.Store, group_id: str, rank: int, addr: str, timeout_s: float) -> Any:
     """Rank ``rank`` of the 2-rank gloo group ``group_id`` on ``store``, its device bound to ``addr``."""
-    # gloo's own options (its devices: bound to the address the peer reaches); the stubs name them Options
+    # gloo's own options (its devices: bound to the address the peer reaches); torch's type hints call them Options
     opts: Any = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._timeout = datetime.timedelta(seconds=timeout_s)
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=addr)]
