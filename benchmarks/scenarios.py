@@ -40,7 +40,8 @@ from benchmarks._scenarios.two_agent import run_two_agent  # noqa: E402
 class Scenario:
     """A named training run from ``config``, its validation ``metric`` and the ``target`` rise it must reach.
 
-    ``command``: the ``envhub-train`` command that runs the config alone (``rl`` or ``two-agent``).
+    ``command``: the ``envhub-train`` command that runs the config alone (``rl`` or ``two-agent``);
+    ``policies``: how many policies one run trains (two agents, or a policy and the twin plotted beside it).
     """
 
     name: str
@@ -49,6 +50,7 @@ class Scenario:
     target: float
     run: Callable[[str, int, Path, bool], RunResult]
     command: str = "rl"
+    policies: int = 1
 
 
 SCENARIOS = [
@@ -58,7 +60,7 @@ SCENARIOS = [
              lambda cfg, seed, out, smoke: run_math(cfg, seed, out, smoke=smoke)),
     Scenario("geometry-vision", "scenario_geometry_vision.toml",
              "accuracy (greedy, held-out diagrams: which figure)", 0.3,
-             lambda cfg, seed, out, smoke: run_geometry_vision(cfg, seed, out, smoke=smoke)),
+             lambda cfg, seed, out, smoke: run_geometry_vision(cfg, seed, out, smoke=smoke), policies=2),
     Scenario("geometry-tools", "scenario_geometry_tools.toml",
              "accuracy (greedy, held-out triangles, ruler tool)", 0.2,
              lambda cfg, seed, out, smoke: run_geometry_tools(cfg, seed, out, smoke=smoke)),
@@ -66,7 +68,8 @@ SCENARIOS = [
              lambda cfg, seed, out, smoke: run_gomoku(cfg, seed, out, smoke=smoke)),
     Scenario("gomoku-two-agent", "scenario_gomoku_two_agent.toml",
              "mean win rate of both agents vs a random player (greedy, held-out games)", 0.2,
-             lambda cfg, seed, out, smoke: run_two_agent(cfg, seed, out, smoke=smoke), command="two-agent"),
+             lambda cfg, seed, out, smoke: run_two_agent(cfg, seed, out, smoke=smoke), command="two-agent",
+             policies=2),
 ]
 
 

@@ -36,7 +36,7 @@ def test_each_scenario_starts_and_trains_a_step(scenario: scenarios.Scenario, tm
     assert [step for step, _ in result.curve] == [0, 1]  # validated before training and after its one step
     assert all(0.0 <= value <= 1.0 for _, value in result.curve)
     runs = sorted(tmp_path.glob("**/metrics.jsonl"))  # one per policy: two agents, or vision and its text-only twin
-    assert len(runs) == (2 if scenario.command == "two-agent" or scenario.name == "geometry-vision" else 1)
+    assert len(runs) == scenario.policies
     for path in runs:
         records = [json.loads(line) for line in path.read_text().splitlines()]
         assert any("train/reward_mean" in r for r in records)
