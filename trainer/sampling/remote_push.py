@@ -58,14 +58,25 @@ def payload(model: Any, version: int, *, lora: bool, adapter_name: str) -> Push:
         from peft import get_peft_model_state_dict
 
         cfg = inner.peft_config[inner.active_adapter]
-        settings = {"r": int(cfg.r), "lora_alpha": cfg.lora_alpha, "use_rslora": bool(cfg.use_rslora),
-                    "target_modules": sorted(cfg.target_modules) if not isinstance(cfg.target_modules, str)
-                    else cfg.target_modules}
-        tensors = dict(get_peft_model_state_dict(inner))
-        meta = {"version": str(version), "kind": "lora", "lora_config": json.dumps(settings)}
-        return Push(f"/adapters/{adapter_name}", tensors, meta)
-    tensors = {n: p.detach() for n, p in inner.named_parameters()}
-    return Push("/weights", tensors, {"version": str(version), "kind": "full"})
+        return lora_push(adapter_name, dict(get_peft_model_state_dict(inner)), version=version, rank=int(cfg.r),
+                         alpha=cfg.lora_alpha, targets=cfg.target_modules, use_rslora=bool(cfg.use_rslora))
+    return full_push(inner, version)
+
+
+def lora_push(name: str, tensors: Mapping[str, torch.Tensor], *, version: int, rank: int, alpha: float,
+              targets: Any, use_rslora: bool = False) -> Push:
+    """Adapter ``name``'s push as ``version``: its LoRA tensors (peft state-dict names) and LoRA settings."""
+    settings = {"r": int(rank), "lora_alpha": alpha, "use_rslora": use_rslora,
+                "target_modules": sorted(targets) if targets is not None and not isinstance(targets, str)
+                else targets or "all-linear"}
+    meta = {"version": str(version), "kind": "lora", "lora_config": json.dumps(settings)}
+    return Push(f"/adapters/{name}", tensors, meta)
+
+
+def full_push(model: Any, version: int) -> Push:
+    """A full-parameter push of ``model``'s weights as ``version`` (the live tensors: read as it streams)."""
+    return Push("/weights", {n: p.detach() for n, p in model.named_parameters()}, {"version": str(version),
+                                                                                   "kind": "full"})
 
 
 def put_as_body(http: httpx.Client, url: str, push: Push) -> httpx.Response:

@@ -23,12 +23,13 @@ from typing import Any
 from trainer.core import Datum, ModelHost, TrainingClient
 from trainer.model import vocab_size_of
 from trainer.sampling.pool import SamplerServersDownError
+from trainer.sampling.remote_push import full_push
 from trainer.service import _paths, _proto, _requests, _wire
 from trainer.service._errors import NotFound, UserError
 from trainer.service._limits import Limits
 from trainer.service._lora import checkpoint_lora, linear_parts, lora_targets
 from trainer.service._queue import PROTOBUF, Batchable, BatchRunner, WorkQueue, json_body
-from trainer.service._remote import RemoteSampling, adapter_name, full_push, lora_push
+from trainer.service._remote import RemoteSampling, adapter_name, lora_push
 from trainer.service._samplers import SamplerCache
 from trainer.service._sampling import Sampling
 from trainer.service._settings import ServiceSettings

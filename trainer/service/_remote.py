@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import torch
 
 from trainer.core import SampledSequence, SampleResponse, SamplingParams
+from trainer.sampling import remote_push
 from trainer.sampling.pool import Push, SamplerPool
 
 log = logging.getLogger("envhub.service")
@@ -68,12 +69,9 @@ def adapter_name(key: str) -> str:
 
 def lora_push(name: str, weights: Mapping[str, torch.Tensor], *, rank: int, targets: Any, version: int) -> Push:
     """Adapter ``name``'s push: its LoRA tensors (peft state-dict names) and its LoRA settings."""
-    config = {"r": int(rank), "lora_alpha": LORA_ALPHA, "use_rslora": False,
-              "target_modules": sorted(targets) if targets is not None and not isinstance(targets, str)
-              else targets or "all-linear"}
-    meta = {"version": str(version), "kind": "lora", "lora_config": json.dumps(config)}
     # the LoRA tensors alone: peft's state dict also carries a targeted unembedding's (frozen, tied) base weight
-    return Push(f"/adapters/{name}", {k: v for k, v in weights.items() if ".lora_" in k}, meta)
+    return remote_push.lora_push(name, {k: v for k, v in weights.items() if ".lora_" in k}, version=version,
+                                 rank=rank, alpha=LORA_ALPHA, targets=targets)
 
 
 def checkpoint_version(directory: Path) -> int:
@@ -82,12 +80,6 @@ def checkpoint_version(directory: Path) -> int:
         return int(json.loads((directory / "meta.json").read_text()).get("version", 0))
     except (OSError, ValueError, TypeError):
         return 0
-
-
-def full_push(model: Any, version: int) -> Push:
-    """A full-parameter push of ``model``'s weights (the live tensors: the push reads them as it streams)."""
-    return Push("/weights", {n: p.detach() for n, p in model.named_parameters()}, {"version": str(version),
-                                                                                   "kind": "full"})
 
 
 def sample_body(prompt: list[int], num_samples: int, params: SamplingParams, prompt_logprobs: bool,
