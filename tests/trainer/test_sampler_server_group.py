@@ -9,8 +9,7 @@ import asyncio
 import pytest
 import torch
 
-from tests.trainer.sampler_servers import TINY, ServerProcess
-from tests.trainer.test_sampler_server_live import SHAPE, step, trainer_logprobs, turns
+from tests.trainer.sampler_servers import SHAPE, TINY, ServerProcess, push_real_steps, trainable_bytes, trainer_logprobs
 from trainer.core import TrainingClient
 from trainer.model import ModelConfig, load_policy
 from trainer.sampling import RemoteSampler, SamplerPool, SamplingConfig
@@ -27,26 +26,18 @@ def test_pushes_through_the_group_give_the_trainers_logprobs(tmp_path, lora_rank
         client = TrainingClient.from_config(ModelConfig(**SHAPE, lora_rank=lora_rank))
         sampler = RemoteSampler([server.url], client.model, SamplingConfig(weight_group="gloo"),
                                 lora=lora_rank > 0, log=logs.append)
-        prompt = [11, 12, 13, 14]
-        seen = []
-        for version in (1, 2):
-            step(client, prompt)
-            client.save_weights_for_sampler(sampler, version)
+
+        def went_through_the_group() -> None:
             slot = sampler.pool.servers[server.url]
-            assert slot.group is not None and not slot.group_failed, logs  # the tensors went through the group
-            for gen in turns(sampler, [prompt] * 4):
-                assert gen.version == version
-                gap = (trainer_logprobs(client.model, prompt, gen.token_ids) - torch.tensor(gen.logprobs)).abs().max()
-                assert gap < 1e-5
-                seen.append(gen.logprobs[0])
-        assert len(set(seen)) > 1  # the steps changed the policy the server samples from
+            assert slot.group is not None and not slot.group_failed, logs
+
+        push_real_steps(client, sampler, [11, 12, 13, 14], tolerance=1e-5, after_push=went_through_the_group)
         assert server.metric("weight_updates_total") == 3  # the starting weights, then two steps
         pushed = sampler.last_push_bytes
         sampler.close()
     finally:
         server.stop()
-    params = sum(p.numel() for p in client.model.parameters() if p.requires_grad) * 4
-    assert pushed == params  # LoRA: the adapter alone travels
+    assert pushed == trainable_bytes(client.model)  # LoRA: the adapter alone travels
     assert not [m for m in logs if "weight group failed" in m]
 
 
