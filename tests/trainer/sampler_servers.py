@@ -28,12 +28,12 @@ SHAPE = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, 
 
 def trainer_logprobs(model: torch.nn.Module, prompt: list[int], ids: list[int]) -> torch.Tensor:
     """The trainer's log-probs of ``ids`` after ``prompt`` at temperature 1 (the model's mode is left as it was)."""
-    tokens = torch.tensor([prompt + ids])
+    tokens = torch.tensor([prompt + ids], device=next(model.parameters()).device)
     was_training = model.training
     with torch.no_grad():
         logits, _ = run_model(model.eval(), tokens, torch.ones_like(tokens))
     model.train(was_training)
-    return target_logprobs(logits[:, :-1], tokens[:, 1:], 1.0)[0, len(prompt) - 1:]
+    return target_logprobs(logits[:, :-1], tokens[:, 1:], 1.0)[0, len(prompt) - 1:].cpu()
 
 
 def turns(sampler: RemoteSampler, prompts: list[list[int]], max_new_tokens: int = 8) -> list[SampledSequence]:
