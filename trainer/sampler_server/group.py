@@ -10,6 +10,7 @@ trainer then pushes over the weight channel). A server keeps a few groups (one p
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 import time
@@ -82,8 +83,6 @@ class WeightGroups:
         timeout = datetime.timedelta(seconds=body.timeout_s)
         try:
             store = dist.TCPStore(body.host, body.port, 2, False, timeout=timeout)
-            if device.type == "cuda":
-                torch.cuda.set_device(device)  # NCCL's communicator binds to the current device
             pg = make_group(store, body.group, 1, local_address_towards(body.host), body.timeout_s,
                             backend=body.backend)
             if body.backend == "nccl":
@@ -114,9 +113,10 @@ class WeightGroups:
             if into is not dest:
                 staged.append((into, dest))
 
-        try:
-            reader.fill_each(recv)
-            wait_device(found.device, time.monotonic() + found.timeout_s)
+        try:  # in a worker thread: NCCL's device made current for it
+            with torch.cuda.device(found.device) if found.device.type == "cuda" else contextlib.nullcontext():
+                reader.fill_each(recv)
+                wait_device(found.device, time.monotonic() + found.timeout_s)
             for buffer, dest in staged:
                 dest.copy_(buffer)
         except RuntimeError as exc:  # WeightGroupError is one

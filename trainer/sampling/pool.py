@@ -338,7 +338,7 @@ class SamplerPool:
                                        "server on a CPU, without NCCL, or started with --no-weight-group)")
             if server.group is None or server.group.broken:
                 server.group = TrainerGroup(self._http, server.url, timeout_s=self.group_timeout_s,
-                                            backend="nccl" if self.weight_group == "nccl" else "gloo")
+                                            backend="nccl" if self.weight_group == "nccl" else "gloo", push=push)
             resp = server.group.put(self._http, push)
             if resp.status_code == 200:
                 return resp

@@ -73,9 +73,13 @@ def unavailable(backend: str) -> str | None:
     return None
 
 
-def group_device(backend: str) -> torch.device:
-    """Where a ``backend`` group's tensors live: the CPU for gloo, the current CUDA device for NCCL."""
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+def group_device(backend: str, push: Push | None = None) -> torch.device:
+    """Where a ``backend`` group's tensors live: the CPU for gloo; for NCCL the CUDA device ``push``'s tensors are
+    on (a push is made in a worker thread, whose current device is not the trainer's), else the current one."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    on_gpu = [t.device for t in (push.tensors.values() if push is not None else ()) if t.is_cuda]
+    return on_gpu[0] if on_gpu else torch.device("cuda", torch.cuda.current_device())
 
 
 def wait_device(device: torch.device, deadline: float) -> None:
@@ -102,9 +106,10 @@ def handshake(pg: Any, rank: int, device: torch.device, timeout_s: float) -> Non
 
 
 class TrainerGroup:
-    """The trainer's side (rank 0) of the group with the server at ``url``."""
+    """The trainer's side (rank 0) of the group with the server at ``url`` (NCCL: on ``push``'s CUDA device)."""
 
-    def __init__(self, http: httpx.Client, url: str, *, timeout_s: float = 60.0, backend: str = "gloo"):
+    def __init__(self, http: httpx.Client, url: str, *, timeout_s: float = 60.0, backend: str = "gloo",
+                 push: Push | None = None):
         host = urlsplit(url).hostname
         if host is None:
             raise WeightGroupError(f"Expected a server URL with a host, got {url!r}.")
@@ -112,7 +117,7 @@ class TrainerGroup:
         if why is not None:
             raise WeightGroupError(f"no {backend} group here: {why}")
         self.url, self.timeout_s, self.backend = url, timeout_s, backend
-        self.device = group_device(backend)
+        self.device = group_device(backend, push)
         self.group_id = secrets.token_hex(16)
         try:
             addr = local_address_towards(host)
