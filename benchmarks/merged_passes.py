@@ -38,11 +38,13 @@ from trainer.core.batch_sampling import SampleRequest, sample_batch
 from trainer.core.host import ModelHost
 from trainer.core.sampling import SamplingClient
 from trainer.model import ModelConfig
+from trainer.quickstart import SYSTEM_PROMPT
 
 
 def math_prompts(tokenizer: Any, n: int) -> list[list[int]]:
-    """The math env's chat prompts of ``n`` train problems, as ``examples/tinker_rl.py`` builds them."""
-    env = MathEnv()
+    """The chat prompts of ``n`` train problems, as ``examples/tinker_rl.py`` builds them from the math env server
+    ``benchmarks/service_tenants.py`` runs (the quick start's system prompt, no extra instruction)."""
+    env = MathEnv(system_prompt=SYSTEM_PROMPT, instruction="")
     prompts = []
     for i in range(n):
         obs = env.reset(split="train", index=i, kind="add", difficulty=1)
