@@ -13,7 +13,8 @@ def test_serve_help_lists_the_service_flags(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--port", "--host", "--model", "--served-name", "--sampler", "--token", "--max-tenants",
-                 "--full-parameter", "--idle-timeout-s", "--state-dir", "--max-lora-rank", "--sampler-servers"):
+                 "--full-parameter", "--idle-timeout-s", "--state-dir", "--max-lora-rank", "--sampler-servers",
+                 "--max-pass-tokens"):
         assert flag in out
 
 
@@ -22,6 +23,7 @@ def test_serve_help_lists_the_service_flags(capsys):
     (["--max-tenants", "0"], "--max-tenants >= 1"),
     (["--model-config", "no_such_field=1"], "--model-config KEY=VALUE"),
     (["--max-lora-rank", "0"], "--max-lora-rank >= 1"),
+    (["--max-pass-tokens", "0"], "--max-pass-tokens >= 1"),
     (["--sampler-servers", "127.0.0.1:8100"], "URLs like http://host:8100"),
     (["--sampler-servers", "http://127.0.0.1:8100", "--sampler", "vllm"], "no --sampler vllm with --sampler-servers"),
 ])

@@ -10,6 +10,7 @@ import torch
 
 from trainer.core import AdamParams, Datum, SamplingParams, TrainingClient
 from trainer.core.losses import aggregation_units, aggregation_weights, weighted_loss
+from trainer.core.sampling import SamplingClient, decode_logprobs_exact
 from trainer.model import ModelConfig
 
 LN = math.log
@@ -209,6 +210,18 @@ def test_samples_carry_the_trainers_logprobs_and_honour_stops_and_seeds(client):
     assert len(by_string.tokens) <= 2
     greedy = client.sample(prompt, 2, SamplingParams(max_tokens=4, temperature=0.0, stop=[]))
     assert greedy.sequences[0].tokens == greedy.sequences[1].tokens
+
+
+def test_low_precision_samples_get_the_trainers_logprobs_recomputed(client):
+    """In float32 the decode loop's log-probs are returned (the trainer's up to rounding, above); in bf16 the
+    cached decode rounds apart from the trainer's forward, so they are recomputed by it."""
+    assert decode_logprobs_exact(client.model)
+    model = copy.deepcopy(client.model).to(torch.bfloat16)
+    assert not decode_logprobs_exact(model)
+    sampler = SamplingClient(model, client.tokenizer)
+    prompt = [5, 6, 7]
+    seq = sampler.sample(prompt, 1, SamplingParams(max_tokens=6, seed=3, stop=[])).sequences[0]
+    assert seq.logprobs == sampler.compute_logprobs(prompt + seq.tokens)[len(prompt):]
 
 
 def test_compute_logprobs_matches_the_forward_pass(client):

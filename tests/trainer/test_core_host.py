@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trainer.core import AdamParams, Datum, ModelHost, SamplingParams, TenantError
+from trainer.core.host import plan_passes
 from trainer.model import ModelConfig
 
 TINY = dict(name="tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
@@ -40,7 +41,11 @@ def test_two_lora_tenants_learn_apart_on_one_base(host):
     assert all(torch.equal(base_params[n], p) for n, p in host.base.named_parameters() if "lora_" not in n)
 
 
-def test_one_batched_pass_equals_one_pass_per_tenant(host):
+@pytest.mark.parametrize("max_pass_tokens", [None, 5])
+def test_one_batched_pass_equals_one_pass_per_tenant(host, max_pass_tokens):
+    """Also when the token budget cuts the merged work into passes (5: alice's two rows in two passes, her
+    second with bob's row): the same losses, metrics, per-token log-probs and gradients."""
+    host.max_pass_tokens = max_pass_tokens
     alice = host.create_lora_client("alice", rank=4, seed=1)
     bob = host.create_lora_client("bob", rank=4, seed=2)
     for client in (alice, bob):  # adapters away from their zero start, so the gradients differ per tenant
@@ -56,10 +61,20 @@ def test_one_batched_pass_equals_one_pass_per_tenant(host):
                                            (alice, a_data, "no_such_loss", {})])
     assert isinstance(batched[2], ValueError)  # the bad request fails alone
     for s, b in zip(seq, batched[:2]):
-        assert b.metrics["loss:sum"] == pytest.approx(s.metrics["loss:sum"], rel=1e-5)
+        assert b.metrics == pytest.approx(s.metrics, rel=1e-5)
+        for b_out, s_out in zip(b.loss_fn_outputs, s.loss_fn_outputs, strict=True):
+            assert torch.allclose(b_out["logprobs"], s_out["logprobs"], atol=1e-6)
     for client, expected in zip((alice, bob), seq_grads):
         for p, g in zip(client.params, expected):
             assert torch.allclose(p.grad, g, atol=1e-6)
+
+
+def test_passes_keep_rows_in_order_within_the_token_budget():
+    assert plan_passes([[4, 4], [4, 4, 4]], None) == [[(0, 0, 2), (1, 0, 3)]]
+    # rows x the pass's longest row <= 12: a request may span two passes
+    assert plan_passes([[4, 4], [4, 4, 4]], 12) == [[(0, 0, 2), (1, 0, 1)], [(1, 1, 3)]]
+    # a long row raises the padded width: it goes alone, and a row over the budget gets a pass of its own
+    assert plan_passes([[2, 2, 9], [20], [3]], 12) == [[(0, 0, 2)], [(0, 2, 3)], [(1, 0, 1)], [(2, 0, 1)]]
 
 
 def test_snapshots_stay_frozen_while_training_goes_on(host, tmp_path):

@@ -29,12 +29,10 @@ def test_runs_group_consecutive_rows():
     assert runs_of(["a", "a", "b", BASE_ADAPTER, "a"]) == [(0, 2, "a"), (2, 3, "b"), (3, 4, None), (4, 5, "a")]
 
 
-def test_rows_match_peft_mixed_batches_forward_and_backward(host):
-    names = [host.client(n).adapter for n in ("alice", "bob", "carol")]
-    # interleaved runs and a base row: RowAdapters is exact in any order, only faster when rows are grouped
-    adapters = [names[0], names[1], names[1], BASE_ADAPTER, names[2], names[0]]
+def _ours_and_peft(host: ModelHost, tenants: list[str], adapters: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of RowAdapters' pass and of peft's mixed batch over the same rows; their tenants' gradients agree."""
     ids_BT = torch.randint(3, 200, (len(adapters), 7), generator=torch.Generator().manual_seed(0))
-    params = [p for n in ("alice", "bob", "carol") for p in host.client(n).params]
+    params = [p for n in tenants for p in host.client(n).params]
 
     def pass_(rows: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         for p in params:
@@ -49,13 +47,35 @@ def test_rows_match_peft_mixed_batches_forward_and_backward(host):
 
     ours, grads = pass_(True)
     peft, peft_grads = pass_(False)
-    torch.testing.assert_close(ours, peft)
-    for g, h in zip(grads, peft_grads):
+    for g, h in zip(grads, peft_grads, strict=True):
         torch.testing.assert_close(g, h)
+    return ours, peft
+
+
+def test_rows_match_peft_mixed_batches_forward_and_backward(host):
+    names = [host.client(n).adapter for n in ("alice", "bob", "carol")]
+    # interleaved runs and a base row: RowAdapters is exact in any order, only faster when rows are grouped
+    adapters = [names[0], names[1], names[1], BASE_ADAPTER, names[2], names[0]]
+    ours, peft = _ours_and_peft(host, ["alice", "bob", "carol"], adapters)
+    torch.testing.assert_close(ours, peft)
     # the base row is the base model's; after the block the layers are peft's own again
     assert all("forward" not in vars(m) for m in host.model.modules())
     with host.model.disable_adapter():
+        ids_BT = torch.randint(3, 200, (len(adapters), 7), generator=torch.Generator().manual_seed(0))
         torch.testing.assert_close(ours[3], host.model(input_ids=ids_BT[3:4]).logits[0])
+
+
+def test_equal_runs_of_one_rank_batch_their_adapters_exactly():
+    """Every tenant the same number of rows at one rank (a GRPO batch): the runs' LoRA terms are batched matmuls
+    over stacked weights, with peft's outputs and gradients."""
+    host = ModelHost(ModelConfig(**TINY), max_tenants=3)
+    for i, name in enumerate(["dave", "erin", "fay"]):
+        client = host.create_lora_client(name, rank=4, seed=10 + i)
+        client.forward_backward([Datum.from_sequence([5, 6, 7, 8 + i], weights=[0.0, 1.0, 1.0, 1.0])])
+        client.optim_step(AdamParams(learning_rate=0.05))
+    names = [host.client(n).adapter for n in ("dave", "erin", "fay")]
+    ours, peft = _ours_and_peft(host, ["dave", "erin", "fay"], [names[0]] * 2 + [names[1]] * 2 + [names[2]] * 2)
+    torch.testing.assert_close(ours, peft)
 
 
 def test_rows_of_the_decode_kernel_layout(host):

@@ -4,9 +4,10 @@ The training service merges concurrent ``sample`` requests (one tenant's many pr
 adapters) into one engine batch: every request's ``num_samples`` rows are left-padded into one batch,
 each row decodes under its own LoRA adapter (:class:`~trainer.sampling.row_adapters.RowAdapters`: the
 rows of one adapter together, each adapter's arithmetic on its own rows only), and one
-:func:`~trainer.sampling.decode` call continues them all, each row with its own token budget. The
-log-probs of the sampled ids are then recomputed in one trainer forward over every row, each under its
-own adapter, exactly as :meth:`SamplingClient.sample` does for one request.
+:func:`~trainer.sampling.decode` call continues them all, each row with its own token budget, and gives
+the log-probs of its ids. In float32 those are the trainer's up to float rounding and are returned as
+they are; in lower precision they are recomputed in one trainer forward over every row, each under its
+own adapter (:func:`~trainer.core.sampling.decode_logprobs_exact`), as :meth:`SamplingClient.sample` does.
 
 Requests can share a pass when their decode settings match (:func:`batch_key`): the same model object,
 temperature, top-k, top-p, stop ids and stop strings. A request with a ``seed`` never shares one: its
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.core.forward import BASE_ADAPTER, model_device
-from trainer.core.sampling import SamplingClient, _eval_mode
+from trainer.core.sampling import SamplingClient, _eval_mode, decode_logprobs_exact
 from trainer.sampling import (
     SampledSequence,
     SampleResponse,
@@ -84,16 +85,12 @@ def sample_batch(requests: Sequence[SampleRequest]) -> list[SampleResponse]:
     rows = [(r.client.adapter, r.prompt) for r in ordered for _ in range(r.num_samples)]
     budgets = [r.params.max_tokens for r in ordered for _ in range(r.num_samples)]
     completions = _generate(first, rows, budgets, requests[0].params)
-    temperature = requests[0].params.temperature or 1.0  # greedy ids are scored at temperature 1
-    full = [(adapter, prompt + ids) for (adapter, prompt), (ids, _) in zip(rows, completions)]
-    logprobs_BT = _logprobs(first, full, temperature)
+    if not decode_logprobs_exact(first.model):
+        completions = _recomputed(first, rows, completions, requests[0].params.temperature or 1.0)
     out: list[SampleResponse | None] = [None] * len(requests)
     row = 0
     for k, r in zip(order, ordered):
-        seqs = []
-        for i in range(row, row + r.num_samples):
-            ids, reason = completions[i]
-            seqs.append(SampledSequence(ids, logprobs_BT[i, len(r.prompt) - 1:len(full[i][1]) - 1].tolist(), reason))
+        seqs = [SampledSequence(ids, lps, reason) for ids, reason, lps in completions[row:row + r.num_samples]]
         row += r.num_samples
         prompt_lps = None
         if r.include_prompt_logprobs:
@@ -111,7 +108,7 @@ def _adapter_names(client: SamplingClient, adapters: list[str | None]) -> list[s
 
 @torch.no_grad()
 def _generate(client: SamplingClient, rows: list[tuple[str | None, list[int]]], budgets: list[int],
-              params: SamplingParams) -> list[tuple[list[int], str]]:
+              params: SamplingParams) -> list[tuple[list[int], str, list[float]]]:
     """Decode every (adapter, prompt) row in one left-padded batch, each up to its own token budget."""
     model = generation_model(client.model)
     device = model_device(model)
@@ -129,13 +126,19 @@ def _generate(client: SamplingClient, rows: list[tuple[str | None, list[int]]], 
                      temperature=1.0 if greedy else params.temperature, greedy=greedy, top_k=max(params.top_k, 0),
                      top_p=params.top_p, stop_check=stop_string_check(params.stop_strings, client.tokenizer),
                      row_adapters=adapters)
-    return list(zip(out.token_ids, out.finish_reasons))
+    return list(zip(out.token_ids, out.finish_reasons, out.logprobs))
 
 
-def _logprobs(client: SamplingClient, rows: list[tuple[str | None, list[int]]], temperature: float) -> torch.Tensor:
-    """[B, T-1] log-probs of each row's next tokens, every row under its own adapter (one forward)."""
+def _recomputed(client: SamplingClient, rows: list[tuple[str | None, list[int]]],
+                completions: list[tuple[list[int], str, list[float]]],
+                temperature: float) -> list[tuple[list[int], str, list[float]]]:
+    """``completions`` with the log-probs of the trainer's forward (one pass, each row under its own adapter);
+    greedy ids are scored at temperature 1."""
+    full = [prompt + ids for (_, prompt), (ids, _, _) in zip(rows, completions)]
     names = _adapter_names(client, [a for a, _ in rows])
-    return client.row_logprobs([r for _, r in rows], temperature, names)
+    logprobs_BT = client.row_logprobs(full, temperature, names)
+    return [(ids, reason, logprobs_BT[i, len(prompt) - 1:len(full[i]) - 1].tolist())
+            for i, ((_, prompt), (ids, reason, _)) in enumerate(zip(rows, completions))]
 
 
 __all__ = ["SampleRequest", "batch_key", "decode_key", "sample_batch"]

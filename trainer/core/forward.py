@@ -58,6 +58,17 @@ def pad(data: Sequence[Datum], device: torch.device | str) -> Padded:
                   [list(d.images) for d in data])
 
 
+def rows_of(padded: Padded, start: int, end: int) -> Padded:
+    """Rows ``start..end`` of ``padded`` (views), trimmed to the longest of them."""
+    lengths = padded.lengths[start:end]
+    if not lengths:
+        raise ValueError(f"Expected a non-empty row range of {len(padded.lengths)} rows, got {start}..{end}.")
+    T = max(lengths)
+    return Padded(padded.tokens_BT[start:end, :T], padded.attn_BT[start:end, :T],
+                  {k: v[start:end, :T] for k, v in padded.inputs.items()}, lengths,
+                  None if padded.images_B is None else padded.images_B[start:end])
+
+
 def run_model(model: Any, tokens_BT: Tensor, attn_BT: Tensor, *, adapters: list[str] | None = None,
               hidden: bool = False, images_B: list[list[Any]] | None = None) -> tuple[Tensor, Tensor | None]:
     """``(logits [B, T, V], last hidden states [B, T, H] or None)`` of one pass through ``model``; ``images_B``
@@ -91,4 +102,4 @@ def model_device(model: Any) -> torch.device:
     return device
 
 
-__all__ = ["Padded", "pad", "run_model", "target_logprobs", "model_device", "BASE_ADAPTER"]
+__all__ = ["Padded", "pad", "rows_of", "run_model", "target_logprobs", "model_device", "BASE_ADAPTER"]

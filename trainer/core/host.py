@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainer.core.client import TrainingClient, _per_datum
-from trainer.core.forward import BASE_ADAPTER, Padded, model_device, pad, run_model, target_logprobs
+from trainer.core.forward import BASE_ADAPTER, Padded, model_device, pad, rows_of, run_model, target_logprobs
 from trainer.core.losses import check_loss, weighted_loss
 from trainer.core.sampling import SamplingClient
 from trainer.core.types import Datum, ForwardBackwardOutput
@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 _Prepared = tuple[int, str, Padded, str, dict[str, float]]
 
 
+#: default bound of one merged forward_backward pass, in padded tokens: on the tiny CPU model a pass's cost per
+#: token is lowest from about 4k to 8k tokens and rises past them (docs/service.md, "Many tenants")
+MAX_PASS_TOKENS = 8192
+
+
 class TenantError(ValueError):
     """A tenant request the host cannot honour (unknown, duplicate, over the limit, full next to LoRA)."""
 
@@ -50,15 +55,20 @@ class ModelHost:
 
     ``max_tenants`` caps training tenants (samplers made by :meth:`snapshot` do not count). ``sampler`` is
     ``"hf"`` or ``"vllm"`` (one engine, LoRA ranks up to ``max_lora_rank``, built here: vLLM must be installed).
+    ``max_pass_tokens`` bounds one pass of :meth:`forward_backward_batch` (rows x their longest row; None: no
+    bound): merged work past it runs as several passes with the same gradients.
     """
 
     def __init__(self, model_cfg: Any, *, device: torch.device | str = "cpu", max_tenants: int = 8,
                  micro_batch_size: int | None = None, sampler: str = "hf", max_lora_rank: int = 64,
-                 max_model_len: int = 4096):
+                 max_model_len: int = 4096, max_pass_tokens: int | None = MAX_PASS_TOKENS):
         from trainer.model import load_policy
 
         if getattr(model_cfg, "lora_rank", 0):
             raise ValueError("Expected the host's ModelConfig with lora_rank=0: each tenant brings its own rank.")
+        if max_pass_tokens is not None and max_pass_tokens < 1:
+            raise ValueError(f"Expected max_pass_tokens >= 1 (or None: no bound), got {max_pass_tokens}.")
+        self.max_pass_tokens = max_pass_tokens
         self.model_cfg, self.device, self.max_tenants = model_cfg, torch.device(device), max_tenants
         self.micro_batch_size = micro_batch_size
         self.base, self.tokenizer = load_policy(model_cfg, self.device)
@@ -207,8 +217,10 @@ class ModelHost:
         """One forward (and backward) pass for several tenants' requests, each scored with its own loss.
 
         Every tenant's gradient comes only from its own rows, so the result equals one
-        ``forward_backward`` per request. Validation happens before any pass: a bad request fails alone
-        (its error in its slot) and the others still run.
+        ``forward_backward`` per request. The requests' rows run in passes of at most ``max_pass_tokens``
+        (:func:`plan_passes`; a request may span passes: its loss is a sum over rows, so its gradient is the
+        same). Validation happens before any pass: a bad request fails alone (its error in its slot) and the
+        others still run.
         """
         results: list[Any] = [None] * len(requests)
         good: list[_Prepared] = []
@@ -223,10 +235,15 @@ class ModelHost:
                 good.append((i, client.adapter, pad(data, model_device(self.model)), loss_fn, config))
             except (ValueError, TypeError) as exc:
                 results[i] = exc
-        if good:
-            with torch.set_grad_enabled(backward):
-                for i, out in self._batched(good, backward):
-                    results[i] = out
+        parts: dict[int, list[ForwardBackwardOutput]] = {}
+        with torch.set_grad_enabled(backward):
+            for plan in plan_passes([p.lengths for _, _, p, _, _ in good], self.max_pass_tokens):
+                chunk = [(good[r][0], good[r][1], rows_of(good[r][2], start, end), good[r][3], good[r][4])
+                         for r, start, end in plan]
+                for i, out in self._batched(chunk, backward):
+                    parts.setdefault(i, []).append(out)
+        for i, outs in parts.items():
+            results[i] = joined(outs)
         return results
 
     def _batched(self, good: list[_Prepared], backward: bool) -> list[tuple[int, ForwardBackwardOutput]]:
@@ -317,6 +334,47 @@ class ModelHost:
         self.model = self.base
 
 
+def plan_passes(lengths_R: Sequence[Sequence[int]], max_tokens: int | None) -> list[list[tuple[int, int, int]]]:
+    """Passes of ``(request, first row, end row)`` pieces: every request's rows in order, cut so that a pass's
+    padded tokens (its rows x its longest row) stay within ``max_tokens`` (None: one pass); a row longer than
+    the bound gets a pass of its own.
+
+    >>> plan_passes([[4, 4], [4, 4, 4]], 12)
+    [[(0, 0, 2), (1, 0, 1)], [(1, 1, 3)]]
+    """
+    passes: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    rows = width = 0
+    for r, lengths in enumerate(lengths_R):
+        start = 0
+        for i, n in enumerate(lengths):
+            if max_tokens is not None and rows and (rows + 1) * max(width, n) > max_tokens:
+                if i > start:
+                    current.append((r, start, i))
+                passes.append(current)
+                current, rows, width, start = [], 0, 0, i
+            rows, width = rows + 1, max(width, n)
+        current.append((r, start, len(lengths)))
+    if current:
+        passes.append(current)
+    return passes
+
+
+def joined(outs: Sequence[ForwardBackwardOutput]) -> ForwardBackwardOutput:
+    """One request's output from its passes: datums in order, ``:sum`` metrics summed, the others (token means)
+    weighted by each pass's ``tokens:sum``, as :class:`TrainingClient` joins its micro-batches."""
+    if len(outs) == 1:
+        return outs[0]
+    totals: dict[str, float] = {}
+    for out in outs:
+        active = out.metrics.get("tokens:sum", 0.0)
+        for key, value in out.metrics.items():
+            totals[key] = totals.get(key, 0.0) + (value if key.endswith(":sum") else value * active)
+    tokens = max(totals.get("tokens:sum", 0.0), 1.0)
+    return ForwardBackwardOutput([row for out in outs for row in out.loss_fn_outputs],
+                                 {k: v if k.endswith(":sum") else v / tokens for k, v in totals.items()})
+
+
 def _freeze(base: torch.nn.Module) -> None:
     """The shared base weights: eval mode (no dropout; peft refuses mixed batches in training mode), no gradients."""
     base.eval()
@@ -324,4 +382,4 @@ def _freeze(base: torch.nn.Module) -> None:
         p.requires_grad_(False)
 
 
-__all__ = ["ModelHost", "TenantError"]
+__all__ = ["ModelHost", "TenantError", "MAX_PASS_TOKENS", "plan_passes", "joined"]

@@ -1,9 +1,11 @@
 """Sampling from a policy with :func:`trainer.sampling.decode`: n samples, stop strings and stop ids, log-probs.
 
-The log-prob of each sampled id is recomputed with the trainer's own forward pass
-(:func:`~trainer.core.forward.target_logprobs` over prompt + completion at the sampling temperature),
-so a ratio against the trainer's log-probs starts at 1 up to float rounding, whatever the decode cache
-does. The decode loop only picks the ids.
+The log-prob of each sampled id is the trainer's: in float32 the decode loop's own (the same softmax
+of the same logits as :func:`~trainer.core.forward.target_logprobs`, the cached pass differing from the
+trainer's forward by float rounding, about 1e-6); in lower precision (bf16 on a GPU), where a cached
+decode and the trainer's forward round differently enough to matter, they are recomputed with the
+trainer's own forward over prompt + completion at the sampling temperature. Either way a ratio against
+the trainer's log-probs starts at 1 up to float rounding.
 
 >>> client = SamplingClient(model, tokenizer)                               # doctest: +SKIP
 >>> out = client.sample([1, 2, 3], 4, SamplingParams(max_tokens=8, stop=["\\n"], seed=0))  # doctest: +SKIP
@@ -52,11 +54,13 @@ class SamplingClient:
         prompt = [int(t) for t in prompt_tokens]
         self.check_request(prompt, num_samples, params)
         completions = self._generate(prompt, num_samples, params)
-        temperature = params.temperature or 1.0  # greedy ids are scored at temperature 1
-        rows = [prompt + ids for ids, _ in completions]
-        logprobs_BT = self._logprobs(rows, temperature)
-        sequences = [SampledSequence(ids, logprobs_BT[i, len(prompt) - 1:len(rows[i]) - 1].tolist(), reason)
-                     for i, (ids, reason) in enumerate(completions)]
+        if not decode_logprobs_exact(self.model):
+            temperature = params.temperature or 1.0  # greedy ids are scored at temperature 1
+            rows = [prompt + ids for ids, _, _ in completions]
+            logprobs_BT = self._logprobs(rows, temperature)
+            completions = [(ids, reason, logprobs_BT[i, len(prompt) - 1:len(rows[i]) - 1].tolist())
+                           for i, (ids, reason, _) in enumerate(completions)]
+        sequences = [SampledSequence(ids, lps, reason) for ids, reason, lps in completions]
         prompt_lps = None
         if include_prompt_logprobs:
             prompt_lps = [None] + self._logprobs([prompt], 1.0)[0, :len(prompt) - 1].tolist()
@@ -106,7 +110,7 @@ class SamplingClient:
         return target_logprobs(logits[:, :-1], tokens[:, 1:].to(device), temperature).float().cpu()
 
     @torch.no_grad()
-    def _generate(self, prompt: list[int], n: int, params: SamplingParams) -> list[tuple[list[int], str]]:
+    def _generate(self, prompt: list[int], n: int, params: SamplingParams) -> list[tuple[list[int], str, list[float]]]:
         model = generation_model(self.model)
         device = model_device(model)
         stop_ids = set(params.stop_token_ids) if params.stop is not None else {self.eos_id}
@@ -119,7 +123,13 @@ class SamplingClient:
                          temperature=1.0 if greedy else params.temperature, greedy=greedy,
                          top_k=max(params.top_k, 0), top_p=params.top_p,
                          stop_check=stop_string_check(params.stop_strings, self.tokenizer), row_adapters=rows)
-        return list(zip(out.token_ids, out.finish_reasons))
+        return list(zip(out.token_ids, out.finish_reasons, out.logprobs))
+
+
+def decode_logprobs_exact(model: Any) -> bool:
+    """Whether :func:`~trainer.sampling.decode`'s log-probs are the trainer's up to float rounding: a float32 model.
+    In lower precision the cached decode and the trainer's forward round apart, so samplers recompute them."""
+    return all(p.dtype == torch.float32 for p in generation_model(model).parameters() if p.is_floating_point())
 
 
 class _eval_mode:
@@ -158,4 +168,4 @@ def _vocab_size(model: Any) -> int:
     return int(generation_model(model).get_output_embeddings().weight.shape[0])
 
 
-__all__ = ["SamplingClient", "BASE_ADAPTER"]
+__all__ = ["SamplingClient", "BASE_ADAPTER", "decode_logprobs_exact"]

@@ -7,7 +7,10 @@ arithmetic, and its backward more again, so merging tenants into one pass saved 
 rows come in **runs** (consecutive rows with one adapter: the callers put each tenant's rows together),
 found once per pass, and each LoRA layer computes ``base(x)`` once and adds ``B(A(x[run])) * scale`` per
 run on contiguous pieces (a ``split``: views, no gather) joined by one ``cat``: with one run it is the plain LoRA
-forward. Rows without an adapter (None or ``"__base__"``) get the base output alone.
+forward. When the runs are of equal length and their adapters of one rank (every tenant's GRPO batch the same
+size), the runs' terms are two batched matmuls over the adapters' stacked weights instead, so a pass costs
+the same number of ops whether it serves one tenant or eight. Rows without an adapter (None or ``"__base__"``)
+get the base output alone.
 
 >>> with RowAdapters(model, ["tenant0"] * 8 + ["tenant1"] * 8):   # doctest: +SKIP
 ...     logits = model(input_ids=ids_BT).logits                    # rows 0-7 under tenant0, 8-15 under tenant1
@@ -126,8 +129,10 @@ class _RowForward:
             return result
         if len(names) == 1:
             return result + self._delta(x, str(names[0])).to(result.dtype)
-        # split, not slices: a split's backward is one cat, where each slice's is a zero-filled full-size gradient
         sizes = [(end - start) * per_row for start, end, _ in rows.runs]
+        if len(set(sizes)) == 1 and self._stackable(names):  # a GRPO batch: every tenant the same rows
+            return result + self._stacked_delta(x, [str(n) for n in names]).view_as(result).to(result.dtype)
+        # split, not slices: a split's backward is one cat, where each slice's is a zero-filled full-size gradient
         parts = [part if name is None else part + self._delta(xs, name).to(result.dtype)
                  for part, xs, name in zip(result.split(sizes), x.split(sizes), names)]
         return torch.cat(parts)
@@ -137,6 +142,26 @@ class _RowForward:
         lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
         out: Tensor = lora_B(lora_A(layer.lora_dropout[name](x.to(lora_A.weight.dtype)))) * layer.scaling[name]
         return out
+
+    def _stackable(self, names: list[str | None]) -> bool:
+        """Whether these runs' adapters batch into :meth:`_stacked_delta`: all present, one rank, no dropout or
+        bias."""
+        layer = self.layer
+        if None in names:
+            return False
+        shapes = {(layer.lora_A[n].weight.shape, layer.lora_B[n].weight.shape) for n in names}
+        return len(shapes) == 1 and all(type(layer.lora_dropout[n]) is torch.nn.Identity
+                                        and getattr(layer.lora_B[n], "bias", None) is None for n in names)
+
+    def _stacked_delta(self, x: Tensor, names: list[str]) -> Tensor:
+        """The LoRA terms of equal runs, one adapter each, as two batched matmuls over the runs: the same
+        arithmetic as one ``_delta`` per run, in a fixed number of ops however many tenants share the pass."""
+        layer = self.layer
+        weight_A = layer.lora_A[names[0]].weight
+        A_KIR = torch.stack([layer.lora_A[n].weight for n in names]).transpose(1, 2)  # [runs, in, rank]
+        B_KRO = torch.stack([layer.lora_B[n].weight * layer.scaling[n] for n in names]).transpose(1, 2)
+        x_KNI = x.to(weight_A.dtype).reshape(len(names), -1, x.shape[-1])  # run k's rows (x positions)
+        return torch.bmm(torch.bmm(x_KNI, A_KIR), B_KRO)
 
 
 __all__ = ["RowAdapters", "runs_of", "lora_layers", "BASE_ADAPTER"]

@@ -12,7 +12,8 @@ from pathlib import Path
 #: limits that must be at least 1 (the flag that sets each, where there is one, is named in errors)
 _POSITIVE = ("max_tenants", "max_batch_tokens", "max_batch_datums", "max_samples", "max_sample_tokens",
              "max_lora_rank", "max_request_bytes", "max_json_bytes", "max_inflight_bytes", "max_pending",
-             "max_queued", "max_queued_bytes", "sampler_slots", "max_sessions", "max_checkpoints_per_run")
+             "max_queued", "max_queued_bytes", "sampler_slots", "max_sessions", "max_checkpoints_per_run",
+             "max_pass_tokens")
 
 
 @dataclass
@@ -33,6 +34,9 @@ class ServiceSettings:
     threads: int | None = None  # torch CPU threads for model work (None: torch's default)
     batch_window_s: float = 0.005  # a sample request waits this long for others to share its engine batch
     sampler_slots: int = 4  # sampler adapters loaded at once (LRU swapped past them), here or on the servers
+    # padded tokens in one pass of merged forward_backward work (trainer.core.host.MAX_PASS_TOKENS): more runs
+    # as several passes, the gradients the same
+    max_pass_tokens: int = 8192
     sampler_servers: tuple[str, ...] = ()  # envhub-train sampler servers that sample instead of this process
     sampler_token: str | None = None  # their bearer token
     # -- limits ----------------------------------------------------------------------------------------

@@ -103,6 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-window-ms", type=float, default=d.batch_window_s * 1000,
                         help=f"how long a sample request waits for others to share its engine batch (default "
                              f"{d.batch_window_s * 1000:g}; 0: batch only what is already queued)")
+    parser.add_argument("--max-pass-tokens", type=int, default=d.max_pass_tokens,
+                        help=f"padded tokens in one pass of merged forward_backward work; more runs as several "
+                             f"passes with the same gradients (default {d.max_pass_tokens})")
     parser.add_argument("--sampler-slots", type=int, default=d.sampler_slots,
                         help=f"sampler adapters held loaded at once (here, or on each sampler server); past them the "
                              f"least recently used is swapped out (default {d.sampler_slots})")
@@ -150,6 +153,7 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
                            max_sample_tokens=args.max_sample_tokens, max_lora_rank=args.max_lora_rank,
                            max_request_bytes=args.max_request_mb * 2**20, max_pending=args.max_pending,
                            max_queued=args.max_queued, batch_window_s=args.batch_window_ms / 1000,
+                           max_pass_tokens=args.max_pass_tokens,
                            sampler_slots=args.sampler_slots, max_sessions=args.max_sessions,
                            max_checkpoints_per_run=args.max_checkpoints_per_run,
                            sampler_servers=tuple(args.sampler_servers.split(",")) if args.sampler_servers else (),
@@ -189,7 +193,8 @@ def build_app(settings: ServiceSettings, model_overrides: list[str] | None = Non
     if settings.sampler == "vllm":
         model_cfg = for_vllm(model_cfg)  # the tiny model in heads vLLM's kernels take; real models unchanged
     host = ModelHost(model_cfg, device=device, sampler=settings.sampler, max_lora_rank=settings.max_lora_rank,
-                     max_tenants=10**6)  # the service enforces --max-tenants itself, samplers aside
+                     max_tenants=10**6,  # the service enforces --max-tenants itself, samplers aside
+                     max_pass_tokens=settings.max_pass_tokens)
     return create_app(Ops(settings, host))
 
 
