@@ -15,7 +15,7 @@ from trainer.model import ModelConfig, load_policy
 from trainer.sampler_server.app import create_app
 from trainer.sampler_server.backends import HFBackend
 from trainer.sampler_server.protocol import ServerLimits
-from trainer.sampling.wire import encode
+from trainer.sampling.wire import StreamHeader, TensorSpec, encode
 
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
@@ -252,6 +252,12 @@ async def test_one_batch_mixes_two_adapters_and_the_base_in_one_pass_each_row_un
                    **({"adapter": name} if name else {})} for i, name in enumerate(names)]
         results = (await http.post("/sample/batch", json={"requests": bodies})).json()["results"]
         after = (await http.get("/metrics")).text
+        # while a pass runs with adapter layers in the model, other threads still see the plain model's sizes
+        plain = set(dict(base.named_parameters()))
+        with backend.table.installed({"one", "two"}):
+            assert backend.vocab_size() == base.get_output_embeddings().weight.shape[0]
+            assert set(backend.plan_full(StreamHeader({n: TensorSpec(p.dtype, tuple(p.shape), 0, 0) for n, p in
+                                                       base.named_parameters()}, {}))) == plain
         assert (await http.delete("/adapters/one")).status_code == 200
         assert (await http.delete("/adapters/two")).status_code == 200
     assert metric(after, "batches_total") - metric(before, "batches_total") == 1  # ONE decode pass for all

@@ -47,6 +47,10 @@ class HFBackend:
         self.version = 0
         self.lock = threading.Lock()
         self.max_lora_rank, self.max_adapters = max_lora_rank, max_adapters
+        # read once: a pass with adapters swaps modules of the model while other threads ask (a full update's
+        # plan, a request's vocabulary check); parameters stay the same objects (updates replace their data)
+        self._params = dict(self.base.named_parameters())
+        self._vocab = int(self.base.get_output_embeddings().weight.shape[0])
         self.table = AdapterTable(self.base, max_rank=max_lora_rank, max_adapters=max_adapters)
         self.images = _image_spec(self.base)
         # the decode loop's per-row adapters need [B, ...] rows in every LoRA layer; a vision tower's layers see
@@ -58,7 +62,7 @@ class HFBackend:
 
     # -- generation --------------------------------------------------------------------------------
     def vocab_size(self) -> int:
-        return int(self.base.get_output_embeddings().weight.shape[0])
+        return self._vocab
 
     def max_context(self) -> int:
         config = self.base.config
@@ -167,8 +171,8 @@ class HFBackend:
 
     # -- full-parameter updates ------------------------------------------------------------------------
     def _base_params(self) -> dict[str, torch.nn.Parameter]:
-        """The model's parameters under their Hugging Face names (no adapter layers are in it between passes)."""
-        return dict(self.base.named_parameters())
+        """The model's parameters under their Hugging Face names (as it was built: no adapter layers)."""
+        return self._params
 
     def plan_full(self, header: StreamHeader) -> dict[str, torch.Tensor]:
         """Fresh tensors for a full update: every parameter of the model, by name, with its shape."""

@@ -86,9 +86,10 @@ class AdapterTable:
 
     def __init__(self, model: Any, *, max_rank: int, max_adapters: int):
         self.model, self.max_rank, self.max_adapters = model, max_rank, max_adapters
+        self.linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
         head = model.get_output_embeddings()
-        # peft's "all-linear": every linear but the output head
-        self.linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head}
+        # peft's "all-linear": every linear but the output head (a list of names may name the head)
+        self._all_linear = [name for name, m in self.linears.items() if m is not head]
         self.loaded: dict[str, Adapter] = {}
         self.filling: dict[str, tuple[float, dict[str, str]]] = {}  # name -> (scale, key -> module) being received
 
@@ -96,7 +97,7 @@ class AdapterTable:
         """The module names ``config`` (checked LoRA settings) puts an adapter on."""
         wanted = config["target_modules"]
         if wanted == "all-linear":
-            return list(self.linears)
+            return list(self._all_linear)
         found = [n for n in self.linears if any(n == t or n.endswith(f".{t}") for t in wanted)]
         if not found:
             raise BadRequestError(f"Expected lora_config.target_modules to name linear modules of the model, got "
