@@ -49,8 +49,9 @@ class HFBackend:
         self.max_lora_rank, self.max_adapters = max_lora_rank, max_adapters
         # read once: a pass with adapters swaps modules of the model while other threads ask (a full update's
         # plan, a request's vocabulary check); parameters stay the same objects (updates replace their data)
-        self._params = dict(self.base.named_parameters())
-        self._vocab = int(self.base.get_output_embeddings().weight.shape[0])
+        base: Any = self.base
+        self._params = dict(base.named_parameters())
+        self._vocab = int(base.get_output_embeddings().weight.shape[0])
         self.table = AdapterTable(self.base, max_rank=max_lora_rank, max_adapters=max_adapters)
         self.images = _image_spec(self.base)
         # the decode loop's per-row adapters need [B, ...] rows in every LoRA layer; a vision tower's layers see
