@@ -10,10 +10,17 @@ import json
 import pytest
 import torch
 
-from tests.trainer.sampler_servers import TINY, ServerProcess
+from tests.trainer.sampler_servers import (
+    SHAPE,
+    TINY,
+    ServerProcess,
+    push_real_steps,
+    trainable_bytes,
+    trainer_logprobs,
+    turns,
+)
 from tests.trainer.test_recipes import config as recipe_config
-from trainer.core import Datum, TrainingClient
-from trainer.core.forward import run_model, target_logprobs
+from trainer.core import TrainingClient
 from trainer.model import ModelConfig, load_policy
 from trainer.quickstart import free_port
 from trainer.recipes.rl import train
@@ -21,30 +28,6 @@ from trainer.sampling import GenRequest, RemoteSampler, SamplerPool, SamplerServ
 from trainer.sampling.remote_push import payload
 
 pytestmark = pytest.mark.live
-SHAPE = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
-
-
-def trainer_logprobs(model: torch.nn.Module, prompt: list[int], ids: list[int]) -> torch.Tensor:
-    tokens = torch.tensor([prompt + ids])
-    was_training = model.training
-    with torch.no_grad():
-        logits, _ = run_model(model.eval(), tokens, torch.ones_like(tokens))
-    model.train(was_training)
-    return target_logprobs(logits[:, :-1], tokens[:, 1:], 1.0)[0, len(prompt) - 1:]
-
-
-def turns(sampler: RemoteSampler, prompts: list[list[int]], max_new_tokens: int = 8) -> list:
-    async def run() -> list:
-        return list(await asyncio.gather(*(sampler.generate(GenRequest(p, max_new_tokens)) for p in prompts)))
-    return asyncio.run(run())
-
-
-def step(client: TrainingClient, prompt: list[int]) -> None:
-    """One real optimizer step (cross-entropy on a short sequence, a large learning rate)."""
-    from trainer.core import AdamParams
-
-    client.forward_backward([Datum.from_sequence(prompt + [7, 8, 9], weights=[0] * len(prompt) + [1, 1, 1])])
-    client.optim_step(AdamParams(learning_rate=5e-2))
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
@@ -54,16 +37,7 @@ def test_pushes_after_real_steps_keep_server_logprobs_equal_to_the_trainers(tmp_
         client = TrainingClient.from_config(ModelConfig(**SHAPE, lora_rank=lora_rank))
         sampler = RemoteSampler([server.url], client.model, lora=lora_rank > 0)
         prompt = [11, 12, 13, 14]
-        seen = []
-        for version in (1, 2):
-            step(client, prompt)
-            client.save_weights_for_sampler(sampler, version)
-            for gen in turns(sampler, [prompt] * 4):
-                assert gen.version == version
-                gap = (trainer_logprobs(client.model, prompt, gen.token_ids) - torch.tensor(gen.logprobs)).abs().max()
-                assert gap < 1e-4  # fp32 on both sides
-                seen.append(gen.logprobs[0])
-        assert len(set(seen)) > 1  # the steps changed the policy the server samples from
+        push_real_steps(client, sampler, prompt, tolerance=1e-4)  # fp32 on both sides
 
         # turns asked one after another go to the server in ONE request once every live episode asked
         sampler.config.batch_wait_s = 10.0
@@ -82,8 +56,7 @@ def test_pushes_after_real_steps_keep_server_logprobs_equal_to_the_trainers(tmp_
         sampler.close()
     finally:
         server.stop()
-    params = sum(p.numel() for p in client.model.parameters() if p.requires_grad) * 4
-    assert pushed == params  # LoRA: the adapter alone travels
+    assert pushed == trainable_bytes(client.model)  # LoRA: the adapter alone travels
 
 
 def test_the_pools_pushes_go_over_the_weight_channel_and_fall_back_to_http_bodies(tmp_path) -> None:

@@ -208,6 +208,19 @@ def test_a_two_agent_run_whose_matches_all_fail_stops_naming_the_reason(tmp_path
     assert [json.loads(line)["reason"] for line in open(tmp_path / "failures.jsonl")] == ["env_error"] * 2
 
 
-def test_a_two_agent_run_refuses_sampler_servers_with_the_reason(tmp_path) -> None:
-    with pytest.raises(ValueError, match="no sampling.servers in a two-agent run"):
-        tiny_config(tmp_path, "sampling.servers=['http://127.0.0.1:8100']")
+@pytest.mark.parametrize("extra, message", [
+    (["sampling.servers=['http://127.0.0.1:8100']"], "'a' trains full parameters"),
+    (["agents.a.sampling.servers=['http://h:1']", "agents.b.sampling.servers=['http://h:1/']"], "'a' trains full"),
+    (["agents.a.model.lora_rank=4", "sampling.servers=['http://h:1']"], r"differ in \['init_seed'\]"),
+])
+def test_a_server_that_would_hold_two_agents_weights_is_refused(tmp_path, extra, message) -> None:
+    """One server holds one set of full weights; two LoRA agents share it only on one base (the server's)."""
+    with pytest.raises(ValueError, match=message):
+        tiny_config(tmp_path, *extra)
+
+
+def test_each_agent_samples_on_its_own_servers_or_the_runs(tmp_path) -> None:
+    cfg = tiny_config(tmp_path, "sampling.servers=['http://h:1']", "agents.a.sampling.servers=['http://h:2']",
+                      "sampling.server_token='t'")
+    assert [cfg.sampling_for(n).servers for n in "ab"] == [["http://h:2"], ["http://h:1"]]
+    assert cfg.sampling_for("a").server_token == "t" and cfg.sampling.servers == ["http://h:1"]

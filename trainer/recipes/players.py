@@ -4,8 +4,9 @@
 
 Nothing is shared between agents: each loads its own model (full parameters or its own LoRA
 adapter on its own copy of the base) behind its own training-core client (its own AdamW state over
-its own trainable parameters), samples from its own model, and trains only on trajectories its own
-seats produced. An update is the same :func:`~trainer.update.policy_update` over the core's
+its own trainable parameters), samples from its own model (in process, or on sampler servers it pushes
+its weights to: its own servers, or its adapter under its name on servers both LoRA agents share), and
+trains only on trajectories its own seats produced. An update is the same :func:`~trainer.update.policy_update` over the core's
 ``forward_backward`` / ``optim_step`` that single-agent training runs.
 """
 
@@ -23,7 +24,7 @@ from trainer.metrics import MetricsLogger
 from trainer.model import hidden_size_of, load_policy
 from trainer.recipes.two_agent_config import PlayerConfig, TwoAgentConfig
 from trainer.rollout import Trajectory, build_groups
-from trainer.sampling import make_sampler
+from trainer.sampling import RemoteSampler, make_sampler
 from trainer.update import (
     adam_params,
     compute_advantages,
@@ -56,8 +57,9 @@ class Player:
                                      micro_batch_size=cfg.optim.micro_batch_size)
         self.reference = frozen_reference(self.policy) if cfg.algo.kl_coef > 0 else None
         self.model, self.tokenizer, self.value_head = model, tokenizer, value_head
-        self.sampler = make_sampler(self.model, self.tokenizer, shared.sampling, lora=cfg.model.lora_rank > 0,
-                                    seed=shared.run.seed)
+        # on sampler servers of its own, or as its own adapter (named after it) on servers both agents share
+        self.sampler = make_sampler(self.model, self.tokenizer, shared.sampling_for(name),
+                                    lora=cfg.model.lora_rank > 0, seed=shared.run.seed, adapter_name=name)
         self.logger = MetricsLogger(self.out_dir)
         self.version = 0
 
@@ -95,6 +97,8 @@ class Player:
             self.version = self.policy.save_weights_for_sampler(self.sampler, version=step + 1)
         metrics["train/lr"] = adam.learning_rate
         metrics["train/policy_version"] = float(self.version)
+        if isinstance(self.sampler, RemoteSampler):  # sampler servers: weight-push time, servers in rotation
+            metrics.update(self.sampler.metrics())
         return metrics
 
     def save(self, step: int, keep_last: int | None = None) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,35 @@ from trainer.sampling import SamplingConfig
 #: the seat name a scripted opponent takes in validation (not allowed as an agent name)
 RANDOM_OPPONENT = "random"
 EVAL_OPPONENTS = ("other", RANDOM_OPPONENT)
+#: what a sampler server accepts as an adapter name (a LoRA agent's adapter there is named after the agent)
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+@dataclass
+class PlayerSampling:
+    """Where one agent samples: ``servers``, sampler servers of its own (``[agents.NAME.sampling]``).
+
+    Empty: the run's ``sampling.servers`` (which then serve both agents), else in process. ``server_token``
+    defaults to ``sampling.server_token``.
+    """
+
+    servers: list[str] = field(default_factory=list)
+    server_token: str | None = None
+
+    def __post_init__(self) -> None:
+        bad = [u for u in self.servers if not isinstance(u, str) or not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"Expected agents.NAME.sampling.servers like ['http://host:8100'], got {bad!r}.")
 
 
 @dataclass
 class PlayerConfig:
-    """One agent: its own policy (model, LoRA or full), algorithm and optimizer; nothing is shared."""
+    """One agent: its own policy (model, LoRA or full), algorithm, optimizer and sampler servers; nothing is shared."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    sampling: PlayerSampling = field(default_factory=PlayerSampling)
 
 
 @dataclass
@@ -76,7 +97,9 @@ class TwoAgentConfig:
     ``env`` names the match env (``url``/``urls`` of a server, or ``env_class`` in process);
     ``env.train_task`` / ``env.eval_task`` are the reset arguments both seats of a match share.
     ``run.batch_size`` openings per step, ``run.group_size`` matches per opening (a GRPO group per
-    agent), ``run.eval_problems`` validation matches.
+    agent), ``run.eval_problems`` validation matches. Sampler servers: ``agents.NAME.sampling.servers`` (each
+    agent its own), or ``sampling.servers`` for both LoRA agents on one base (each its adapter, named after
+    the agent); :func:`check_servers` refuses a server that would hold two agents' full weights.
     """
 
     env: EnvConfig = field(default_factory=_default_env)
@@ -93,18 +116,63 @@ class TwoAgentConfig:
         if RANDOM_OPPONENT in names:
             raise ValueError(f"Expected agent names other than {RANDOM_OPPONENT!r} (the scripted validation "
                              f"opponent's name), got {names}.")
-        if self.sampling.servers:  # both agents would push their weights over each other on the same servers
-            raise ValueError("Expected no sampling.servers in a two-agent run: sampler servers serve one policy "
-                             "per run for now; sample in process (remove sampling.servers).")
+        check_servers(self)
         if self.sampling.backend == "vllm":  # each agent gets its own engine: head sizes vLLM accepts
             for agent in self.agents.values():
                 agent.model = for_vllm(agent.model)
+
+    def sampling_for(self, name: str) -> SamplingConfig:
+        """Agent ``name``'s sampler settings: the run's ``[sampling]`` with its own servers and token, if any."""
+        own = self.agents[name].sampling
+        return dataclasses.replace(self.sampling, servers=own.servers or self.sampling.servers,
+                                   server_token=own.server_token or self.sampling.server_token)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
+
+
+#: model settings that shape a LoRA adapter, not the base model it sits on
+_ADAPTER_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "gradient_checkpointing")
+
+
+def check_servers(cfg: TwoAgentConfig) -> None:
+    """Each sampler server must serve one agent's weights only, or both agents' LoRA adapters on one base.
+
+    A server holds ONE set of full weights (a full-parameter agent's pushes replace them) and any number of
+    named adapters on that base: two full-parameter agents (or a full one and a LoRA one) on one server
+    would sample each other's weights, so they are refused here rather than trained silently wrong.
+    """
+    (first, a), (second, b) = cfg.agents.items()
+    shared = ({u.rstrip("/") for u in cfg.sampling_for(first).servers}
+              & {u.rstrip("/") for u in cfg.sampling_for(second).servers})
+    for name, agent in cfg.agents.items():
+        if agent.model.lora_rank and cfg.sampling_for(name).servers and not _ADAPTER_NAME.fullmatch(name):
+            raise ValueError(f"Expected an agent name of letters, digits or -_.: for a LoRA agent on sampler servers "
+                             f"(its adapter's name there), got {name!r}.")
+    if not shared:
+        return
+    fix = (f"give each agent servers of its own: [agents.{first}.sampling] servers = [...] and "
+           f"[agents.{second}.sampling] servers = [...]")
+    full = [n for n, agent in cfg.agents.items() if not agent.model.lora_rank]
+    if full:
+        raise ValueError(f"Expected each sampler server to hold one agent's weights, got {sorted(shared)} serving both "
+                         f"agents while {' and '.join(map(repr, full))} {'trains' if len(full) == 1 else 'train'} full "
+                         f"parameters (a server holds one set of full weights: each agent's pushes would replace the "
+                         f"other's); {fix}.")
+    base_a, base_b = _base(a.model), _base(b.model)
+    if base_a != base_b:
+        differ = sorted(k for k, v in dataclasses.asdict(base_a).items() if dataclasses.asdict(base_b)[k] != v)
+        raise ValueError(f"Expected LoRA agents that share sampler servers {sorted(shared)} to have one base model "
+                         f"(the servers' own), got base settings that differ in {differ}; make them equal, or "
+                         f"{fix}.")
+
+
+def _base(model: ModelConfig) -> ModelConfig:
+    defaults = ModelConfig()
+    return dataclasses.replace(model, **{k: getattr(defaults, k) for k in _ADAPTER_FIELDS})
 
 
 def load_two_agent_config(path: str | Path | None, overrides: list[str] | None = None) -> TwoAgentConfig:
@@ -118,16 +186,15 @@ def load_two_agent_config(path: str | Path | None, overrides: list[str] | None =
         env.setdefault("train_task", {})
         env.setdefault("eval_task", {})
         env.setdefault("eval_key", "seed")
-    agents = data.pop("agents", None)
-    cfg = from_dict(TwoAgentConfig, data)
-    if agents is not None:
+    agents = data.get("agents")
+    if agents is not None:  # built first: the whole config is checked once, with its own agents
         if not isinstance(agents, dict) or not all(isinstance(v, dict) for v in agents.values()):
             raise ValueError("Expected [agents.NAME] tables, e.g. [agents.alice.model] name = \"tiny\"; got "
                              f"{agents!r}.")
-        cfg = dataclasses.replace(cfg, agents={str(name): from_dict(PlayerConfig, section, f"agents.{name}")
-                                               for name, section in agents.items()})
-    return cfg
+        data["agents"] = {str(name): from_dict(PlayerConfig, section, f"agents.{name}")
+                          for name, section in agents.items()}
+    return from_dict(TwoAgentConfig, data)
 
 
-__all__ = ["PlayerConfig", "MatchConfig", "TwoAgentConfig", "load_two_agent_config", "RANDOM_OPPONENT",
+__all__ = ["PlayerConfig", "PlayerSampling", "MatchConfig", "check_servers", "TwoAgentConfig", "load_two_agent_config", "RANDOM_OPPONENT",
            "EVAL_OPPONENTS"]

@@ -12,7 +12,7 @@ route                       what it does
 ``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
                             (or, with ``X-Envhub-Weight-Ticket``, the same body over the weight channel)
 ``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
-``POST /weight-group``      join a trainer's 2-rank gloo group (:mod:`.group`); a push with
+``POST /weight-group``      join a trainer's 2-rank gloo or NCCL group (:mod:`.group`); a push with
                             ``X-Envhub-Weight-Group`` then brings only the header, the tensors through it
 ``DELETE /adapters/{name}`` unload it; ``GET /adapters`` lists the loaded ones with their versions
 ``GET /health``             status, model, version, adapters, queue depth, instance, weight channel port
@@ -44,7 +44,7 @@ from starlette.requests import ClientDisconnect
 
 from trainer.sampler_server.batcher import QueueFullError, RequestBatcher
 from trainer.sampler_server.channel import TICKET_HEADER, WeightChannel
-from trainer.sampler_server.group import JoinBody
+from trainer.sampler_server.group import JoinBody, WeightGroups
 from trainer.sampler_server.openai_api import router as openai_router
 from trainer.sampler_server.protocol import (
     MAX_NAME_CHARS,
@@ -66,13 +66,14 @@ from trainer.sampling.wire import TensorStreamReader, WeightFormatError
 
 def create_app(backend: Backend, *, limits: ServerLimits | None = None, token: str | None = None,
                backend_kind: str = "hf", tool_parser: str = "auto", channel: WeightChannel | None = None,
-               weight_group: bool = True) -> FastAPI:
+               weight_group: bool = True, device: str = "cpu") -> FastAPI:
     """The FastAPI app serving ``backend`` (weight bodies also through ``channel``, when given; the tensors of a
-    push through a trainer's gloo group it joined, unless ``weight_group`` is off)."""
+    push through a trainer's gloo group it joined, or an NCCL one when ``device`` is a CUDA device, unless
+    ``weight_group`` is off)."""
     limits = limits or ServerLimits()
     batcher = RequestBatcher(backend, max_batch_rows=limits.max_batch_rows, max_queued=limits.max_queued_requests)
-    state = ServerState(backend, batcher, limits, token, backend_kind, tool_parser, channel=channel)
-    state.groups.enabled = weight_group
+    state = ServerState(backend, batcher, limits, token, backend_kind, tool_parser, channel=channel,
+                        groups=WeightGroups(weight_group, device))
     app = FastAPI(title="envhub sampler server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sampler = state
     app.middleware("http")(_auth(state))
@@ -142,7 +143,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                 "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth,
                 "instance": state.instance,
                 "weight_port": state.channel.port if state.channel is not None else None,
-                "weight_group": ["gloo"] if state.groups.enabled else []}
+                "weight_group": state.groups.backends()}
 
     @app.post("/weight-group")
     async def join_group(request: Request) -> dict[str, Any]:

@@ -11,8 +11,9 @@ new weights after every optimizer step, and ``OpenAI(base_url="http://HOST:8100/
 refused with the mismatch named. The token comes from ``--token`` or ``ENVHUB_SAMPLER_TOKEN``.
 
 Weights arrive over the weight channel (``--weight-port``), as HTTP bodies, or, when the trainer sets
-``sampling.weight_group='gloo'``, through a 2-rank gloo group it asks the server to join (the server then
-connects to the trainer's store port; ``--no-weight-group`` refuses).
+``sampling.weight_group='gloo'`` (or ``'nccl'``: GPU to GPU, a server on a CUDA device only), through a
+2-rank group it asks the server to join (the server then connects to the trainer's store port;
+``--no-weight-group`` refuses).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "/health; -1: none, pushes go through HTTP)")
     parser.add_argument("--no-weight-group", dest="weight_group", action="store_false",
                         help="refuse to join trainers' torch.distributed weight groups (POST /weight-group; a trainer "
-                             "with sampling.weight_group='gloo' then pushes over the weight channel)")
+                             "with sampling.weight_group='gloo' or 'nccl' then pushes over the weight channel)")
     parser.add_argument("--max-batch-rows", type=int, default=256, help="sequences per batched decode")
     parser.add_argument("--max-new-tokens", type=int, default=4096, help="the most tokens one request may ask for")
     parser.add_argument("--max-adapters", type=int, default=8, help="LoRA adapters loaded at once")
@@ -105,7 +106,7 @@ def serve(args: argparse.Namespace) -> int:
         backend.close()
         return 2
     app = create_app(backend, limits=limits, token=token, backend_kind=args.backend, tool_parser=args.tool_parser,
-                     channel=channel, weight_group=args.weight_group)
+                     channel=channel, weight_group=args.weight_group, device=device)
     print(f"envhub-train sampler: {backend.model_name} ({args.backend}, {device}) on http://{args.host}:{args.port}"
           f"{' (token required)' if token else ''}"
           f"{f', weight channel on port {channel.port}' if channel is not None else ''}", flush=True)

@@ -11,12 +11,14 @@ from trainer.sampling.types import SamplingConfig
 
 
 def make_sampler(model: Any, tokenizer: Any, config: SamplingConfig, *, lora: bool = False, seed: int = 0,
-                 own_copy: bool = False) -> BatchingSampler | RemoteSampler:
+                 own_copy: bool = False, adapter_name: str = "policy") -> BatchingSampler | RemoteSampler:
     """The sampler ``config`` names: a :class:`RemoteSampler` over ``config.servers`` when there are any
-    (``model``'s weights pushed to them first), else ``HFSampler`` (``own_copy`` for asynchronous
-    rollouts) or ``VLLMSampler`` (vLLM imported only then; its engine always holds its own weights)."""
+    (``model``'s weights pushed to them first; a LoRA run's adapter as ``adapter_name``), else ``HFSampler``
+    (``own_copy`` for asynchronous rollouts) or ``VLLMSampler`` (vLLM imported only then; its engine always
+    holds its own weights)."""
     if config.servers:
-        return RemoteSampler(config.servers, model, config, token=config.server_token, lora=lora)
+        return RemoteSampler(config.servers, model, config, token=config.server_token, lora=lora,
+                             adapter_name=adapter_name)
     if config.backend == "vllm":
         from trainer.sampling.vllm_engine import VLLMSampler
 

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from trainer.sampling.remote_push import Push, put_as_body, put_through_channel
-from trainer.sampling.weight_group import BACKENDS, TrainerGroup, WeightGroupError
+from trainer.sampling.weight_group import BACKENDS, TrainerGroup, WeightGroupError, unavailable
 
 RETRY_FULL_QUEUE_S = 0.05
 
@@ -64,6 +64,7 @@ class ServerSlot:
     weight_port: int | None = None  # its weight channel (from /health); None: weights go as HTTP bodies
     group: TrainerGroup | None = None  # the torch.distributed group pushes go through (weight_group on)
     group_failed: bool = False  # the group failed once: the channel or HTTP bodies from then on
+    group_kinds: list[str] | None = None  # the groups it joins (/health's weight_group; None: not asked yet)
 
 
 class SamplerPool:
@@ -73,6 +74,10 @@ class SamplerPool:
                  log: Callable[[str], None] = print, weight_group: str = "off", group_timeout_s: float = 60.0):
         if weight_group not in BACKENDS:
             raise ValueError(f"Expected weight_group in {BACKENDS}, got {weight_group!r}.")
+        why = unavailable(weight_group)
+        if why is not None:
+            raise ValueError(f"Expected a CUDA device and NCCL for weight_group='{weight_group}', got {why}; use "
+                             "'gloo' (CPU tensors, any host) or 'off' (the weight channel).")
         self.weight_group, self.group_timeout_s = weight_group, group_timeout_s
         if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
             raise ValueError(f"Expected sampler server URLs like http://host:8100, got {list(urls)!r}.")
@@ -327,8 +332,13 @@ class SamplerPool:
         """Push through the server's weight group (formed on first use); None when the group failed (logged once:
         that server takes the channel or HTTP bodies from then on)."""
         try:
+            if self.weight_group == "nccl" and server.group_kinds is not None and "nccl" not in server.group_kinds:
+                # never asked to join: an NCCL peer that never comes leaves ours waiting on NCCL's watchdog
+                raise WeightGroupError(f"it joins no NCCL group (/health weight_group: {server.group_kinds}: a "
+                                       "server on a CPU, without NCCL, or started with --no-weight-group)")
             if server.group is None or server.group.broken:
-                server.group = TrainerGroup(self._http, server.url, timeout_s=self.group_timeout_s)
+                server.group = TrainerGroup(self._http, server.url, timeout_s=self.group_timeout_s,
+                                            backend="nccl" if self.weight_group == "nccl" else "gloo", push=push)
             resp = server.group.put(self._http, push)
             if resp.status_code == 200:
                 return resp
@@ -348,6 +358,7 @@ class SamplerPool:
         resp.raise_for_status()
         health: dict[str, Any] = resp.json()
         server.weight_port = health.get("weight_port")
+        server.group_kinds = list(health.get("weight_group") or [])
         return health
 
     def wait_for_any(self, timeout_s: float) -> None:

@@ -105,8 +105,9 @@ class SamplingConfig:
     servers: list[str] = field(default_factory=list)  # envhub-train sampler servers (http://host:port): rollouts
     #                           run there and every step's weights are pushed to them; empty: sample in process
     server_token: str | None = None  # their bearer token (default: $ENVHUB_SAMPLER_TOKEN)
-    weight_group: str = "off"  # "gloo" (or "auto": gloo, the only kind so far): push each step's tensors through a
-    #                            2-rank torch.distributed group per server, falling back to the weight channel
+    weight_group: str = "off"  # push each step's tensors through a 2-rank torch.distributed group per server,
+    #                            falling back to the weight channel: "gloo" (or "auto": CPU tensors, any host) or
+    #                            "nccl" (GPU to GPU; needs CUDA and NCCL here, a CUDA server, another GPU than ours)
 
     def __post_init__(self) -> None:
         if self.backend not in ("hf", "vllm"):
@@ -121,8 +122,9 @@ class SamplingConfig:
                              f"{self.vllm_dtype!r}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"Expected 0 < top_p <= 1, got {self.top_p}.")
-        if self.weight_group not in ("off", "gloo", "auto"):
-            raise ValueError(f"Expected sampling.weight_group 'off', 'gloo' or 'auto', got {self.weight_group!r}.")
+        if self.weight_group not in ("off", "gloo", "nccl", "auto"):
+            raise ValueError(f"Expected sampling.weight_group 'off', 'gloo', 'nccl' or 'auto', got "
+                             f"{self.weight_group!r}.")
         bad = [u for u in self.servers if not isinstance(u, str) or not u.startswith(("http://", "https://"))]
         if bad:
             raise ValueError(f"Expected sampling.servers like ['http://host:8100'], got {bad!r}.")
