@@ -15,7 +15,7 @@ from trainer.model import ModelConfig, load_policy
 from trainer.sampler_server.app import create_app
 from trainer.sampler_server.backends import HFBackend
 from trainer.sampler_server.protocol import ServerLimits
-from trainer.sampling.wire import encode
+from trainer.sampling.wire import StreamHeader, TensorSpec, encode
 
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
@@ -220,6 +220,57 @@ async def test_lora_adapters_load_replace_and_unload_by_name(backend) -> None:
         assert (await http.delete("/adapters/run-a")).status_code == 200
         assert (await http.delete("/adapters/run-a")).status_code == 404
         assert (await http.get("/adapters")).json() == {"adapters": {}}
+
+
+def adapter_policy(seed: int) -> tuple[torch.nn.Module, bytes]:
+    """A LoRA policy on the TINY base (its adapter made non-zero) and its adapter as a push body."""
+    from peft import get_peft_model_state_dict
+
+    torch.manual_seed(seed)
+    policy, _ = load_policy(ModelConfig(**{**TINY.__dict__, "lora_rank": 4}))
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.5)
+    meta = {"version": str(10 + seed), "kind": "lora",
+            "lora_config": json.dumps({"r": 4, "lora_alpha": 32, "target_modules": "all-linear"})}
+    return policy, b"".join(bytes(c) for c in encode(get_peft_model_state_dict(policy), meta))
+
+
+async def test_one_batch_mixes_two_adapters_and_the_base_in_one_pass_each_row_under_its_own(backend) -> None:
+    (one, body_one), (two, body_two) = adapter_policy(1), adapter_policy(2)
+    base, _ = load_policy(TINY)  # the adapters' base weights (other tests pushed others)
+    policies = {"one": one, "two": two, None: base}
+    async with client(backend) as http:
+        assert (await http.put("/weights", content=weights_body(base, 5))).status_code == 200
+        assert (await http.put("/adapters/one", content=body_one)).status_code == 200
+        assert (await http.put("/adapters/two", content=body_two)).status_code == 200
+        before = (await http.get("/metrics")).text
+        # interleaved on purpose: the server puts each adapter's rows together and answers in request order
+        names = ["two", None, "one", "two", "one", None]
+        bodies = [{"prompt_ids": [3 + i, 4, 5], "n": 2, "max_tokens": 6, "prompt_logprobs": i == 0,
+                   **({"adapter": name} if name else {})} for i, name in enumerate(names)]
+        results = (await http.post("/sample/batch", json={"requests": bodies})).json()["results"]
+        after = (await http.get("/metrics")).text
+        # while a pass runs with adapter layers in the model, other threads still see the plain model's sizes
+        plain = set(dict(base.named_parameters()))
+        with backend.table.installed({"one", "two"}):
+            assert backend.vocab_size() == base.get_output_embeddings().weight.shape[0]
+            assert set(backend.plan_full(StreamHeader({n: TensorSpec(p.dtype, tuple(p.shape), 0, 0) for n, p in
+                                                       base.named_parameters()}, {}))) == plain
+        assert (await http.delete("/adapters/one")).status_code == 200
+        assert (await http.delete("/adapters/two")).status_code == 200
+    assert metric(after, "batches_total") - metric(before, "batches_total") == 1  # ONE decode pass for all
+    assert [r["version"] for r in results] == [12, 5, 11, 12, 11, 5]
+    for name, body, result in zip(names, bodies, results):
+        for sample in result["samples"]:
+            expected = trainer_logprobs(policies[name], body["prompt_ids"], sample["token_ids"])
+            assert (expected - torch.tensor(sample["logprobs"])).abs().max() < 1e-4, name
+    scored = trainer_logprobs(two, [3], [4, 5])
+    assert (torch.tensor(results[0]["prompt_logprobs"][1:]) - scored).abs().max() < 1e-4
+    # the adapters really differ: the same ids score differently under each
+    ids = results[0]["samples"][0]["token_ids"]
+    assert (trainer_logprobs(one, [3, 4, 5], ids) - trainer_logprobs(two, [3, 4, 5], ids)).abs().max() > 1e-2
 
 
 async def test_auth_health_and_metrics(backend) -> None:

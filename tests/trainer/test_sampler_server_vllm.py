@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -60,6 +61,13 @@ def test_vllm_server_follows_the_trainer_through_pushes(tmp_path, lora_rank, wei
                 {"model": "policy" if lora_rank else "tiny", "prompt": "1+1=", "max_tokens": 3}).encode(),
                 timeout=60) as resp:
             assert json.load(resp)["choices"][0]["finish_reason"] in ("stop", "length")
+        if lora_rank == 0 and weight_group == "off":  # images: a clear 400 (a vision policy needs the HF backend)
+            body = {"prompt_ids": prompt, "images": [{"grid_thw": [1, 2, 2], "pixel_values": ""}]}
+            request = urllib.request.Request(f"{server.url}/sample", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=60)
+            assert refused.value.code == 400 and b"vLLM backend takes no images" in refused.value.read()
         sampler.close()
     finally:
         server.stop()

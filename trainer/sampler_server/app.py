@@ -3,11 +3,12 @@
 ==========================  ===========================================================================
 route                       what it does
 ==========================  ===========================================================================
-``POST /sample``            token ids in; ``n`` samples (ids, sampled log-probs, finish reason), the
-                            prompt's log-probs when asked, and the policy ``version`` that drew them out
-                            (:class:`~.protocol.SampleBody`)
-``POST /sample/batch``      many ``/sample`` bodies in one request, decoded together; one result per
-                            body: its samples and version, or its own error (:class:`~.protocol.SampleBatchBody`)
+``POST /sample``            token ids in (and a vision-language model's image patches, :mod:`~trainer.sampling.image_wire`);
+                            ``n`` samples (ids, sampled log-probs, finish reason), the prompt's log-probs when
+                            asked, and the policy ``version`` that drew them out (:class:`~.protocol.SampleBody`)
+``POST /sample/batch``      many ``/sample`` bodies in one request, decoded together (the HF backend: bodies of
+                            different adapters and the base in one pass); one result per body: its samples
+                            and version, or its own error (:class:`~.protocol.SampleBatchBody`)
 ``PUT /weights``            a full-parameter update: a streamed safetensors body, ``__metadata__.version``
                             (or, with ``X-Envhub-Weight-Ticket``, the same body over the weight channel)
 ``PUT /adapters/{name}``    load or replace LoRA adapter ``name`` (``__metadata__.lora_config``, ``version``)
@@ -157,7 +158,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/sample")
     async def sample(request: Request) -> dict[str, Any]:
         body = await read_json(request, SampleBody, limits.max_request_bytes)
-        job = job_of(body)
+        job = job_of(body, limits, backend.images, state.backend_kind)
         check_job(job, limits, backend.vocab_size(), backend.max_context())
         samples, version = await state.batcher.submit(job)
         return {**_answer(job, samples, version), "instance": state.instance}
@@ -169,7 +170,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         jobs = []
         for i, raw in enumerate(body.requests):
             try:
-                job = job_of(SampleBody.model_validate(raw))
+                job = job_of(SampleBody.model_validate(raw), limits, backend.images, state.backend_kind)
                 check_job(job, limits, backend.vocab_size(), backend.max_context())
                 jobs.append((i, job))
             except (ValidationError, BadRequestError) as exc:

@@ -1,39 +1,36 @@
 """The samplers a server runs, built on the in-process sampling code (this is the one module importing it).
 
-:class:`HFBackend` decodes with :func:`trainer.sampling.decode.decode` on its own copy of the policy; weight
-updates are received into fresh tensors and swapped in under ``lock``, the same lock every batched
-decode holds, so no sample ever comes from half-updated weights. LoRA adapters are peft adapters on
-that model, each in a slot of its own: a replacement fills a new slot while the old one keeps
-serving, then the name moves to the new slot under the lock. The vLLM backend is
+:class:`HFBackend` decodes with :func:`trainer.sampling.decode.decode` on its own copy of the policy (a
+vision-language policy with Hugging Face ``generate``, as the in-process sampler does); weight updates
+are received into fresh tensors and swapped in under ``lock``, the same lock every batched decode
+holds, so no sample ever comes from half-updated weights. LoRA adapters are plain tensors per name
+(:class:`~trainer.sampler_server.lora_slots.AdapterTable`, no peft layers around the model): a
+replacement is received beside the adapter it replaces, which keeps serving until the name moves to it
+under the lock. One ``generate`` call serves jobs of several adapters and the base in ONE decode pass,
+each row under its own adapter (:class:`~trainer.sampling.row_adapters.RowAdapters`: each adapter's
+rows together, one LoRA term per run, shared prefills). The vLLM backend is
 :mod:`trainer.sampler_server.vllm_backend`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainer.core.forward import BASE_ADAPTER, run_model, target_logprobs
 from trainer.model import ModelConfig, load_policy
-from trainer.sampler_server.protocol import BadRequestError, NotFoundError, Sample, SampleJob
-from trainer.sampling.decode import decode, stop_string_check
+from trainer.sampler_server.lora_slots import AdapterTable
+from trainer.sampler_server.protocol import BadRequestError, ImageSpec, Outcome, Sample, SampleJob
+from trainer.sampling.decode import decode, stop_string_check, supports_decode
+from trainer.sampling.row_adapters import RowAdapters
 from trainer.sampling.wire import StreamHeader, WeightFormatError
+from trainer.vision import vision_inputs
 
 LORA_KEYS = {"r", "lora_alpha", "target_modules", "use_rslora"}
 MAX_TARGET_MODULES = 4096
-
-
-@dataclass
-class _Slot:
-    """A peft adapter slot and the version of the weights in it."""
-
-    slot: str
-    version: int
 
 
 class HFBackend:
@@ -45,84 +42,138 @@ class HFBackend:
         for p in model.parameters():
             p.requires_grad_(False)
         self.base: Any = model.eval()
-        self.peft: Any = None  # the peft wrapper, once an adapter was loaded
         self.tokenizer = tokenizer
         self.model_name = served_name or model_cfg.name
         self.version = 0
         self.lock = threading.Lock()
         self.max_lora_rank, self.max_adapters = max_lora_rank, max_adapters
+        # read once: a pass with adapters swaps modules of the model while other threads ask (a full update's
+        # plan, a request's vocabulary check); parameters stay the same objects (updates replace their data)
+        base: Any = self.base
+        self._params = dict(base.named_parameters())
+        self._vocab = int(base.get_output_embeddings().weight.shape[0])
+        self.table = AdapterTable(self.base, max_rank=max_lora_rank, max_adapters=max_adapters)
+        self.images = _image_spec(self.base)
+        # the decode loop's per-row adapters need [B, ...] rows in every LoRA layer; a vision tower's layers see
+        # patches, so a vision-language model runs one adapter per pass (applied to all its rows)
+        self.mixes_adapters = self.images is None and supports_decode(self.base)
         self._spare: dict[str, torch.Tensor] = {}  # free tensors the next full update is received into
-        self._slots: dict[str, _Slot] = {}
-        self._filling: dict[str, str] = {}  # adapter name -> slot being filled by an update in progress
-        self._slot_ids = itertools.count()
         self._eos = int(tokenizer.eos_token_id)
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
 
     # -- generation --------------------------------------------------------------------------------
     def vocab_size(self) -> int:
-        return int(self.base.get_output_embeddings().weight.shape[0])
+        return self._vocab
 
     def max_context(self) -> int:
-        return int(getattr(self.base.config, "max_position_embeddings", 1 << 30))
+        config = self.base.config
+        text = getattr(config, "text_config", None) or config  # a vision-language model's language model
+        return int(getattr(text, "max_position_embeddings", None) or 1 << 30)
 
-    def generate(self, jobs: list[SampleJob]) -> tuple[list[list[Sample]], int]:
-        """One left-padded decode for ``jobs`` (equal batch keys); their samples and the version that drew them."""
+    def generate(self, jobs: list[SampleJob]) -> list[Outcome]:
+        """One batched pass for ``jobs`` (equal batch keys, adapters mixed): per job its samples and the version
+        that drew them, or the error it met (an adapter not loaded)."""
         with self.lock:
-            kwargs = self._adapter_kwargs(jobs[0].adapter, sum(j.n for j in jobs))
-            with _seeded(jobs[0].seed):
-                samples = self._decode(jobs, kwargs)
-            adapter = jobs[0].adapter
-            return samples, self._slots[adapter].version if adapter else self.version
+            outcomes: list[Outcome | None] = [None] * len(jobs)
+            ready = []
+            for i, job in enumerate(jobs):
+                try:
+                    if job.adapter is not None:
+                        self.table.check(job.adapter)
+                    ready.append(i)
+                except LookupError as exc:
+                    outcomes[i] = exc
+            # each adapter's rows together (the base's first): one run per adapter in every LoRA layer
+            ready.sort(key=lambda i: (jobs[i].adapter is not None, jobs[i].adapter or ""))
+            if ready:
+                with _seeded(jobs[ready[0]].seed):
+                    samples = self._decode([jobs[i] for i in ready])
+                for i, got in zip(ready, samples):
+                    adapter = jobs[i].adapter
+                    outcomes[i] = (got, self.table.loaded[adapter].version if adapter else self.version)
+            return [o for o in outcomes if o is not None]
 
     @torch.no_grad()
-    def _decode(self, jobs: list[SampleJob], kwargs: dict[str, Any]) -> list[list[Sample]]:
-        model = self.peft if self.peft is not None else self.base
-        device = next(self.base.parameters()).device
-        rows = [(job.prompt_ids, job.max_tokens) for job in jobs for _ in range(job.n)]
-        width = max(len(ids) for ids, _ in rows)
-        ids_BT = torch.full((len(rows), width), self._pad, dtype=torch.long)
-        attn_BT = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (ids, _) in enumerate(rows):
-            ids_BT[i, width - len(ids):] = torch.tensor(ids)
-            attn_BT[i, width - len(ids):] = 1
-        first = jobs[0]
-        stops = {self._eos} if first.stop_ids is None else set(first.stop_ids)
-        out = decode(model, ids_BT.to(device), attn_BT.to(device), max_new_tokens=[m for _, m in rows],
-                     eos_ids=stops, temperature=1.0 if first.greedy else first.temperature, greedy=first.greedy,
-                     top_k=first.top_k, top_p=first.top_p,
-                     stop_check=stop_string_check(first.stop_strings, self.tokenizer), **kwargs)
-        flat = [Sample(ids, lps, reason) for ids, lps, reason in zip(out.token_ids, out.logprobs, out.finish_reasons)]
-        result, at = [], 0
-        for job in jobs:
-            samples = flat[at:at + job.n]
-            if job.prompt_logprobs:
-                prompt_lps = self._prompt_logprobs(model, job, kwargs)
-                for sample in samples:
-                    sample.prompt_logprobs = prompt_lps
-            result.append(samples)
-            at += job.n
+    def _decode(self, jobs: list[SampleJob]) -> list[list[Sample]]:
+        names = {job.adapter for job in jobs if job.adapter is not None}
+        if len(names) > 1 and not self.mixes_adapters:
+            raise BadRequestError("Expected one adapter per pass on a vision-language model.")  # the batch key's
+        active = next(iter(names)) if names and not self.mixes_adapters else None
+        with self.table.installed(names, active) as keys:
+            rows = [(job.prompt_ids, job.max_tokens) for job in jobs for _ in range(job.n)]
+            per_row = [None if job.adapter is None else keys[job.adapter] for job in jobs for _ in range(job.n)]
+            ids_BT, attn_BT = self._left_padded([ids for ids, _ in rows])
+            if self.images is None and supports_decode(self.base):
+                flat = self._decode_text(jobs, ids_BT, attn_BT, [m for _, m in rows],
+                                         RowAdapters(self.base, per_row) if names else None)
+            else:
+                flat = self._generate(jobs, ids_BT, attn_BT, [m for _, m in rows])
+            result, at = [], 0
+            for job in jobs:
+                samples = flat[at:at + job.n]
+                if job.prompt_logprobs:  # per-row adapters where rows mix them; else the active one (or none)
+                    row = [keys[job.adapter] if job.adapter else BASE_ADAPTER] if names and self.mixes_adapters else None
+                    prompt_lps = self._prompt_logprobs(job, row)
+                    for sample in samples:
+                        sample.prompt_logprobs = prompt_lps
+                result.append(samples)
+                at += job.n
         return result
 
-    def _prompt_logprobs(self, model: Any, job: SampleJob, kwargs: dict[str, Any]) -> list[float | None]:
+    def _left_padded(self, prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(self.base.parameters()).device
+        width = max(len(ids) for ids in prompts)
+        ids_BT = torch.full((len(prompts), width), self._pad, dtype=torch.long)
+        attn_BT = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            ids_BT[i, width - len(ids):] = torch.tensor(ids)
+            attn_BT[i, width - len(ids):] = 1
+        return ids_BT.to(device), attn_BT.to(device)
+
+    def _decode_text(self, jobs: list[SampleJob], ids_BT: torch.Tensor, attn_BT: torch.Tensor, budgets: list[int],
+                     rows: RowAdapters | None) -> list[Sample]:
+        first = jobs[0]
+        stops = {self._eos} if first.stop_ids is None else set(first.stop_ids)
+        out = decode(self.base, ids_BT, attn_BT, max_new_tokens=budgets, eos_ids=stops,
+                     temperature=1.0 if first.greedy else first.temperature, greedy=first.greedy,
+                     top_k=first.top_k, top_p=first.top_p,
+                     stop_check=stop_string_check(first.stop_strings, self.tokenizer), row_adapters=rows)
+        return [Sample(ids, lps, reason) for ids, lps, reason in zip(out.token_ids, out.logprobs, out.finish_reasons)]
+
+    def _generate(self, jobs: list[SampleJob], ids_BT: torch.Tensor, attn_BT: torch.Tensor,
+                  budgets: list[int]) -> list[Sample]:
+        """Hugging Face ``generate`` (a vision-language model, as the in-process sampler runs it): log-probs from its
+        logits at the temperature, each row cut at its first stop id, stop string or budget."""
+        first = jobs[0]
+        stops = [self._eos] if first.stop_ids is None else list(first.stop_ids)
+        temperature = 1.0 if first.greedy else first.temperature
+        images = [list(job.images) for job in jobs for _ in range(job.n)]
+        extra = vision_inputs(images, ids_BT, self.images.image_token_id) if self.images is not None else {}
+        gen = self.base.generate(input_ids=ids_BT, attention_mask=attn_BT, max_new_tokens=max(budgets),
+                                 do_sample=not first.greedy, temperature=None if first.greedy else temperature,
+                                 top_p=None if first.greedy else first.top_p,
+                                 top_k=None if first.greedy else first.top_k, eos_token_id=stops or None,
+                                 pad_token_id=self._pad, return_dict_in_generate=True, output_logits=True, **extra)
+        new_BN = gen.sequences[:, ids_BT.shape[1]:].cpu()
+        logits_BNV = torch.stack(gen.logits, dim=1).float().cpu() / temperature
+        logprobs_BN = torch.log_softmax(logits_BNV, dim=-1).gather(-1, new_BN.unsqueeze(-1)).squeeze(-1)
+        check = stop_string_check(first.stop_strings, self.tokenizer)
+        return [_cut(new_BN[i].tolist(), logprobs_BN[i].tolist(), budget, set(stops), check)
+                for i, budget in enumerate(budgets)]
+
+    def _prompt_logprobs(self, job: SampleJob, adapters: list[str] | None) -> list[float | None]:
         """log p(prompt[i] | prompt[:i]) (None first), with the trainer's own forward pass and scoring."""
         device = next(self.base.parameters()).device
         tokens_BT = torch.tensor([job.prompt_ids], device=device)
-        adapters = kwargs["adapter_names"][:1] if kwargs else None
-        logits_BTV, _ = run_model(model, tokens_BT, torch.ones_like(tokens_BT), adapters=adapters)
+        logits_BTV, _ = run_model(self.base, tokens_BT, torch.ones_like(tokens_BT), adapters=adapters,
+                                  images_B=[list(job.images)])
         scored = target_logprobs(logits_BTV[:, :-1], tokens_BT[:, 1:], 1.0)[0].float().cpu().tolist()
         return [None, *scored]
 
-    def _adapter_kwargs(self, adapter: str | None, rows: int) -> dict[str, Any]:
-        if adapter is not None and adapter not in self._slots:
-            raise NotFoundError(f"No adapter named {adapter!r} is loaded; loaded: {sorted(self._slots)}.")
-        if self.peft is None:
-            return {}
-        return {"adapter_names": [self._slots[adapter].slot if adapter else BASE_ADAPTER] * rows}
-
     # -- full-parameter updates ------------------------------------------------------------------------
     def _base_params(self) -> dict[str, torch.nn.Parameter]:
-        """The base model's parameters under their plain Hugging Face names (peft's wrappers taken out)."""
-        return {name.replace(".base_layer", ""): p for name, p in self.base.named_parameters() if "lora_" not in name}
+        """The model's parameters under their Hugging Face names (as it was built: no adapter layers)."""
+        return self._params
 
     def plan_full(self, header: StreamHeader) -> dict[str, torch.Tensor]:
         """Fresh tensors for a full update: every parameter of the model, by name, with its shape."""
@@ -164,81 +215,51 @@ class HFBackend:
 
     # -- adapters --------------------------------------------------------------------------------------
     def plan_adapter(self, name: str, lora_config: dict[str, Any], header: StreamHeader) -> dict[str, torch.Tensor]:
-        """A new slot for adapter ``name`` (shaped by ``lora_config``); the tensors to stream into it."""
-        from peft import LoraConfig, get_peft_model
-
+        """Fresh tensors for adapter ``name`` (shaped by ``lora_config``) to stream into; the one serving goes on."""
         config = lora_settings(lora_config, self.max_lora_rank)
-        if name not in self._slots and len(self._slots) + len(self._filling) >= self.max_adapters:
-            raise BadRequestError(f"Expected at most {self.max_adapters} adapters; unload one first "
-                                  f"(loaded: {sorted(self._slots)}).")
-        if name in self._filling:
-            raise BadRequestError(f"Adapter {name!r} is being updated by another request.")
-        slot = f"slot{next(self._slot_ids)}"
-        try:
-            with self.lock:
-                cfg = LoraConfig(**config, lora_dropout=0.0, task_type="CAUSAL_LM")
-                if self.peft is None:
-                    self.peft = get_peft_model(self.base, cfg, adapter_name=slot).eval()
-                else:
-                    self.peft.add_adapter(slot, cfg)
-        except ValueError as exc:  # peft: no target module matched, and the like
-            raise BadRequestError(f"Could not create adapter {name!r}: {exc}") from exc
-        self._filling[name] = slot
-        params = self._slot_params(slot)
-        try:
-            check_names(header, set(params), f"the adapter's tensors for {config}")
-            for key, spec in header.specs.items():
-                if spec.shape != tuple(params[key].shape) or spec.dtype != params[key].dtype:
-                    raise WeightFormatError(f"Expected {key} as {params[key].dtype} of shape "
-                                            f"{tuple(params[key].shape)}, got {spec.dtype} {spec.shape}.")
-        except WeightFormatError:
-            self.discard_adapter(name)
-            raise
-        # streamed straight into the new slot: no request can use it before apply_adapter
-        return {key: p.data for key, p in params.items()}
+        with self.lock:
+            return self.table.plan(name, config, header)
 
     def apply_adapter(self, name: str, tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Make the filled slot the one ``name`` serves (the old slot goes), under the lock."""
-        slot = self._filling.pop(name)
+        """Make the received tensors the adapter ``name`` serves (replacing the old one), under the lock."""
         with self.lock:
-            old = self._slots.get(name)
-            self._slots[name] = _Slot(slot, version)
-            if old is not None:
-                self._drop_slot(old.slot)
+            self.table.apply(name, tensors, version)
 
     def discard_adapter(self, name: str) -> None:
-        """Drop the slot an unfinished update of ``name`` was filling."""
-        slot = self._filling.pop(name, None)
-        if slot is not None:
-            with self.lock:
-                self._drop_slot(slot)
+        """Forget an unfinished update of ``name``."""
+        with self.lock:
+            self.table.discard(name)
 
     def unload_adapter(self, name: str) -> None:
         """Unload adapter ``name``; ``NotFoundError`` when none is loaded under that name."""
         with self.lock:
-            old = self._slots.pop(name, None)
-            if old is None:
-                raise NotFoundError(f"No adapter named {name!r} is loaded; loaded: {sorted(self._slots)}.")
-            self._drop_slot(old.slot)
-
-    def _drop_slot(self, slot: str) -> None:
-        """Delete a slot (the lock held); without any slot left, the plain model comes back (no peft layers)."""
-        self.peft.delete_adapter(slot)
-        if not self._slots and not self._filling:
-            self.base = self.peft.unload()
-            self.peft = None
+            self.table.unload(name)
 
     def adapters(self) -> dict[str, int]:
         """Loaded adapters and their versions."""
-        return {name: s.version for name, s in self._slots.items()}
-
-    def _slot_params(self, slot: str) -> dict[str, torch.nn.Parameter]:
-        """A slot's parameters under the names peft's state dicts use (the adapter name taken out)."""
-        marker = f".{slot}."
-        return {name.replace(marker, "."): p for name, p in self.peft.named_parameters() if marker in name}
+        return {name: a.version for name, a in self.table.loaded.items()}
 
     def close(self) -> None:
         """Nothing to free beyond the model (garbage-collected)."""
+
+
+def _image_spec(model: Any) -> ImageSpec | None:
+    """What ``model`` takes as images (a Qwen2-VL-style vision config), or None for a text-only model."""
+    config = model.config
+    vision, token_id = getattr(config, "vision_config", None), getattr(config, "image_token_id", None)
+    if vision is None or token_id is None:
+        return None
+    channels = int(getattr(vision, "in_channels", None) or getattr(vision, "in_chans", None) or 3)
+    patch_dim = channels * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    return ImageSpec(patch_dim, int(vision.spatial_merge_size), int(token_id))
+
+
+def _cut(ids: list[int], logprobs: list[float], budget: int, stops: set[int], check: Any) -> Sample:
+    """A row of ``generate``'s output as a sample: at most ``budget`` ids, ending at its first stop id or string."""
+    for k, token in enumerate(ids[:budget]):
+        if token in stops or (check is not None and check(ids[:k + 1])):
+            return Sample(ids[:k + 1], logprobs[:k + 1], "stop")
+    return Sample(ids[:budget], logprobs[:budget], "length")
 
 
 def _owns_storage(t: torch.Tensor) -> bool:

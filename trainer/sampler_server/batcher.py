@@ -3,7 +3,8 @@
 Many episodes ask for their next turn at about the same moment; answering them in ONE decode call is
 what makes a sampler fast (on a CPU and on a GPU alike). :meth:`RequestBatcher.submit` queues a job;
 a drain task waits until arrivals pause (``quiet_s``, at most ``batch_wait_s``), groups the waiting
-jobs by :meth:`~trainer.sampler_server.protocol.SampleJob.batch_key`, and runs each group (at most
+jobs by :meth:`~trainer.sampler_server.protocol.SampleJob.batch_key` (jobs of different adapters together
+when the backend mixes them in one pass), and runs each group (at most
 ``max_batch_rows`` sequences) in a worker thread while new requests keep queueing. The jobs of one
 multi-prompt request (:meth:`RequestBatcher.submit_many`, a client that gathered its turns itself)
 arrive together, so their decode starts without waiting for arrivals to pause.
@@ -102,7 +103,7 @@ class RequestBatcher:
             groups: dict[tuple[object, ...], list[tuple[SampleJob, asyncio.Future[tuple[list[Sample], int]]]]] = {}
             for job, fut in batch:
                 if not fut.done():  # a client that went away cancelled its future
-                    groups.setdefault(job.batch_key(), []).append((job, fut))
+                    groups.setdefault(job.batch_key(self.backend.mixes_adapters), []).append((job, fut))
             for group in groups.values():
                 for part in _split_rows(group, self.max_batch_rows):
                     await self._run(part)
@@ -110,20 +111,22 @@ class RequestBatcher:
     async def _run(self, part: list[tuple[SampleJob, asyncio.Future[tuple[list[Sample], int]]]]) -> None:
         start = time.monotonic()
         try:
-            samples, version = await asyncio.to_thread(self.backend.generate, [job for job, _ in part])
+            outcomes = await asyncio.to_thread(self.backend.generate, [job for job, _ in part])
         except Exception as exc:  # each request of the batch sees the error (a bad adapter name, say)
-            self.stats.errors[type(exc).__name__] = self.stats.errors.get(type(exc).__name__, 0) + 1
-            for _, fut in part:
+            outcomes = [exc] * len(part)
+        if any(not isinstance(o, Exception) for o in outcomes):
+            self.stats.busy_s += time.monotonic() - start
+            self.stats.batches += 1
+        for (_, fut), outcome in zip(part, outcomes):
+            if isinstance(outcome, Exception):
+                self.stats.errors[type(outcome).__name__] = self.stats.errors.get(type(outcome).__name__, 0) + 1
                 if not fut.done():
-                    fut.set_exception(exc)
-            return
-        self.stats.busy_s += time.monotonic() - start
-        self.stats.batches += 1
-        for (_, fut), result in zip(part, samples):
-            self.stats.sequences += len(result)
-            self.stats.tokens += sum(len(s.token_ids) for s in result)
+                    fut.set_exception(outcome)
+                continue
+            self.stats.sequences += len(outcome[0])
+            self.stats.tokens += sum(len(s.token_ids) for s in outcome[0])
             if not fut.done():
-                fut.set_result((result, version))
+                fut.set_result(outcome)
 
 
 def _outcome(fut: asyncio.Future[tuple[list[Sample], int]]) -> tuple[list[Sample], int] | Exception:

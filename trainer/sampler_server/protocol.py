@@ -1,25 +1,30 @@
 """The sampler server's trainer API: what a request may ask (bounded), what a backend answers, and the limits.
 
-A :class:`SampleJob` is one prompt with ``n`` samples; jobs whose :meth:`SampleJob.batch_key` match
-share one batched decode. A backend (:class:`Backend`, implemented in :mod:`.backends`) answers a
-list of such jobs under its weights lock and reports the policy version that sampled them.
+A :class:`SampleJob` is one prompt with ``n`` samples (and, for a vision-language model, the image
+features behind its placeholder ids); jobs whose :meth:`SampleJob.batch_key` match share one batched
+decode. A backend (:class:`Backend`, implemented in :mod:`.backends`) answers a list of such jobs under
+its weights lock: per job its samples and the policy version that drew them, or the error that job met.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainer.sampling.image_wire import features_of, grid_of
 from trainer.sampling.wire import StreamHeader
+from trainer.vision import ImageFeatures
 
 #: hard caps of the wire schema; :class:`ServerLimits` narrows them per server
 MAX_IDS = 1 << 20
 MAX_STOPS = 64
 MAX_NAME_CHARS = 128
 MAX_BATCH_REQUESTS = 4096
+MAX_IMAGES = 64
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,8 @@ class ServerLimits:
     max_lora_rank: int = 256
     max_adapters: int = 8
     max_stop_chars: int = 256
+    max_images: int = 16               # per request
+    max_image_patches: int = 16384     # per request, all its images (a patch: 14x14 px x 2 frames in Qwen2-VL)
 
 
 class BadRequestError(ValueError):
@@ -65,15 +72,18 @@ class SampleJob:
     seed: int | None = None
     adapter: str | None = None
     prompt_logprobs: bool = False  # also score the prompt: log p(prompt[i] | prompt[:i]), None first
+    images: tuple[ImageFeatures, ...] = ()  # behind the prompt's image placeholders, in order
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def batch_key(self) -> tuple[Any, ...]:
-        """Jobs with equal keys run in one decode call; a seeded job runs alone (its own RNG stream)."""
+    def batch_key(self, mix_adapters: bool = False) -> tuple[Any, ...]:
+        """Jobs with equal keys run in one decode call (jobs of different adapters too, when the backend
+        ``mix_adapters``); a seeded job runs alone (its own RNG stream)."""
         solo = id(self) if self.seed is not None else None
-        return (self.temperature, self.top_p, self.top_k, self.stop_ids, self.stop_strings, self.adapter, solo)
+        adapter = None if mix_adapters else self.adapter
+        return (self.temperature, self.top_p, self.top_k, self.stop_ids, self.stop_strings, adapter, solo)
 
 
 @dataclass
@@ -86,18 +96,36 @@ class Sample:
     prompt_logprobs: list[float | None] | None = None  # the job's prompt scored (when it asked), on each sample
 
 
+#: one job's answer from a backend: its samples and the version that drew them, or the error it met
+Outcome = tuple[list[Sample], int] | Exception
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What a vision-language model takes: patch size (values per patch), merge size, the placeholder id."""
+
+    patch_dim: int
+    merge_size: int
+    image_token_id: int
+
+
 class Backend(Protocol):
-    """What the server needs from a sampler: batched generation and versioned, atomic weight updates."""
+    """What the server needs from a sampler: batched generation and versioned, atomic weight updates.
+
+    ``mixes_adapters``: one ``generate`` call may hold jobs of different adapters (and the base).
+    ``images``: what its model takes as images (None: text only)."""
 
     model_name: str
     tokenizer: Any
     version: int
+    mixes_adapters: bool
+    images: ImageSpec | None
 
     def vocab_size(self) -> int: ...
 
     def max_context(self) -> int: ...
 
-    def generate(self, jobs: list[SampleJob]) -> tuple[list[list[Sample]], int]: ...
+    def generate(self, jobs: list[SampleJob]) -> list[Outcome]: ...
 
     def plan_full(self, header: StreamHeader) -> dict[str, torch.Tensor]: ...
 
@@ -133,6 +161,7 @@ class SampleBody(BaseModel):
     seed: int | None = None
     adapter: str | None = Field(None, max_length=MAX_NAME_CHARS)
     prompt_logprobs: bool = False
+    images: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_IMAGES)
 
 
 class SampleBatchBody(BaseModel):
@@ -161,12 +190,44 @@ def check_job(job: SampleJob, limits: ServerLimits, vocab: int, context: int) ->
         raise BadRequestError(f"Expected stop strings of 1 to {limits.max_stop_chars} characters.")
 
 
-def job_of(body: SampleBody) -> SampleJob:
-    """The backend's job for a ``/sample`` body."""
+def job_of(body: SampleBody, limits: ServerLimits | None = None, spec: ImageSpec | None = None,
+           backend_kind: str = "hf") -> SampleJob:
+    """The backend's job for a ``/sample`` body (its images checked against ``limits`` and ``spec``, the server
+    model's image inputs: ``BadRequestError`` for a text-only model or a bad image, before anything is decoded)."""
+    placeholders = spec is not None and spec.image_token_id in body.prompt_ids
+    images = _images(body, limits or ServerLimits(), spec, backend_kind) if body.images or placeholders else ()
     return SampleJob(tuple(body.prompt_ids), body.n, body.max_tokens, body.temperature, body.top_p, body.top_k,
                      None if body.stop_ids is None else tuple(body.stop_ids), tuple(body.stop), body.seed,
-                     body.adapter, body.prompt_logprobs)
+                     body.adapter, body.prompt_logprobs, images)
 
 
-__all__ = ["ServerLimits", "SampleJob", "Sample", "Backend", "SampleBody", "SampleBatchBody", "BadRequestError", "NotFoundError",
-           "check_job", "job_of"]
+def _images(body: SampleBody, limits: ServerLimits, spec: ImageSpec | None,
+            backend_kind: str) -> tuple[ImageFeatures, ...]:
+    if spec is None:
+        why = ("the vLLM backend takes no images; run a vision-language policy's sampler server with --backend hf"
+               if backend_kind == "vllm" else "its model is text-only (start it with a vision-language model)")
+        raise BadRequestError(f"Expected a request without images: this server cannot take them ({why}).")
+    if len(body.images) > limits.max_images:
+        raise BadRequestError(f"Expected at most {limits.max_images} images in a request, got {len(body.images)}.")
+    try:
+        patches = sum(math.prod(grid_of(entry, spec.merge_size)) for entry in body.images)
+    except ValueError as exc:
+        raise BadRequestError(f"Bad image: {exc}") from None
+    if patches > limits.max_image_patches:
+        raise BadRequestError(f"Expected at most {limits.max_image_patches} image patches in a request, got "
+                              f"{patches}.")
+    out = []
+    for i, entry in enumerate(body.images):
+        try:
+            out.append(features_of(entry, patch_dim=spec.patch_dim, merge_size=spec.merge_size, max_patches=patches))
+        except ValueError as exc:
+            raise BadRequestError(f"Bad image {i}: {exc}") from None
+    placeholders, expected = body.prompt_ids.count(spec.image_token_id), sum(f.num_tokens for f in out)
+    if placeholders != expected:
+        raise BadRequestError(f"Expected {expected} image placeholder ids ({spec.image_token_id}) in prompt_ids for "
+                              f"the images' grids, got {placeholders}.")
+    return tuple(out)
+
+
+__all__ = ["ServerLimits", "SampleJob", "Sample", "Backend", "ImageSpec", "Outcome", "SampleBody", "SampleBatchBody",
+           "BadRequestError", "NotFoundError", "check_job", "job_of"]

@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-rows", type=int, default=256, help="sequences per batched decode")
     parser.add_argument("--max-new-tokens", type=int, default=4096, help="the most tokens one request may ask for")
     parser.add_argument("--max-adapters", type=int, default=8, help="LoRA adapters loaded at once")
+    parser.add_argument("--max-image-patches", type=int, default=16384,
+                        help="image patches one request may carry, all its images (a vision-language model; the HF "
+                             "backend: a request's images travel as their pixel patches)")
     parser.add_argument("overrides", nargs="*", metavar="model.key=value", help="model settings, e.g. model.dtype=fp32")
 
 
@@ -86,7 +89,7 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         torch.set_num_threads(args.threads)
     limits = ServerLimits(max_batch_rows=args.max_batch_rows, max_new_tokens=args.max_new_tokens,
-                          max_adapters=args.max_adapters)
+                          max_adapters=args.max_adapters, max_image_patches=args.max_image_patches)
     try:
         backend = make_backend(args.backend, cfg, device=device, served_name=args.served_name,
                                max_adapters=args.max_adapters)

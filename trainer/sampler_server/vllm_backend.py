@@ -21,7 +21,7 @@ import torch
 
 from trainer.model import ModelConfig, load_policy
 from trainer.sampler_server.backends import check_names, lora_settings
-from trainer.sampler_server.protocol import BadRequestError, NotFoundError, Sample, SampleJob
+from trainer.sampler_server.protocol import BadRequestError, ImageSpec, NotFoundError, Outcome, Sample, SampleJob
 from trainer.sampling.types import SamplingConfig
 from trainer.sampling.vllm_engine import VLLMSampler, memory_dir, on_vllm_thread
 from trainer.sampling.wire import StreamHeader, WeightFormatError
@@ -31,7 +31,10 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 
 
 class VLLMBackend:
-    """A vLLM engine behind the server, with named LoRA adapters (``max_adapters`` slots)."""
+    """A vLLM engine behind the server, with named LoRA adapters (``max_adapters`` slots); text only."""
+
+    mixes_adapters = False  # one adapter per generate call (a batch key holds the adapter)
+    images: ImageSpec | None = None
 
     def __init__(self, model_cfg: ModelConfig, *, served_name: str | None = None, max_lora_rank: int = 256,
                  max_adapters: int = 8, max_model_len: int = 4096):
@@ -65,8 +68,8 @@ class VLLMBackend:
         return self._max_context
 
     # -- generation ----------------------------------------------------------------------------------
-    def generate(self, jobs: list[SampleJob]) -> tuple[list[list[Sample]], int]:
-        """One vLLM ``generate`` for ``jobs`` (equal batch keys); their samples and the version that drew them."""
+    def generate(self, jobs: list[SampleJob]) -> list[Outcome]:
+        """One vLLM ``generate`` for ``jobs`` (equal batch keys): each job's samples and the version that drew them."""
         from vllm.inputs import TokensPrompt
 
         adapter = jobs[0].adapter
@@ -81,7 +84,7 @@ class VLLMBackend:
                 scored = [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], job.prompt_ids[1:])]
                 for sample in samples:
                     sample.prompt_logprobs = [None, *scored]
-        return results, version
+        return [(samples, version) for samples in results]
 
     def _params(self, job: SampleJob) -> Any:
         from vllm import SamplingParams

@@ -9,6 +9,7 @@
   :class:`~trainer.sampling.batching.TurnQueue`: until every live episode asked, :meth:`set_demand`)
   and each server gets them in ONE ``POST /sample/batch`` request, which it decodes as one batch;
   a server answering a batch gets the next one once it answered, the others meanwhile go on;
+  a vision-language policy's turns carry their image patches (:mod:`.image_wire`, an HF-backend server);
 - **weights**: ``update_weights`` streams the new weights (:mod:`.wire`; a LoRA run sends only its
   adapter) to every server at once, straight from the parameters, no checkpoint on disk, over each
   server's weight channel (:mod:`.remote_push`); each sample reports the version that drew it;
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.sampling.batching import TurnQueue
+from trainer.sampling.image_wire import image_entry
 from trainer.sampling.pool import (
     EPISODE_SERVER,
     SamplerPool,
@@ -110,13 +112,12 @@ class RemoteSampler:
     # -- rollouts ---------------------------------------------------------------------------------
     async def generate(self, request: GenRequest) -> SampledSequence:
         """One turn, on the episode's server (or the least loaded one), re-sampled elsewhere if that one fails."""
-        if request.images:
-            raise ValueError("Expected text-only requests: sampler servers do not take images yet.")
         if request.max_new_tokens < 1:
             raise ValueError(f"Expected max_new_tokens >= 1, got {request.max_new_tokens}.")
         body = {"prompt_ids": request.prompt_ids, "max_tokens": request.max_new_tokens,
                 "temperature": 0.0 if request.greedy else self.config.temperature, "top_p": self.config.top_p,
-                **({"adapter": self.adapter_name} if self.lora else {})}
+                **({"adapter": self.adapter_name} if self.lora else {}),
+                **({"images": [image_entry(f) for f in request.images]} if request.images else {})}
         lane = self._lane()
         turn = _Turn(body, self.pool.pick(set(), EPISODE_SERVER.get()), asyncio.get_running_loop().create_future())
         turn.server.in_flight += 1
