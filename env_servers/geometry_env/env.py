@@ -7,7 +7,8 @@ Two modes (config ``mode``):
   the feedback ``Current parsed answer=… reward=…``; a wrong non-final attempt costs
   ``wrong_attempt_reward`` (−0.05), the final attempt's reward is its correctness (1 or 0), and
   the episode ends when an answer is right or ``max_attempts`` (3) are used. Episode returns:
-  1.0, 0.95, 0.9 or −0.1.
+  1.0, 0.95, 0.9 or −0.1. On the ``measure`` kind the final answer also reports ``closeness`` (how
+  near the answered length is) and ``closeness_weight`` (0) of it is added to the reward, a shaping signal.
 * ``"single"``: one text turn, reward ``0.9 × accuracy + 0.1 × format`` where the format is
   ``<think>…</think>`` followed by ``\boxed{}`` (for a multiple-choice problem, such as the
   ``figure`` kind: a first word naming one of its choices).
@@ -58,6 +59,10 @@ class GeometryConfig:
     max_turns: int = 12
     accuracy_weight: float = 0.9
     format_weight: float = 0.1
+    # tools mode, the ``measure`` kind: the final reward adds closeness_weight x closeness (how near the
+    # answered length is; a shaping signal for training, reported as a component; accuracy stays the score)
+    closeness_weight: float = 0.0
+    measure_side: str | None = None  # the side every ``measure`` problem asks for ("AB", "BC", "CA"); None: random
     image_size: int = 384
     include_image: bool = True
     data_files: dict[str, str] = field(default_factory=dict)  # split -> exported geometry3k file
@@ -71,6 +76,11 @@ class GeometryConfig:
             raise ValueError(f"Expected mode to be 'tools' or 'single', got {self.mode!r}.")
         if self.max_attempts < 1 or self.max_turns < self.max_attempts:
             raise ValueError(f"Expected 1 <= max_attempts <= max_turns, got {self.max_attempts} and {self.max_turns}.")
+        if self.closeness_weight < 0:
+            raise ValueError(f"Expected closeness_weight >= 0, got {self.closeness_weight}.")
+        if self.measure_side not in (None, *figures.MEASURE_SIDES):
+            raise ValueError(f"Expected measure_side to be None or one of {figures.MEASURE_SIDES}, "
+                             f"got {self.measure_side!r}.")
         if not 64 <= self.image_size <= 2048:
             raise ValueError(f"Expected 64 <= image_size <= 2048 pixels, got {self.image_size}.")
 
@@ -129,8 +139,8 @@ class GeometryEnv(Env):
             return GeometryProblem("custom", statement, answer, kind or "custom", difficulty, split)
         if kind in figures.KINDS:
             if index is not None:
-                return figures.problem_at(index, split=split, kind=kind)
-            return figures.generate(self.rng, split=split, kind=kind)
+                return figures.problem_at(index, split=split, kind=kind, side=self._side(kind))
+            return figures.generate(self.rng, split=split, kind=kind, side=self._side(kind))
         source = self.config.data_dir or self.config.data_files.get(split)
         if kind in problems.KINDS or not (self.config.data_dir or self.config.data_files):
             if index is not None:
@@ -145,6 +155,9 @@ class GeometryEnv(Env):
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(pool):
             raise ValueError(f"Expected index in [0, {len(pool)}) for this split, got {index!r}.")
         return pool[index]
+
+    def _side(self, kind: str) -> str | None:
+        return self.config.measure_side if kind == "measure" else None
 
     def current_problem(self) -> GeometryProblem:
         """The episode's problem; :class:`EpisodeStateError` before the first ``reset``."""
@@ -286,11 +299,12 @@ class GeometryEnv(Env):
         correctness = float(verdict.correct)
         done = verdict.correct or self.attempts >= self.config.max_attempts
         info: dict[str, Any] = {"parsed_answer": verdict.parsed, "correct": verdict.correct, "attempts": self.attempts}
+        reward = self.config.wrong_attempt_reward
         if done:
             info["ground_truth"] = truth
-            info["rewards"] = {"accuracy": correctness}
+            info["rewards"] = self._final_rewards(verdict.parsed, correctness)
+            reward = correctness + self.config.closeness_weight * info["rewards"].get("closeness", 0.0)
             self.done = True
-        reward = correctness if done else self.config.wrong_attempt_reward
         text = f"Current parsed answer={verdict.parsed} reward={correctness:g}"
         if not done:
             text += f" ({self.config.max_attempts - self.attempts} attempt(s) left)"
@@ -298,6 +312,13 @@ class GeometryEnv(Env):
         if truncated:
             info["ground_truth"] = truth
         return StepResult(observation=Observation(text=text), reward=reward, done=done, truncated=truncated, info=info)
+
+    def _final_rewards(self, parsed: str | None, correctness: float) -> dict[str, float]:
+        """The final answer's named components: ``accuracy``, and for the ``measure`` kind ``closeness``."""
+        rewards = {"accuracy": correctness}
+        if self.current_problem().kind == "measure":
+            rewards["closeness"] = figures.closeness(parsed, self.current_problem().answer)
+        return rewards
 
     def state(self) -> dict[str, Any]:
         if self.problem is None:

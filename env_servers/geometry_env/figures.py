@@ -31,6 +31,8 @@ from env_servers.geometry_env.problems import Diagram, GeometryProblem, Point
 FIGURES = {"t": "triangle", "q": "quadrilateral", "c": "circle"}
 FIGURE_STATEMENT = "Figure? t=triangle q=quadrilateral c=circle"
 MEASURE_LENGTHS = tuple(str(n) for n in range(2, 10))  # one digit: chance is 1/8
+MEASURE_SIDES = ("AB", "BC", "CA")
+MEASURE_SPREAD = int(MEASURE_LENGTHS[-1]) - int(MEASURE_LENGTHS[0])
 ANSWERS: dict[str, tuple[str, ...]] = {"figure": tuple(FIGURES), "measure": MEASURE_LENGTHS}
 KINDS = tuple(ANSWERS)
 _MAX_TRIES = 2000
@@ -62,9 +64,10 @@ def _figure(rng: random.Random, answer: str) -> tuple[str, Diagram]:
                                      regions=[tuple(names)])
 
 
-def _measure(rng: random.Random, answer: str) -> tuple[str, Diagram]:
-    """Triangle ABC with the asked side of length ``answer``; the other sides follow from random angles."""
-    side = rng.choice(["AB", "BC", "CA"])
+def _measure(rng: random.Random, answer: str, side: str | None = None) -> tuple[str, Diagram]:
+    """Triangle ABC with the asked ``side`` (None: a random one) of length ``answer``; the other sides follow
+    from random angles."""
+    side = side or rng.choice(MEASURE_SIDES)
     length = float(answer)
     angle_at_start = rng.uniform(35, 110)  # at the side's first vertex
     other = rng.uniform(0.5, 1.6) * length
@@ -78,6 +81,12 @@ def _measure(rng: random.Random, answer: str) -> tuple[str, Diagram]:
 BUILDERS: dict[str, Callable[[random.Random, str], tuple[str, Diagram]]] = {"figure": _figure, "measure": _measure}
 
 
+def _check_side(kind: str, side: str | None) -> None:
+    if side is not None and (kind != "measure" or side not in MEASURE_SIDES):
+        raise ValueError(f"Expected side to be None or, for the measure kind, one of {MEASURE_SIDES}; got "
+                         f"side={side!r} for kind={kind!r}.")
+
+
 def _figure_key(statement: str, diagram: Diagram) -> str:
     """What a problem's split and id hash: the statement and the figure's coordinates."""
     coords = ";".join(f"{n}:{x:.4f},{y:.4f}" for n, (x, y) in sorted(diagram.points.items()))
@@ -86,17 +95,19 @@ def _figure_key(statement: str, diagram: Diagram) -> str:
 
 
 def generate(rng: random.Random, *, split: str = "train", kind: str = "figure",
-             answer: str | None = None) -> GeometryProblem:
-    """A random ``kind`` problem of ``split`` (with the given ``answer``, else a random one of the kind)."""
+             answer: str | None = None, side: str | None = None) -> GeometryProblem:
+    """A random ``kind`` problem of ``split`` (with the given ``answer``, else a random one of the kind);
+    ``side``: the side a ``measure`` problem asks for (None: a random one)."""
     if split not in SPLITS:
         raise ValueError(f"Expected split to be one of {', '.join(SPLITS)}, got {split!r}.")
     if kind not in ANSWERS:
         raise ValueError(f"Expected a diagram-only kind among {', '.join(KINDS)}, got {kind!r}.")
     if answer is not None and answer not in ANSWERS[kind]:
         raise ValueError(f"Expected a {kind} answer among {ANSWERS[kind]}, got {answer!r}.")
+    _check_side(kind, side)
     for _ in range(_MAX_TRIES):
         truth = answer if answer is not None else rng.choice(ANSWERS[kind])
-        statement, diagram = BUILDERS[kind](rng, truth)
+        statement, diagram = _measure(rng, truth, side) if side else BUILDERS[kind](rng, truth)
         key = _figure_key(statement, diagram)
         if split_of(key) == split:
             pid = f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
@@ -105,15 +116,16 @@ def generate(rng: random.Random, *, split: str = "train", kind: str = "figure",
     raise RuntimeError(f"no {split} problem found for kind={kind!r} after {_MAX_TRIES} draws")
 
 
-def problem_at(index: int, *, split: str = "train", kind: str = "figure") -> GeometryProblem:
-    """Problem number ``index`` of a split: deterministic, its answer ``ANSWERS[kind][index % len]``."""
+def problem_at(index: int, *, split: str = "train", kind: str = "figure", side: str | None = None) -> GeometryProblem:
+    """Problem number ``index`` of a split: deterministic, its answer ``ANSWERS[kind][index % len]`` (``side``: as
+    :func:`generate`)."""
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"Expected index to be a non-negative integer, got {index!r}.")
     if kind not in ANSWERS:
         raise ValueError(f"Expected a diagram-only kind among {', '.join(KINDS)}, got {kind!r}.")
     answers = ANSWERS[kind]
     return generate(random.Random(f"geometry-figure/{split}/{kind}/{index}"), split=split, kind=kind,
-                    answer=answers[index % len(answers)])
+                    answer=answers[index % len(answers)], side=side)
 
 
 def choice_of(text: str, choices: tuple[str, ...]) -> str | None:
@@ -132,6 +144,23 @@ def choice_of(text: str, choices: tuple[str, ...]) -> str | None:
     return named.get(first)
 
 
+def closeness(answer: str | None, truth: str) -> float:
+    """How near a ``measure`` answer is to the true length: ``1 - |answer - truth| / MEASURE_SPREAD``, at
+    least 0; 0 for an answer that is not a number. A shaping signal (an answer one off scores 6/7), never
+    the accuracy.
+
+    >>> closeness("5", "5"), closeness("4", "5"), round(closeness(" 9 ", "2"), 3), closeness("five", "5")
+    (1.0, 0.8571428571428572, 0.0, 0.0)
+    """
+    try:
+        value = float((answer or "").strip())
+    except ValueError:
+        return 0.0
+    if not math.isfinite(value):
+        return 0.0
+    return max(0.0, 1.0 - abs(value - float(truth)) / MEASURE_SPREAD)
+
+
 def segment_length(diagram: Diagram, segment: str) -> float:
     """The length of ``segment`` (two point names, e.g. ``"AB"``) on the diagram's coordinates."""
     names = segment.strip().upper().replace("-", "").replace(" ", "")
@@ -142,4 +171,4 @@ def segment_length(diagram: Diagram, segment: str) -> float:
     return math.hypot(x2 - x1, y2 - y1)
 
 
-__all__ = ["ANSWERS", "FIGURES", "KINDS", "generate", "problem_at", "choice_of", "segment_length"]
+__all__ = ["ANSWERS", "FIGURES", "KINDS", "generate", "problem_at", "choice_of", "closeness", "segment_length"]

@@ -82,4 +82,44 @@ def test_tools_mode_measure_then_answer_scores_the_reading() -> None:
         return reading.observation.text, final.reward, final.info
 
     reading, reward, info = asyncio.run(episode())
-    assert reading == figures.ANSWERS["measure"][2] and reward == 1.0 and info["rewards"] == {"accuracy": 1.0}
+    assert reading == figures.ANSWERS["measure"][2] and reward == 1.0
+    assert info["rewards"] == {"accuracy": 1.0, "closeness": 1.0}
+
+
+@pytest.mark.parametrize(("weight", "answer", "reward"), [(0.0, "5", 0.0), (1.0, "5", 6 / 7), (1.0, "x", 0.0),
+                                                          (0.5, "6", 1.5)])
+def test_closeness_shapes_the_reward_by_its_weight_and_accuracy_stays_exact(weight: float, answer: str,
+                                                                            reward: float) -> None:
+    async def episode() -> tuple[float, dict]:
+        runner = EnvRunner(GeometryEnv(mode="tools", instruction="", max_attempts=1, max_turns=2,
+                                       closeness_weight=weight))
+        await runner.reset(split="validation", kind="measure", index=4)  # index 4: length 6
+        final = await runner.step({"text": f"\\boxed{{{answer}}}"})
+        return final.reward, final.info["rewards"]
+
+    got, rewards = asyncio.run(episode())
+    assert got == pytest.approx(reward)
+    assert rewards["accuracy"] == float(answer == "6")
+    assert rewards["closeness"] == pytest.approx(figures.closeness(answer, "6"))
+
+
+def test_closeness_is_one_minus_the_distance_over_the_spread_of_lengths() -> None:
+    assert figures.closeness("6", "6") == 1.0 and figures.closeness("2", "9") == 0.0
+    assert figures.closeness("8", "6") == pytest.approx(5 / 7)
+    assert figures.closeness(None, "6") == 0.0 and figures.closeness("nan", "6") == 0.0
+    with pytest.raises(ValueError, match="closeness_weight"):
+        GeometryEnv(closeness_weight=-1.0)
+
+
+def test_measure_side_fixes_the_asked_side_and_the_ruler_still_reads_it() -> None:
+    env = GeometryEnv(mode="tools", instruction="", max_attempts=1, max_turns=2, measure_side="CA")
+    statements = {env.reset(split="validation", kind="measure", index=i).text for i in range(8)}
+    env.rng = random.Random(0)  # what a runner's reset(seed=...) sets
+    statements |= {env.reset(split="train", kind="measure").text for _ in range(8)}
+    assert statements == {"How long is CA? Reply \\boxed{length}."}
+    assert env.measure("CA").observation.text == env.current_problem().answer
+    assert figures.problem_at(3, split="validation", kind="measure", side="CA").answer == figures.ANSWERS["measure"][3]
+    with pytest.raises(ValueError, match="measure_side"):
+        GeometryEnv(measure_side="AC")
+    with pytest.raises(ValueError, match="for the measure kind"):
+        figures.problem_at(0, kind="figure", side="AB")
