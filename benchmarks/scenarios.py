@@ -67,7 +67,7 @@ SCENARIOS = [
     Scenario("gomoku", "scenario_gomoku.toml", "win rate vs the random opponent (greedy, held-out games)", 0.2,
              lambda cfg, seed, out, smoke: run_gomoku(cfg, seed, out, smoke=smoke)),
     Scenario("gomoku-two-agent", "scenario_gomoku_two_agent.toml",
-             "mean win rate of both agents vs a random player (greedy, held-out games)", 0.2,
+             "weaker agent's win rate vs a random player (greedy, held-out games)", 0.2,
              lambda cfg, seed, out, smoke: run_two_agent(cfg, seed, out, smoke=smoke), command="two-agent",
              policies=2),
 ]

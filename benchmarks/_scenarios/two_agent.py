@@ -2,8 +2,9 @@
 
 Trains from ``examples/configs/scenario_gomoku_two_agent.toml`` (the match env runs in process) after
 an imitation warm-up of each agent on whole games of two scripted random players. The validation curve
-is the two agents' mean win rate against the scripted random player (``eval/win_rate`` of each agent's
-``metrics.jsonl``: greedy, held-out seeds); plotted beside it, each agent's own validation win rate and
+is the weaker agent's win rate against the scripted random player at each validation (the lower of the
+agents' ``eval/win_rate`` in their ``metrics.jsonl``: greedy, held-out seeds), so the scenario meets its
+target only when both agents rise; plotted beside it, each agent's own validation win rate and
 the head-to-head, each agent's win rate in the step's training matches against the other
 (``train/win_rate``): what one agent gains there the other loses.
 """
@@ -68,10 +69,10 @@ def _warm_up(cfg: Any, agents: dict[str, Any], seed: int, *, games: int, steps: 
 
 
 def _result(out: Path, names: list[str], seconds: float) -> RunResult:
-    """The mean of the agents' validation win rates, with each agent's curves beside it."""
+    """The weaker agent's validation win rate at each validation, with each agent's curves beside it."""
     evals = {n: dict(metric_curve(out / n / "metrics.jsonl", "eval/win_rate")) for n in names}
     steps = sorted(set.intersection(*(set(c) for c in evals.values())))
-    curve = [(s, sum(evals[n][s] for n in names) / len(names)) for s in steps]
+    curve = [(s, min(evals[n][s] for n in names)) for s in steps]
     extra: dict[str, list[tuple[int, float]]] = {}
     for n in names:
         extra[f"{n} vs random"] = sorted(evals[n].items())

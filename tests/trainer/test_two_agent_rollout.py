@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from rollout_fakes import ScriptedSampler
 
 from env_servers.gomoku_env import GomokuMatchEnv
 from trainer.recipes.matches import MatchRollout, MatchSpec, by_agent
+from trainer.recipes.setup import in_process_env
+from trainer.recipes.two_agent_config import load_two_agent_config
 from trainer.rollout import EnvPool, RolloutConfig, StopReason
 from trainer.tokenizer import build_tiny_tokenizer
 
@@ -194,3 +197,47 @@ def test_outcome_metrics_count_the_envs_outcome_not_its_end_reasons() -> None:
     assert (m["a/win_rate"], m["a/loss_rate"], m["a/draw_rate"]) == (2 / 5, 1 / 5, 1 / 5)
     assert m["a/episodes"] == 5 and m["a/infra_failures"] == 1
 
+
+
+def cell_player(name: str, moves: dict[str, list[int]]):
+    """A scripted agent for numbered-cell boards: as seat S its n-th reply is ``<move>moves[S][n]</move>``."""
+
+    def respond(prompt: str) -> str:
+        seat = re.findall(r"([XO]) to move\.", prompt)[-1]
+        return f"<move>{moves[seat][prompt.count('<|im_start|>assistant') - 1]}</move>"
+
+    return respond
+
+
+async def test_the_two_agent_scenarios_rewards_land_on_the_agent_whose_move_earned_them(tok) -> None:
+    # The env, reward table and turn limits of examples/configs/scenario_gomoku_two_agent.toml: 3x3 board,
+    # three in a row, numbered cells, +1 per legal move, one invalid move loses.
+    cfg = load_two_agent_config(Path(__file__).resolve().parents[2] / "examples" / "configs"
+                                / "scenario_gomoku_two_agent.toml")
+    # Match 1: alice (X) takes the top row, bob (O) plays 4, 5; match 2: bob (X) plays 5, then alice's cell 1.
+    alice = ScriptedSampler(tok, cell_player("alice", {"X": [1, 2, 3], "O": [1]}))
+    bob = ScriptedSampler(tok, cell_player("bob", {"X": [5, 1], "O": [4, 5]}))
+    players = {"alice": (alice, tok), "bob": (bob, tok)}
+    rollout = MatchRollout(EnvPool(env_cls=in_process_env(cfg.env)), players, cfg.rollout)
+    specs = [MatchSpec("scn-1", {"X": "alice", "O": "bob"}, {"seed": 1}),
+             MatchSpec("scn-2", {"X": "bob", "O": "alice"}, {"seed": 2})]
+    first, second = await rollout.run(specs)
+
+    x, o = first.trajectories["X"], first.trajectories["O"]
+    assert first.winner == "alice" and (x.info["agent"], o.info["agent"]) == ("alice", "bob")
+    assert x.turn_rewards == [1, 1, 10]     # each legal move +1; the winning one earns the win
+    assert o.turn_rewards == [1, 1 - 10]     # bob's two legal moves; the loss lands on his last result
+
+    x, o = second.trajectories["X"], second.trajectories["O"]
+    assert second.winner == "alice" and (x.info["agent"], o.info["agent"]) == ("bob", "alice")
+    assert x.turn_rewards == [1, -20]        # bob's move on alice's stone forfeits: the penalty is his alone
+    assert o.turn_rewards == [1 + 10]        # alice's one legal move, and the win bob's forfeit gave her
+    assert (x.info["outcome"], o.info["outcome"]) == ("loss", "win")
+
+    # Each trajectory holds only the moves its agent's sampler made.
+    trajs = by_agent([first, second])
+    moves = {n: [completions(tok, t).replace(tok.eos_token, "") for t in ts] for n, ts in trajs.items()}
+    assert moves == {"alice": ["<move>1</move><move>2</move><move>3</move>", "<move>1</move>"],
+                     "bob": ["<move>4</move><move>5</move>", "<move>5</move><move>1</move>"]}
+    assert len(alice.requests) == sum(t.num_turns for t in trajs["alice"]) == 4
+    assert len(bob.requests) == sum(t.num_turns for t in trajs["bob"]) == 4
