@@ -13,8 +13,17 @@ another, and with none left the request fails with a message naming each server 
   ``save_weights`` checkpoint never pushed) is pushed first from its CPU copy or its checkpoint.
 - **room**: the servers hold at most ``max_loaded`` adapters (``--sampler-slots``); past them the least
   recently used one that no request in flight uses is unloaded from every server.
+- **batching**: the requests the work queue merged into one batch, and those of later batches while a server
+  is still answering, go to each server as ONE ``POST /sample/batch``
+  (:class:`~trainer.sampling.server_batches.ServerBatches`, as the trainer's rollouts do); requests naming
+  different adapters share it (the server decodes each adapter's rows together). Every adapter a request
+  names is on every server in rotation before the request is sent, so a request moved to another server
+  (its server died mid-batch, failed it, restarted) finds its adapter there too.
 - **concurrency**: requests run on a thread of their own (an asyncio loop), so the work queue's worker goes
   on training while the servers sample; the pushes stay on the worker, in order with the training steps.
+- **weight group**: with ``weight_group="gloo"`` (``--sampler-weight-group gloo``) pushes (LoRA and full)
+  go through a torch.distributed group with each server (:mod:`trainer.sampling.weight_group`); a server that
+  cannot join, or loses it, takes them over its weight channel or as HTTP bodies, with one log line.
 - **joiners**: every ``probe_s`` a background thread sends everything the servers hold (full weights,
   every adapter) to each server out of rotation that answers (one started late, or restarted); it takes
   work only once it holds all of it.
@@ -40,6 +49,7 @@ import torch
 from trainer.core import SampledSequence, SampleResponse, SamplingParams
 from trainer.sampling import remote_push
 from trainer.sampling.pool import Push, SamplerPool
+from trainer.sampling.server_batches import ServerBatches
 
 log = logging.getLogger("envhub.service")
 T = TypeVar("T")
@@ -103,8 +113,11 @@ class RemoteSampling:
     """The sampler servers at ``urls`` and the adapters the service keeps on them (see the module docstring)."""
 
     def __init__(self, urls: Sequence[str], *, token: str | None = None, max_loaded: int = 4,
-                 probe_s: float = 2.0, request_timeout_s: float = 600.0):
-        self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning)
+                 probe_s: float = 2.0, request_timeout_s: float = 600.0, weight_group: str = "off"):
+        self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning,
+                                weight_group=weight_group)
+        # the work queue gathered the requests already: a batch waits for nothing more (the default demand)
+        self.batches = ServerBatches(self.pool)
         self.max_loaded = max_loaded
         self._adapters: OrderedDict[str, tuple[str, Push]] = OrderedDict()  # name -> (run id, push), LRU first
         self._full: Push | None = None
@@ -191,15 +204,21 @@ class RemoteSampling:
             for r in requests:
                 if r.adapter is not None:
                     self._busy[r.adapter] = self._busy.get(r.adapter, 0) + 1
-        futures = []
-        for r in requests:
-            future = asyncio.run_coroutine_threadsafe(self._request(r, convert), self._loop)
+        futures: list[concurrent.futures.Future[T]] = [concurrent.futures.Future() for _ in requests]
+        for r, future in zip(requests, futures):
             future.add_done_callback(functools.partial(self._done, r.adapter))
-            futures.append(future)
+        # queued in one callback on the loop, so all of them wait for their servers together
+        self._loop.call_soon_threadsafe(self._start, requests, convert, futures)
         return futures
 
+    def _start(self, requests: list[RemoteRequest], convert: Callable[[SampleResponse], T],
+               futures: list[concurrent.futures.Future[T]]) -> None:
+        for r, future in zip(requests, futures):
+            task = self._loop.create_task(self._request(r, convert))
+            task.add_done_callback(functools.partial(_copy_outcome, future))
+
     async def _request(self, request: RemoteRequest, convert: Callable[[SampleResponse], T]) -> T:
-        _, data = await self.pool.request(request.body)
+        data, _ = await self.batches.request(request.body)
         return convert(response_of(data))
 
     def _done(self, adapter: str | None, _: object) -> None:
@@ -210,11 +229,14 @@ class RemoteSampling:
                     self._busy[adapter] = left
 
     def stats(self) -> dict[str, Any]:
-        """For ``service_stats``: each server's state, the adapters held."""
+        """For ``service_stats``: each server's state, the adapters held, the ``/sample/batch`` requests sent and
+        the requests they carried, how pushes travel."""
         return {"servers": {s.url: {"in_rotation": s.in_rotation, "in_flight": s.in_flight,
+                                    "weight_group": s.group is not None,
                                     **({} if s.in_rotation else {"last_error": s.last_error})}
                             for s in self.pool.servers.values()},
-                "adapters": {name: push.version for name, (_, push) in list(self._adapters.items())}}
+                "adapters": {name: push.version for name, (_, push) in list(self._adapters.items())},
+                "batches_sent": self.batches.posts, "requests_sent": self.batches.bodies}
 
     def close(self) -> None:
         """Stop the prober and the requests' loop (requests still on the servers are not answered), close the
@@ -225,3 +247,13 @@ class RemoteSampling:
         self._loop_thread.join(timeout=10)
         self.pool.close()
         self._loop.close()
+
+
+def _copy_outcome(future: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
+    """``task``'s result, error or cancellation onto the caller's ``future``."""
+    if task.cancelled():
+        future.cancel()
+    elif (exc := task.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())

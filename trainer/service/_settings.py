@@ -35,6 +35,7 @@ class ServiceSettings:
     sampler_slots: int = 4  # sampler adapters loaded at once (LRU swapped past them), here or on the servers
     sampler_servers: tuple[str, ...] = ()  # envhub-train sampler servers that sample instead of this process
     sampler_token: str | None = None  # their bearer token
+    sampler_weight_group: str = "off"  # "gloo": pushes to the servers go through a torch.distributed group
     # -- limits ----------------------------------------------------------------------------------------
     max_batch_tokens: int = 32768  # tokens in one forward_backward
     max_batch_datums: int = 1024  # datums in one forward_backward
@@ -74,6 +75,11 @@ class ServiceSettings:
         bad_urls = [u for u in self.sampler_servers if not u.startswith(("http://", "https://"))]
         if bad_urls:
             raise ValueError(f"Expected --sampler-servers URLs like http://host:8100, got {bad_urls}.")
+        if self.sampler_weight_group not in ("off", "gloo"):
+            raise ValueError(f"Expected --sampler-weight-group off or gloo, got {self.sampler_weight_group!r}.")
+        if self.sampler_weight_group != "off" and not self.sampler_servers:
+            raise ValueError("Expected --sampler-servers with --sampler-weight-group: the group carries pushes to "
+                             "sampler servers.")
         if self.sampler_servers and self.sampler != "hf":
             raise ValueError("Expected no --sampler vllm with --sampler-servers: the servers sample (start them with "
                              "`envhub-train sampler --backend vllm`), this process only trains.")
