@@ -243,6 +243,12 @@ class RemoteSampling:
         connections."""
         self._stop.set()
         self._prober.join(timeout=10)
+        # the loop's connections close on the loop itself (close() may run inside another loop: the app's shutdown)
+        closing = asyncio.run_coroutine_threadsafe(self.batches.close_loop(), self._loop)
+        try:
+            closing.result(timeout=10)
+        except Exception:  # shutting down: the connections go with the process
+            log.debug("closing the sampler servers' connections failed", exc_info=True)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=10)
         self.pool.close()
