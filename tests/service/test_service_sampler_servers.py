@@ -7,7 +7,8 @@ takes work, and with every server gone a request fails with a message naming the
 a full-parameter run's samplers read its pushed full weights; concurrent requests of two tenants reach the
 servers as a few ``/sample/batch`` requests, each answered from its own tenant's adapter; with
 ``--sampler-weight-group gloo`` the pushes (LoRA and full) go through torch.distributed groups, and a server
-that cannot join one gets them over its weight channel, with one log line.
+that cannot join one gets them over its weight channel, with one log line; a server added to
+``--sampler-servers-file`` while the service runs joins with the adapters and takes work.
 """
 
 from __future__ import annotations
@@ -213,3 +214,37 @@ def test_pushes_go_through_the_weight_group_or_over_the_channel(serve_training, 
     finally:
         grouped.stop()
         refusing.stop()
+
+
+def test_a_server_added_to_the_servers_file_joins_the_running_service(serve_training, sdk, tmp_path, caplog):
+    first = ServerProcess(tmp_path, *TINY)
+    listed = tmp_path / "sampler-servers.txt"
+    listed.write_text(f"# the service's sampler servers\n{first.url}\n")
+    late = None
+    try:
+        service = serve_training(sampler_servers_file=listed)
+        sc = sdk(service.url)
+        tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
+        train(tc, 2)
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        expected = forward_logprobs(tc)
+        assert prompt_logprobs(sampler) == pytest.approx(expected, abs=1e-4)
+
+        late = ServerProcess(tmp_path, *TINY)
+        with caplog.at_level(logging.WARNING, logger="envhub.service"):
+            listed.write_text(listed.read_text() + f"not-a-url\n{late.url}\n")
+            deadline = time.monotonic() + 60
+            while not stats(service)["servers"].get(late.url, {}).get("in_rotation") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(2.5)  # one more pass of the prober: the bad line is not logged again
+        assert stats(service)["servers"][late.url]["in_rotation"]
+        assert len(health(late)["adapters"]) == 1  # caught up before it took work
+        assert len([r for r in caplog.records if "not-a-url" in r.getMessage()]) == 1
+
+        first.kill()  # the joiner answers alone, from the tenant's adapter
+        assert prompt_logprobs(sampler) == pytest.approx(expected, abs=1e-4)
+        assert late.metric("requests_total") > 0
+    finally:
+        for server in (first, late):
+            if server is not None:
+                server.stop()

@@ -220,7 +220,9 @@ class SamplerPool:
     # -- weights ----------------------------------------------------------------------------------
     def add_server(self, url: str) -> None:
         """Take ``url`` into the pool: it joins the rotation once it took the weights (next push or rejoin)."""
-        self.servers.setdefault(url.rstrip("/"), ServerSlot(url.rstrip("/")))
+        url = url.rstrip("/")
+        if url not in self.servers:  # a new dict: other threads may be iterating the old one
+            self.servers = {**self.servers, url: ServerSlot(url)}
 
     def push(self, push: Push, catch_up: Sequence[Push] | None = None) -> None:
         """Send ``push`` to every server in rotation, ``catch_up`` (default: ``[push]``) to every other one that

@@ -26,7 +26,8 @@ another, and with none left the request fails with a message naming each server 
   cannot join, or loses it, takes them over its weight channel or as HTTP bodies, with one log line.
 - **joiners**: every ``probe_s`` a background thread sends everything the servers hold (full weights,
   every adapter) to each server out of rotation that answers (one started late, or restarted); it takes
-  work only once it holds all of it.
+  work only once it holds all of it. The same thread re-reads ``servers_file`` (``--sampler-servers-file``)
+  and takes in the servers added to it, which join the same way.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from trainer.core import SampledSequence, SampleResponse, SamplingParams
 from trainer.sampling import remote_push
 from trainer.sampling.pool import Push, SamplerPool
 from trainer.sampling.server_batches import ServerBatches
+from trainer.service._settings import read_server_list
 
 log = logging.getLogger("envhub.service")
 T = TypeVar("T")
@@ -113,7 +115,10 @@ class RemoteSampling:
     """The sampler servers at ``urls`` and the adapters the service keeps on them (see the module docstring)."""
 
     def __init__(self, urls: Sequence[str], *, token: str | None = None, max_loaded: int = 4,
-                 probe_s: float = 2.0, request_timeout_s: float = 600.0, weight_group: str = "off"):
+                 probe_s: float = 2.0, request_timeout_s: float = 600.0, weight_group: str = "off",
+                 servers_file: Path | None = None):
+        self.servers_file = servers_file
+        self._problems: set[str] = set()  # of servers_file (bad lines, unreadable), each logged once
         self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning,
                                 weight_group=weight_group)
         # the work queue gathered the requests already: a batch waits for nothing more (the default demand)
@@ -187,6 +192,7 @@ class RemoteSampling:
 
     def _probe(self, period_s: float) -> None:
         while not self._stop.wait(period_s):
+            self._read_servers_file()
             if all(s.in_rotation for s in self.pool.servers.values()):
                 continue
             try:
@@ -194,6 +200,24 @@ class RemoteSampling:
                     self.pool.rejoin(self._everything())
             except Exception:  # the prober must outlive one bad pass
                 log.exception("catching sampler servers up failed")
+
+    def _read_servers_file(self) -> None:
+        """Take the servers ``servers_file`` lists now that the pool lacks (they join once caught up)."""
+        if self.servers_file is None:
+            return
+        try:
+            urls, bad = read_server_list(self.servers_file)
+            problems = {f"{line!r} is no URL like http://host:8100" for line in bad}
+        except OSError as exc:  # being rewritten, or removed: the servers taken in stay
+            urls, problems = [], {f"unreadable ({exc})"}
+        for problem in problems - self._problems:
+            log.warning("sampler servers file %s: %s; skipped", self.servers_file, problem)
+        self._problems = problems
+        for url in urls:
+            if url not in self.pool.servers:
+                log.warning("sampler server %s added (from %s); it takes work once it took the weights", url,
+                            self.servers_file)
+                self.pool.add_server(url)
 
     # -- requests ------------------------------------------------------------------------------------
     def dispatch(self, requests: list[RemoteRequest],
