@@ -10,7 +10,8 @@ Both clients of sampler servers send their ``/sample`` bodies through :class:`Se
 - **one request per server**: each server with bodies waiting and no batch in flight gets them all (at most
   ``max_batch_size``) in one ``POST /sample/batch`` (:meth:`~trainer.sampling.pool.SamplerPool.request_batch`),
   which it decodes together (bodies naming different adapters too: the server groups them); a server
-  answering a batch gets the next one once it answered, the others meanwhile go on;
+  answering a batch gets the next one once it answered, the others meanwhile go on (with ``overlap``,
+  for callers that do not gather, at once: the server's queue merges it into its next decode);
 - **faults**: a body the server failed (it died mid-batch, lost an adapter, restarted) goes back in the
   queue for another server in rotation (the failing server leaves the rotation, :mod:`.pool`); a full
   queue (503) is retried there; a body the server refused (4xx) fails alone; with no server left, the
@@ -50,12 +51,13 @@ class _Lane:
     def __init__(self, config: SamplingConfig, demand: Callable[[], int]):
         self.queue: TurnQueue[_Queued] = TurnQueue(config)
         self.queue.demand = demand
-        self.running: dict[str, list[_Queued]] = {}  # server url -> its batch in flight
-        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.running: dict[int, tuple[str, list[_Queued]]] = {}  # batch number -> its server's url, its bodies
+        self.tasks: dict[int, asyncio.Task[None]] = {}
         self.worker: asyncio.Task[None] | None = None
+        self.numbered = 0
 
     def busy(self) -> int:
-        return sum(len(items) for items in self.running.values())
+        return sum(len(items) for _, items in self.running.values())
 
 
 class ServerBatches:
@@ -63,10 +65,13 @@ class ServerBatches:
 
     ``config`` gives ``max_batch_size`` (bodies in one request) and ``batch_wait_s`` (the longest a body
     waits for the other live callers, :meth:`set_demand`; with the default demand of 1 none waits).
+    ``overlap``: a server answering a batch gets the bodies that arrive meanwhile at once, as another batch
+    (its own queue merges them into its next decode), instead of once it answered; for callers that do not
+    gather (no :meth:`set_demand`), whose bodies would otherwise wait out a whole decode here.
     """
 
-    def __init__(self, pool: SamplerPool, config: SamplingConfig | None = None):
-        self.pool, self.config = pool, config or SamplingConfig()
+    def __init__(self, pool: SamplerPool, config: SamplingConfig | None = None, *, overlap: bool = False):
+        self.pool, self.config, self.overlap = pool, config or SamplingConfig(), overlap
         self.posts = 0  # /sample/batch requests sent
         self.bodies = 0  # bodies they carried (a body sent again counts again)
         self._lanes: dict[asyncio.AbstractEventLoop, _Lane] = {}
@@ -115,9 +120,11 @@ class ServerBatches:
                 await asyncio.wait(list(lane.tasks.values()), return_when=asyncio.FIRST_COMPLETED)
 
     def _dispatch(self, lane: _Lane) -> bool:
-        """Start one request per server that has bodies waiting and no batch in flight; whether any started."""
+        """Start one request per server that has bodies waiting and no batch in flight (with ``overlap``: any server
+        with bodies waiting); whether any started."""
         ready: dict[str, list[_Queued]] = {}
         waiting = []
+        answering = set() if self.overlap else {url for url, _ in lane.running.values()}
         for item in lane.queue.items:
             if item.future.done():  # its caller was cancelled
                 item.server.in_flight -= 1
@@ -125,17 +132,19 @@ class ServerBatches:
             if not item.server.in_rotation and not self._reroute(item):
                 continue
             url = item.server.url
-            if url in lane.running or len(ready.get(url, ())) >= self.config.max_batch_size:
+            if url in answering or len(ready.get(url, ())) >= self.config.max_batch_size:
                 waiting.append(item)
             else:
                 ready.setdefault(url, []).append(item)
         lane.queue.items = waiting
         for url, items in ready.items():
-            lane.running[url] = items
-            lane.tasks[url] = asyncio.create_task(self._post(lane, self.pool.servers[url], items))
+            lane.numbered += 1
+            lane.running[lane.numbered] = (url, items)
+            lane.tasks[lane.numbered] = asyncio.create_task(self._post(lane, lane.numbered, self.pool.servers[url],
+                                                                       items))
         return bool(ready)
 
-    async def _post(self, lane: _Lane, server: ServerSlot, items: list[_Queued]) -> None:
+    async def _post(self, lane: _Lane, number: int, server: ServerSlot, items: list[_Queued]) -> None:
         """Send ``items`` to ``server`` in one request and settle each; the ones to send again are queued again."""
         self.posts += 1
         self.bodies += len(items)
@@ -154,8 +163,8 @@ class ServerBatches:
             for item in items:
                 self._settle(item, exc=exc)
         finally:
-            del lane.running[server.url]
-            del lane.tasks[server.url]
+            del lane.running[number]
+            del lane.tasks[number]
             if lane.queue.items:
                 self._wake(lane)
 

@@ -13,10 +13,11 @@ another, and with none left the request fails with a message naming each server 
   ``save_weights`` checkpoint never pushed) is pushed first from its CPU copy or its checkpoint.
 - **room**: the servers hold at most ``max_loaded`` adapters (``--sampler-slots``); past them the least
   recently used one that no request in flight uses is unloaded from every server.
-- **batching**: the requests the work queue merged into one batch, and those of later batches while a server
-  is still answering, go to each server as ONE ``POST /sample/batch``
-  (:class:`~trainer.sampling.server_batches.ServerBatches`, as the trainer's rollouts do); requests naming
-  different adapters share it (the server decodes each adapter's rows together). Every adapter a request
+- **batching**: the requests the work queue merged into one batch go to each server as ONE
+  ``POST /sample/batch`` (:class:`~trainer.sampling.server_batches.ServerBatches`, as the trainer's rollouts
+  do); requests naming different adapters share it (the server decodes each adapter's rows together). A
+  later batch goes at once, even to a server still decoding (``overlap``): the server's queue merges it
+  into its next decode. Every adapter a request
   names is on every server in rotation before the request is sent, so a request moved to another server
   (its server died mid-batch, failed it, restarted) finds its adapter there too.
 - **concurrency**: requests run on a thread of their own (an asyncio loop), so the work queue's worker goes
@@ -121,8 +122,9 @@ class RemoteSampling:
         self._problems: set[str] = set()  # of servers_file (bad lines, unreadable), each logged once
         self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning,
                                 weight_group=weight_group)
-        # the work queue gathered the requests already: a batch waits for nothing more (the default demand)
-        self.batches = ServerBatches(self.pool)
+        # the work queue gathered the requests already: a batch waits for nothing more (the default demand), and
+        # those that arrive while a server decodes go to it at once, to join its next decode
+        self.batches = ServerBatches(self.pool, overlap=True)
         self.max_loaded = max_loaded
         self._adapters: OrderedDict[str, tuple[str, Push]] = OrderedDict()  # name -> (run id, push), LRU first
         self._full: Push | None = None
