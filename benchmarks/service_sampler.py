@@ -6,10 +6,11 @@
 Two servers on the same tiny model (a shape vLLM's CPU kernels take: hidden 64 in 2 heads), one torch
 thread each, driven by the official ``tinker`` SDK. A round is what a GRPO step asks of the sampler:
 ``save_weights_and_get_sampling_client`` then 16 prompts x 8 samples of ``--tokens`` tokens
-(temperature 1, no stop). With ``--lora`` the run is a rank-8 LoRA tenant (the snapshot is an adapter
-registered in vLLM), else a full-parameter run (its weights synced into the engine in memory). Each
-round is preceded by one optimizer step, so each sampler has new weights to pick up. Prints the
-median seconds per round of each and the ratio hf / vllm. Run it from ``.venv-vllm``.
+(temperature 1, no stop; seeded by the round unless ``--unseeded``). With ``--lora`` the run is a rank-8
+LoRA tenant (the snapshot is an adapter registered in vLLM), else a full-parameter run (its weights
+synced into the engine in memory). Each round is preceded by one optimizer step, so each sampler has
+new weights to pick up. Prints the median seconds per round of each and the ratio hf / vllm. Run it
+from ``.venv-vllm``.
 
 ``--sampler-servers K`` also runs the service with ``--sampler-servers`` on K ``envhub-train sampler``
 processes (HF backend, one torch thread each, like the service): a round then includes pushing the
@@ -68,14 +69,16 @@ def sampler_servers(count: int, workdir: Path) -> Iterator[list[str]]:
             proc.wait(30)
 
 
-def rounds(sampler: str, lora: bool, n_rounds: int, tokens: int, workdir: Path, servers: int = 0) -> list[float]:
+def rounds(sampler: str, lora: bool, n_rounds: int, tokens: int, workdir: Path, servers: int = 0,
+           seeded: bool = True) -> list[float]:
     with contextlib.ExitStack() as stack:
         urls = stack.enter_context(sampler_servers(servers, workdir)) if servers else []
         extra = ["--sampler-servers", ",".join(urls)] if urls else []
-        return _rounds(sampler, lora, n_rounds, tokens, workdir, extra)
+        return _rounds(sampler, lora, n_rounds, tokens, workdir, extra, seeded)
 
 
-def _rounds(sampler: str, lora: bool, n_rounds: int, tokens: int, workdir: Path, extra: list[str]) -> list[float]:
+def _rounds(sampler: str, lora: bool, n_rounds: int, tokens: int, workdir: Path, extra: list[str],
+            seeded: bool) -> list[float]:
     import tinker
     from tinker import types
 
@@ -94,7 +97,8 @@ def _rounds(sampler: str, lora: bool, n_rounds: int, tokens: int, workdir: Path,
             tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
             start = time.perf_counter()
             sampler_client = tc.save_weights_and_get_sampling_client().result()
-            params = types.SamplingParams(max_tokens=tokens, temperature=1.0, stop=[], seed=r)
+            params = types.SamplingParams(max_tokens=tokens, temperature=1.0, stop=[],
+                                           seed=r if seeded else None)
             futures = [sampler_client.sample(types.ModelInput.from_ints([10 + p, 20 + r, 30]), GROUP, params)
                        for p in range(PROMPTS)]
             for f in futures:
@@ -112,6 +116,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--lora", action="store_true", help="a rank-8 LoRA run instead of full-parameter training")
     p.add_argument("--sampler-servers", type=int, default=0, metavar="K",
                    help="also run the service with --sampler-servers on K HF sampler server processes")
+    p.add_argument("--unseeded", action="store_true",
+                   help="sample without seeds (a seeded request decodes alone, here and on a server; unseeded ones "
+                        "with equal settings share a decode)")
     p.add_argument("--no-vllm", action="store_true", help="skip the --sampler vllm run")
     p.add_argument("--smoke", action="store_true",
                    help="tiny sizes, seconds: checks that the script still runs (CI does this; HF only without vLLM)")
@@ -126,11 +133,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         med: dict[str, float] = {}
         for sampler in samplers:
-            times = rounds(sampler, args.lora, args.rounds, args.tokens, Path(tmp))
+            times = rounds(sampler, args.lora, args.rounds, args.tokens, Path(tmp), seeded=not args.unseeded)
             med[sampler] = statistics.median(times)
             print(f"  --sampler {sampler:4s} {med[sampler]:8.3f} s/round   runs: {', '.join(f'{x:.3f}' for x in times)}")
         if args.sampler_servers:
-            times = rounds("hf", args.lora, args.rounds, args.tokens, Path(tmp), servers=args.sampler_servers)
+            times = rounds("hf", args.lora, args.rounds, args.tokens, Path(tmp), servers=args.sampler_servers,
+                           seeded=not args.unseeded)
             med["servers"] = statistics.median(times)
             print(f"  --sampler-servers x{args.sampler_servers} {med['servers']:8.3f} s/round   runs: "
                   f"{', '.join(f'{x:.3f}' for x in times)}")

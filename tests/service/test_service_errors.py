@@ -220,3 +220,24 @@ def test_queued_forward_backward_of_several_tenants_share_one_pass(serve_trainin
     norms = [r.optim_step(types.AdamParams(learning_rate=0.0)).result().metrics["grad_norm:mean"] for r in runs]
     assert norms[0] == pytest.approx(norms[2], rel=1e-4) and norms[1] == pytest.approx(norms[3], rel=1e-4)
     assert norms[0] > 0 and norms[1] > 0
+
+
+def test_sampler_server_settings_read_the_servers_file_and_refuse_bad_input(tmp_path):
+    from trainer.service import ServiceSettings
+
+    listed = tmp_path / "servers.txt"
+    listed.write_text("# sampler servers\nhttp://h:1/\n\nhttp://h:2  # the second\n")
+    settings = ServiceSettings(state_dir=tmp_path, sampler_servers=("http://h:1",), sampler_servers_file=listed)
+    assert settings.sampler_servers == ("http://h:1", "http://h:2")
+    listed.write_text("h:3\n")
+    with pytest.raises(ValueError, match=r"Expected URLs like http://host:8100 in .*servers.txt, got \['h:3'\]"):
+        ServiceSettings(state_dir=tmp_path, sampler_servers_file=listed)
+    listed.write_text("# none yet\n")
+    with pytest.raises(ValueError, match="at least one sampler server URL"):
+        ServiceSettings(state_dir=tmp_path, sampler_servers_file=listed)
+    with pytest.raises(ValueError, match="readable file"):
+        ServiceSettings(state_dir=tmp_path, sampler_servers_file=tmp_path / "missing.txt")
+    with pytest.raises(ValueError, match="Expected --sampler-servers with --sampler-weight-group"):
+        ServiceSettings(state_dir=tmp_path, sampler_weight_group="gloo")
+    with pytest.raises(ValueError, match="off or gloo"):
+        ServiceSettings(state_dir=tmp_path, sampler_servers=("http://h:1",), sampler_weight_group="nccl")

@@ -10,8 +10,8 @@ saved, ``trainer.service._remote``).
   rotation with a log line and the request goes to another; with none left, :class:`SamplerServersDownError`
   names each server's last error. A 4xx is the caller's bug: :class:`SamplerRequestError`.
   :meth:`SamplerPool.request_batch` posts many bodies to one server in one ``/sample/batch`` request and
-  answers each (or says which to send again: the caller, which gathered them, re-routes them with
-  :meth:`SamplerPool.pick`).
+  answers each (or says which to send again); :class:`~.server_batches.ServerBatches` gathers the bodies
+  per server and re-routes those with :meth:`SamplerPool.pick`.
 - **weights**: :meth:`SamplerPool.push` streams one :class:`~.remote_push.Push` (:mod:`.wire`, no checkpoint
   on disk; over the server's weight channel when ``/health`` names one, else as an HTTP body) to every
   server in rotation at once; a server out of rotation that answers ``/health`` is sent everything
@@ -138,10 +138,11 @@ class SamplerPool:
         except httpx.HTTPError:
             return False
 
-    async def request_batch(self, server: ServerSlot, bodies: list[dict[str, Any]], *,
-                            adapter: bool) -> list[dict[str, Any] | SamplerRequestError | None]:
+    async def request_batch(self, server: ServerSlot,
+                            bodies: list[dict[str, Any]]) -> list[dict[str, Any] | SamplerRequestError | None]:
         """``POST /sample/batch`` of ``bodies`` on ``server``: per body its answer, its refusal (a 4xx), or None
-        to send it again (the server failed it and left the rotation, or its queue was full: a short wait)."""
+        to send it again (the server failed it and left the rotation, or its queue was full: a short wait). A 404
+        for a body naming an adapter means the server lost it: a server failure, as in :meth:`request`."""
         client = self._client()
         for attempt in (1, 2):
             try:
@@ -155,13 +156,13 @@ class SamplerPool:
             self.drop(server, f"HTTP 404: {reason(resp)}", set())
             return [None] * len(bodies)
         try:
-            data = self._answer(server, resp, set(), adapter=adapter)
+            data = self._answer(server, resp, set(), adapter=False)  # a 404 of the whole request was handled above
         except SamplerRequestError as exc:
             return [exc] * len(bodies)
         if data is None:
             await asyncio.sleep(RETRY_FULL_QUEUE_S if resp.status_code == 503 else 0)
             return [None] * len(bodies)
-        out = [self._entry(server, entry, adapter=adapter) for entry in data["results"]]
+        out = [self._entry(server, entry, adapter="adapter" in body) for body, entry in zip(bodies, data["results"])]
         if any(e is None for e in out) and server.in_rotation:  # some found its queue full
             await asyncio.sleep(RETRY_FULL_QUEUE_S)
         return out
@@ -224,7 +225,9 @@ class SamplerPool:
     # -- weights ----------------------------------------------------------------------------------
     def add_server(self, url: str) -> None:
         """Take ``url`` into the pool: it joins the rotation once it took the weights (next push or rejoin)."""
-        self.servers.setdefault(url.rstrip("/"), ServerSlot(url.rstrip("/")))
+        url = url.rstrip("/")
+        if url not in self.servers:  # a new dict: other threads may be iterating the old one
+            self.servers = {**self.servers, url: ServerSlot(url)}
 
     def push(self, push: Push, catch_up: Sequence[Push] | None = None) -> None:
         """Send ``push`` to every server in rotation, ``catch_up`` (default: ``[push]``) to every other one that

@@ -68,7 +68,9 @@ class Ops:
                                max_queued_bytes=settings.max_queued_bytes)
         self.samplers = SamplerCache(host, max_loaded=settings.sampler_slots)
         self.remote = (RemoteSampling(settings.sampler_servers, token=settings.sampler_token,
-                                      max_loaded=settings.sampler_slots) if settings.sampler_servers else None)
+                                      max_loaded=settings.sampler_slots, weight_group=settings.sampler_weight_group,
+                                      servers_file=settings.sampler_servers_file)
+                       if settings.sampler_servers else None)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
         self._owners: OrderedDict[str, str] = OrderedDict()  # session id -> owner (see _session_owner)
         vocab_size = vocab_size_of(host.base)

@@ -13,11 +13,22 @@ another, and with none left the request fails with a message naming each server 
   ``save_weights`` checkpoint never pushed) is pushed first from its CPU copy or its checkpoint.
 - **room**: the servers hold at most ``max_loaded`` adapters (``--sampler-slots``); past them the least
   recently used one that no request in flight uses is unloaded from every server.
+- **batching**: the requests the work queue merged into one batch go to each server as ONE
+  ``POST /sample/batch`` (:class:`~trainer.sampling.server_batches.ServerBatches`, as the trainer's rollouts
+  do); requests naming different adapters share it (the server decodes each adapter's rows together). A
+  later batch goes at once, even to a server still decoding (``overlap``): the server's queue merges it
+  into its next decode. Every adapter a request
+  names is on every server in rotation before the request is sent, so a request moved to another server
+  (its server died mid-batch, failed it, restarted) finds its adapter there too.
 - **concurrency**: requests run on a thread of their own (an asyncio loop), so the work queue's worker goes
   on training while the servers sample; the pushes stay on the worker, in order with the training steps.
+- **weight group**: with ``weight_group="gloo"`` (``--sampler-weight-group gloo``) pushes (LoRA and full)
+  go through a torch.distributed group with each server (:mod:`trainer.sampling.weight_group`); a server that
+  cannot join, or loses it, takes them over its weight channel or as HTTP bodies, with one log line.
 - **joiners**: every ``probe_s`` a background thread sends everything the servers hold (full weights,
   every adapter) to each server out of rotation that answers (one started late, or restarted); it takes
-  work only once it holds all of it.
+  work only once it holds all of it. The same thread re-reads ``servers_file`` (``--sampler-servers-file``)
+  and takes in the servers added to it, which join the same way.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ import torch
 from trainer.core import SampledSequence, SampleResponse, SamplingParams
 from trainer.sampling import remote_push
 from trainer.sampling.pool import Push, SamplerPool
+from trainer.sampling.server_batches import ServerBatches
+from trainer.service._settings import read_server_list
 
 log = logging.getLogger("envhub.service")
 T = TypeVar("T")
@@ -103,8 +116,15 @@ class RemoteSampling:
     """The sampler servers at ``urls`` and the adapters the service keeps on them (see the module docstring)."""
 
     def __init__(self, urls: Sequence[str], *, token: str | None = None, max_loaded: int = 4,
-                 probe_s: float = 2.0, request_timeout_s: float = 600.0):
-        self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning)
+                 probe_s: float = 2.0, request_timeout_s: float = 600.0, weight_group: str = "off",
+                 servers_file: Path | None = None):
+        self.servers_file = servers_file
+        self._problems: set[str] = set()  # of servers_file (bad lines, unreadable), each logged once
+        self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning,
+                                weight_group=weight_group)
+        # the work queue gathered the requests already: a batch waits for nothing more (the default demand), and
+        # those that arrive while a server decodes go to it at once, to join its next decode
+        self.batches = ServerBatches(self.pool, overlap=True)
         self.max_loaded = max_loaded
         self._adapters: OrderedDict[str, tuple[str, Push]] = OrderedDict()  # name -> (run id, push), LRU first
         self._full: Push | None = None
@@ -174,6 +194,7 @@ class RemoteSampling:
 
     def _probe(self, period_s: float) -> None:
         while not self._stop.wait(period_s):
+            self._read_servers_file()
             if all(s.in_rotation for s in self.pool.servers.values()):
                 continue
             try:
@@ -181,6 +202,24 @@ class RemoteSampling:
                     self.pool.rejoin(self._everything())
             except Exception:  # the prober must outlive one bad pass
                 log.exception("catching sampler servers up failed")
+
+    def _read_servers_file(self) -> None:
+        """Take the servers ``servers_file`` lists now that the pool lacks (they join once caught up)."""
+        if self.servers_file is None:
+            return
+        try:
+            urls, bad = read_server_list(self.servers_file)
+            problems = {f"{line!r} is no URL like http://host:8100" for line in bad}
+        except OSError as exc:  # being rewritten, or removed: the servers taken in stay
+            urls, problems = [], {f"unreadable ({exc})"}
+        for problem in problems - self._problems:
+            log.warning("sampler servers file %s: %s; skipped", self.servers_file, problem)
+        self._problems = problems
+        for url in urls:
+            if url not in self.pool.servers:
+                log.warning("sampler server %s added (from %s); it takes work once it took the weights", url,
+                            self.servers_file)
+                self.pool.add_server(url)
 
     # -- requests ------------------------------------------------------------------------------------
     def dispatch(self, requests: list[RemoteRequest],
@@ -191,15 +230,21 @@ class RemoteSampling:
             for r in requests:
                 if r.adapter is not None:
                     self._busy[r.adapter] = self._busy.get(r.adapter, 0) + 1
-        futures = []
-        for r in requests:
-            future = asyncio.run_coroutine_threadsafe(self._request(r, convert), self._loop)
+        futures: list[concurrent.futures.Future[T]] = [concurrent.futures.Future() for _ in requests]
+        for r, future in zip(requests, futures):
             future.add_done_callback(functools.partial(self._done, r.adapter))
-            futures.append(future)
+        # queued in one callback on the loop, so all of them wait for their servers together
+        self._loop.call_soon_threadsafe(self._start, requests, convert, futures)
         return futures
 
+    def _start(self, requests: list[RemoteRequest], convert: Callable[[SampleResponse], T],
+               futures: list[concurrent.futures.Future[T]]) -> None:
+        for r, future in zip(requests, futures):
+            task = self._loop.create_task(self._request(r, convert))
+            task.add_done_callback(functools.partial(_copy_outcome, future))
+
     async def _request(self, request: RemoteRequest, convert: Callable[[SampleResponse], T]) -> T:
-        _, data = await self.pool.request(request.body)
+        data, _ = await self.batches.request(request.body)
         return convert(response_of(data))
 
     def _done(self, adapter: str | None, _: object) -> None:
@@ -210,18 +255,37 @@ class RemoteSampling:
                     self._busy[adapter] = left
 
     def stats(self) -> dict[str, Any]:
-        """For ``service_stats``: each server's state, the adapters held."""
+        """For ``service_stats``: each server's state, the adapters held, the ``/sample/batch`` requests sent and
+        the requests they carried, how pushes travel."""
         return {"servers": {s.url: {"in_rotation": s.in_rotation, "in_flight": s.in_flight,
+                                    "weight_group": s.group is not None,
                                     **({} if s.in_rotation else {"last_error": s.last_error})}
                             for s in self.pool.servers.values()},
-                "adapters": {name: push.version for name, (_, push) in list(self._adapters.items())}}
+                "adapters": {name: push.version for name, (_, push) in list(self._adapters.items())},
+                "batches_sent": self.batches.posts, "requests_sent": self.batches.bodies}
 
     def close(self) -> None:
         """Stop the prober and the requests' loop (requests still on the servers are not answered), close the
         connections."""
         self._stop.set()
         self._prober.join(timeout=10)
+        # the loop's connections close on the loop itself (close() may run inside another loop: the app's shutdown)
+        closing = asyncio.run_coroutine_threadsafe(self.batches.close_loop(), self._loop)
+        try:
+            closing.result(timeout=10)
+        except Exception:  # shutting down: the connections go with the process
+            log.debug("closing the sampler servers' connections failed", exc_info=True)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=10)
         self.pool.close()
         self._loop.close()
+
+
+def _copy_outcome(future: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
+    """``task``'s result, error or cancellation onto the caller's ``future``."""
+    if task.cancelled():
+        future.cancel()
+    elif (exc := task.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())

@@ -128,7 +128,7 @@ class Sampling:
         queued = QueuedSample(req, prompt, params)
         tokens = req.num_samples * (len(prompt) + params.max_tokens)
         # one vLLM generate call takes rows with any parameters, seeds included (vLLM seeds each request); so do
-        # sampler servers (each request is sent on its own, all of a batch at once)
+        # sampler servers (a batch's requests go to each server as one /sample/batch, which it splits by settings)
         settings_key = ("remote" if ops.remote is not None else "vllm" if ops.host.vllm is not None
                         else decode_key(params))
         batch = None if settings_key is None else Batchable(queued, settings_key, tokens, ops.settings.max_sample_tokens)

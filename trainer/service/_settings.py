@@ -39,6 +39,8 @@ class ServiceSettings:
     max_pass_tokens: int = 8192
     sampler_servers: tuple[str, ...] = ()  # envhub-train sampler servers that sample instead of this process
     sampler_token: str | None = None  # their bearer token
+    sampler_weight_group: str = "off"  # "gloo": pushes to the servers go through a torch.distributed group
+    sampler_servers_file: Path | None = None  # more servers, one URL a line; re-read while the service runs
     # -- limits ----------------------------------------------------------------------------------------
     max_batch_tokens: int = 32768  # tokens in one forward_backward
     max_batch_datums: int = 1024  # datums in one forward_backward
@@ -78,10 +80,42 @@ class ServiceSettings:
         bad_urls = [u for u in self.sampler_servers if not u.startswith(("http://", "https://"))]
         if bad_urls:
             raise ValueError(f"Expected --sampler-servers URLs like http://host:8100, got {bad_urls}.")
+        if self.sampler_servers_file is not None:
+            self._add_listed_servers(Path(self.sampler_servers_file))
+        if self.sampler_weight_group not in ("off", "gloo"):
+            raise ValueError(f"Expected --sampler-weight-group off or gloo, got {self.sampler_weight_group!r}.")
+        if self.sampler_weight_group != "off" and not self.sampler_servers:
+            raise ValueError("Expected --sampler-servers with --sampler-weight-group: the group carries pushes to "
+                             "sampler servers.")
         if self.sampler_servers and self.sampler != "hf":
             raise ValueError("Expected no --sampler vllm with --sampler-servers: the servers sample (start them with "
                              "`envhub-train sampler --backend vllm`), this process only trains.")
 
+    def _add_listed_servers(self, path: Path) -> None:
+        """The servers ``--sampler-servers-file`` lists, after ``--sampler-servers``'."""
+        self.sampler_servers_file = path
+        try:
+            listed, bad_urls = read_server_list(path)
+        except OSError as exc:
+            raise ValueError(f"Expected --sampler-servers-file to name a readable file, got {path} ({exc}).") from exc
+        if bad_urls:
+            raise ValueError(f"Expected URLs like http://host:8100 in {path}, got {bad_urls}.")
+        self.sampler_servers += tuple(u for u in listed if u not in self.sampler_servers)
+        if not self.sampler_servers:
+            raise ValueError(f"Expected at least one sampler server URL in --sampler-servers or {path}, got none.")
+
     @property
     def name(self) -> str:
         return self.served_name or self.model
+
+
+def read_server_list(path: Path) -> tuple[list[str], list[str]]:
+    """The sampler server URLs a ``--sampler-servers-file`` lists (one a line; blank lines and ``#`` comments
+    skipped) and the lines that are no such URL; ``OSError`` if the file cannot be read."""
+    urls: list[str] = []
+    bad: list[str] = []
+    for line in path.read_text().splitlines():
+        entry = line.split("#", 1)[0].strip().rstrip("/")
+        if entry:
+            (urls if entry.startswith(("http://", "https://")) else bad).append(entry)
+    return urls, bad

@@ -114,7 +114,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "only trains, pushes each sampler's LoRA adapter (full weights with --full-parameter) "
                              "to every server on save_weights_for_sampler, and sends sample/compute_logprobs to the "
                              "least loaded one (default: $ENVHUB_SAMPLER_SERVERS, else sample in this process); "
-                             "their bearer token from $ENVHUB_SAMPLER_TOKEN")
+                             "their bearer token from $ENVHUB_SAMPLER_TOKEN; concurrent requests go to each "
+                             "server as one /sample/batch")
+    parser.add_argument("--sampler-servers-file", default=None, metavar="PATH",
+                        help="more sampler servers, one URL a line (# comments): read at start and every 2 s while "
+                             "the service runs; a server added to the file joins once it took the weights (removing "
+                             "a line does not take a server out)")
+    parser.add_argument("--sampler-weight-group", choices=("off", "gloo"), default=d.sampler_weight_group,
+                        help="with --sampler-servers: push weights (LoRA and full) through a torch.distributed gloo "
+                             "group with each server instead of its weight channel; a server that cannot join gets "
+                             "them over the channel, with one log line (default off)")
     _add_limits(parser, d)
     parser.add_argument("--device", default=d.device,
                         help="torch device: auto (default: cuda when present), cpu, cuda:N")
@@ -157,7 +166,9 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
                            sampler_slots=args.sampler_slots, max_sessions=args.max_sessions,
                            max_checkpoints_per_run=args.max_checkpoints_per_run,
                            sampler_servers=tuple(args.sampler_servers.split(",")) if args.sampler_servers else (),
-                           sampler_token=os.environ.get("ENVHUB_SAMPLER_TOKEN") or None)
+                           sampler_token=os.environ.get("ENVHUB_SAMPLER_TOKEN") or None,
+                           sampler_weight_group=args.sampler_weight_group,
+                           sampler_servers_file=Path(args.sampler_servers_file) if args.sampler_servers_file else None)
 
 
 def model_config(name: str, overrides: list[str]) -> Any:
