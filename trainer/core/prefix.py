@@ -1,0 +1,128 @@
+"""Rows that share a token prefix under one adapter compute that prefix once: a prefix pass, then the suffixes.
+
+A GRPO step's rows are a group's samples: each row is the group's prompt plus its own completion, so most of
+its tokens are the shared prompt. :func:`shared_prefix_logits` runs each distinct prefix once (a pass whose
+batch is the number of prefixes, keeping every layer's keys and values), then every row's suffix attending to
+its prefix's keys and values (selected per row from the prefix pass, under autograd) plus its own. The logits
+at prefix positions, the last one included (it predicts each row's first suffix token), come from the prefix
+pass, so a row's logits, and the gradients through the shared prefix (summed over its rows), are those of
+the row's own full pass up to float rounding (``tests/trainer/test_core_prefix.py``).
+
+Rotary positions of a suffix start at its prefix's length; prefixes are right-padded to the longest one and
+the padding is masked out, so causal attention over the cache index stays exact per row. Only used where it
+pays (:func:`plan_groups`): otherwise the caller runs today's one full pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainer.sampling.row_adapters import RowAdapters
+
+#: a group's shared prefix must be at least this many tokens, and it must keep at least half of the longest
+#: prefix the group had before its last row joined (so a common template header never merges two prompts)
+MIN_PREFIX = 8
+#: the prefix path runs only when its token cost (prefix pass + suffix pass, padded) is at most this share of
+#: the full pass's
+MAX_COST_SHARE = 0.75
+
+
+@dataclass
+class PrefixPlan:
+    """Row ``b`` belongs to group ``group_B[b]``, whose shared prefix is ``prefix_G[g]`` tokens long."""
+
+    group_B: list[int]
+    prefix_G: list[int]
+    first_row_G: list[int]
+
+
+def _common(a: Tensor, b: Tensor) -> int:
+    n = min(a.numel(), b.numel())
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if differ.numel() else n
+
+
+def plan_groups(tokens_BT: Tensor, lengths: Sequence[int], adapters: Sequence[str | None], *,
+                min_prefix: int = MIN_PREFIX, max_cost_share: float = MAX_COST_SHARE) -> PrefixPlan | None:
+    """Groups of rows (same adapter) sharing a token prefix, or None where sharing would not pay.
+
+    Rows are ordered by adapter and tokens; a row joins the previous row's group when their common prefix
+    is at least ``min_prefix`` tokens and at least half the group's current prefix. A row alone is a group
+    whose prefix is the whole row.
+    """
+    rows = [tokens_BT[b, :n].cpu() for b, n in enumerate(lengths)]
+    order = sorted(range(len(rows)), key=lambda b: (adapters[b] or "", rows[b].tolist()))
+    group_B = [0] * len(rows)
+    prefix_G: list[int] = []
+    first_row_G: list[int] = []
+    for b in order:
+        if prefix_G and adapters[b] == adapters[first_row_G[-1]]:
+            common = _common(rows[first_row_G[-1]][:prefix_G[-1]], rows[b])
+            if common >= min_prefix and 2 * common >= prefix_G[-1]:
+                prefix_G[-1] = common
+                group_B[b] = len(prefix_G) - 1
+                continue
+        group_B[b] = len(prefix_G)
+        prefix_G.append(len(rows[b]))
+        first_row_G.append(b)
+    suffix = max(n - prefix_G[g] for n, g in zip(lengths, group_B))
+    full = len(rows) * max(lengths)
+    if suffix == 0 or len(prefix_G) * max(prefix_G) + len(rows) * suffix > max_cost_share * full:
+        return None
+    return PrefixPlan(group_B, prefix_G, first_row_G)
+
+
+def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters: list[str],
+                         plan: PrefixPlan) -> Tensor:
+    """Logits [B, T, V] of right-padded rows ``tokens_BT`` (``lengths`` real tokens each, row ``b`` under
+    ``adapters[b]``) by a prefix pass and a suffix pass, as :func:`~trainer.core.forward.run_model` gives
+    them in one pass (its padding positions hold other finite logits)."""
+    device = tokens_BT.device
+    B, T = tokens_BT.shape
+    G, P = len(plan.prefix_G), max(plan.prefix_G)
+    S = max(n - plan.prefix_G[g] for n, g in zip(lengths, plan.group_B))
+    group_B = torch.tensor(plan.group_B, device=device)
+    prefix_G = torch.tensor(plan.prefix_G, device=device)
+    length_B = torch.tensor(list(lengths), device=device)
+    start_B = prefix_G[group_B]
+    # the prefix pass: each group's prefix (from its first row), right-padded to P
+    cols_P = torch.arange(P, device=device)
+    prefix_tokens = tokens_BT[torch.tensor(plan.first_row_G, device=device), :P]  # P <= T: a prefix is in its row
+    prefix_attn = (cols_P.unsqueeze(0) < prefix_G.unsqueeze(1)).long()
+    with RowAdapters(model, [adapters[b] for b in plan.first_row_G]):
+        out = model(input_ids=prefix_tokens * prefix_attn, attention_mask=prefix_attn, use_cache=True)
+    prefix_logits_GPV, cache = out.logits, out.cache
+    # the suffix pass: row b's tokens from its prefix's length on, at rotary positions from there
+    cols_S = torch.arange(S, device=device)
+    pos_BS = start_B.unsqueeze(1) + cols_S.unsqueeze(0)
+    suffix_attn = (pos_BS < length_B.unsqueeze(1)).long()
+    suffix_tokens = tokens_BT.gather(1, pos_BS.clamp(max=T - 1)) * suffix_attn
+    attn = torch.cat([prefix_attn[group_B], suffix_attn], dim=1)
+    rows_cache = _rows_cache(cache, group_B)
+    with RowAdapters(model, adapters):
+        suffix_logits_BSV = model(input_ids=suffix_tokens, attention_mask=attn, position_ids=pos_BS,
+                                  cache=rows_cache, use_cache=True).logits
+    # row b, position t: its group's prefix logits before its prefix's length, its suffix logits after
+    V = prefix_logits_GPV.shape[-1]
+    flat = torch.cat([prefix_logits_GPV.reshape(G * P, V), suffix_logits_BSV.reshape(B * S, V)])
+    cols_T = torch.arange(T, device=device).unsqueeze(0)
+    in_prefix = cols_T < start_B.unsqueeze(1)
+    from_prefix = group_B.unsqueeze(1) * P + cols_T.clamp(max=P - 1)
+    from_suffix = G * P + torch.arange(B, device=device).unsqueeze(1) * S + (cols_T - start_B.unsqueeze(1)).clamp(0, S - 1)
+    return flat[torch.where(in_prefix, from_prefix, from_suffix)]
+
+
+def _rows_cache(cache: Any, group_B: Tensor) -> Any:
+    """A cache holding, for each row, its group's prefix keys and values (selected, so gradients flow back)."""
+    from transformers import DynamicCache
+
+    layers = [(layer.keys.index_select(0, group_B), layer.values.index_select(0, group_B)) for layer in cache.layers]
+    return DynamicCache(ddp_cache_data=layers)
+
+
+__all__ = ["PrefixPlan", "plan_groups", "shared_prefix_logits", "MIN_PREFIX", "MAX_COST_SHARE"]
