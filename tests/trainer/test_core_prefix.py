@@ -69,6 +69,11 @@ def test_plan_groups_rows_by_adapter_and_prefix():
     # short shared prefixes, or nothing shared, do not pay: the caller takes one full pass
     assert plan_groups(tokens[:, 26:], [6, 5, 6, 6, 6, 6, 6, 6], ["a"] * 8) is None
     assert plan_groups(tokens[[0, 3]], [32, 32], ["a", "a"]) is None
+    # two prompts behind one system prompt: a group per prompt, not one behind the system prompt
+    header = [3] * 20
+    rows = [header + [4 + p] * 20 + [50 + i, 60 + i] for p in range(2) for i in range(4)]
+    plan = plan_groups(torch.tensor(rows), [42] * 8, ["a"] * 8)
+    assert plan is not None and plan.group_B == [0] * 4 + [1] * 4 and plan.prefix_G == [40, 40]
 
 
 def test_shared_prefix_logits_equal_one_full_pass(host):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -24,8 +25,7 @@ from torch import Tensor
 
 from trainer.sampling.row_adapters import RowAdapters
 
-#: a group's shared prefix must be at least this many tokens, and it must keep at least half of the longest
-#: prefix the group had before its last row joined (so a common template header never merges two prompts)
+#: a group's shared prefix must be at least this many tokens
 MIN_PREFIX = 8
 #: the prefix path runs only when its token cost (prefix pass + suffix pass, padded) is at most this share of
 #: the full pass's
@@ -40,6 +40,13 @@ class PrefixPlan:
     prefix_G: list[int]
     first_row_G: list[int]
 
+    def cost(self, lengths: Sequence[int]) -> int:
+        """Padded tokens of the two passes: groups x the longest prefix, rows x the longest suffix."""
+        return len(self.prefix_G) * max(self.prefix_G) + len(lengths) * self.suffix(lengths)
+
+    def suffix(self, lengths: Sequence[int]) -> int:
+        return max(n - self.prefix_G[g] for n, g in zip(lengths, self.group_B))
+
 
 def _common(a: Tensor, b: Tensor) -> int:
     n = min(a.numel(), b.numel())
@@ -51,29 +58,36 @@ def plan_groups(tokens_BT: Tensor, lengths: Sequence[int], adapters: Sequence[st
                 min_prefix: int = MIN_PREFIX, max_cost_share: float = MAX_COST_SHARE) -> PrefixPlan | None:
     """Groups of rows (same adapter) sharing a token prefix, or None where sharing would not pay.
 
-    Rows are ordered by adapter and tokens; a row joins the previous row's group when their common prefix
-    is at least ``min_prefix`` tokens and at least half the group's current prefix. A row alone is a group
-    whose prefix is the whole row.
+    Rows ordered by adapter and tokens are cut into runs wherever the common prefix of two neighbours falls
+    below a threshold; the threshold (at least ``min_prefix``) is the one whose runs cost fewest padded
+    tokens, so prompts sharing only a system prompt stay apart when their own prompts pay more. A run's
+    prefix is its rows' common prefix; a row alone is a group whose prefix is the whole row.
     """
     rows = [tokens_BT[b, :n].cpu() for b, n in enumerate(lengths)]
     order = sorted(range(len(rows)), key=lambda b: (adapters[b] or "", rows[b].tolist()))
-    group_B = [0] * len(rows)
+    # common prefix with the previous row in that order (none across adapters)
+    shared = [0] + [_common(rows[a], rows[b]) if adapters[a] == adapters[b] else 0 for a, b in pairwise(order)]
+    best: PrefixPlan | None = None
+    for threshold in sorted({n for n in shared if n >= min_prefix}):
+        plan = _runs(order, shared, threshold, lengths)
+        if plan.suffix(lengths) and (best is None or plan.cost(lengths) < best.cost(lengths)):
+            best = plan
+    if best is None or best.cost(lengths) > max_cost_share * len(rows) * max(lengths):
+        return None
+    return best
+
+
+def _runs(order: list[int], shared: list[int], threshold: int, lengths: Sequence[int]) -> PrefixPlan:
+    group_B = [0] * len(order)
     prefix_G: list[int] = []
     first_row_G: list[int] = []
-    for b in order:
-        if prefix_G and adapters[b] == adapters[first_row_G[-1]]:
-            common = _common(rows[first_row_G[-1]][:prefix_G[-1]], rows[b])
-            if common >= min_prefix and 2 * common >= prefix_G[-1]:
-                prefix_G[-1] = common
-                group_B[b] = len(prefix_G) - 1
-                continue
-        group_B[b] = len(prefix_G)
-        prefix_G.append(len(rows[b]))
-        first_row_G.append(b)
-    suffix = max(n - prefix_G[g] for n, g in zip(lengths, group_B))
-    full = len(rows) * max(lengths)
-    if suffix == 0 or len(prefix_G) * max(prefix_G) + len(rows) * suffix > max_cost_share * full:
-        return None
+    for b, common in zip(order, shared):
+        if prefix_G and common >= threshold:
+            prefix_G[-1] = min(prefix_G[-1], common)
+        else:
+            prefix_G.append(lengths[b])
+            first_row_G.append(b)
+        group_B[b] = len(prefix_G) - 1
     return PrefixPlan(group_B, prefix_G, first_row_G)
 
 
@@ -85,7 +99,7 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     device = tokens_BT.device
     B, T = tokens_BT.shape
     G, P = len(plan.prefix_G), max(plan.prefix_G)
-    S = max(n - plan.prefix_G[g] for n, g in zip(lengths, plan.group_B))
+    S = plan.suffix(lengths)
     group_B = torch.tensor(plan.group_B, device=device)
     prefix_G = torch.tensor(plan.prefix_G, device=device)
     length_B = torch.tensor(list(lengths), device=device)
