@@ -106,3 +106,22 @@ def test_batched_pass_with_shared_prefixes_equals_the_full_pass(host):
     assert any(g.abs().max() > 1e-3 for g in grads[False])  # the comparison is not between zeros
     for s, f in zip(grads[True], grads[False], strict=True):
         assert torch.allclose(s, f, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_training_client_with_shared_prefixes_equals_the_full_pass(host, lora):
+    """A lone request (the service runs it on its client) and the trainer's own updates share prefixes too:
+    a LoRA tenant, and a full-parameter model (no adapters)."""
+    client = host.client("alice") if lora else TrainingClient.from_config(ModelConfig(**TINY))
+    rows = requests(host)[0][1]
+    outs, grads = [], []
+    for share in (False, True):
+        client.share_prefixes = share
+        outs.append(client.forward_backward(rows, "ppo"))
+        grads.append([p.grad.clone() for p in client.params])
+        client.zero_grad()
+    assert outs[1].metrics == pytest.approx(outs[0].metrics, rel=1e-5, abs=1e-6)
+    for s_row, f_row in zip(outs[1].loss_fn_outputs, outs[0].loss_fn_outputs, strict=True):
+        assert torch.allclose(s_row["logprobs"], f_row["logprobs"], atol=1e-5)
+    for s, f in zip(grads[1], grads[0], strict=True):
+        assert torch.allclose(s, f, atol=1e-5)

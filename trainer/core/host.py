@@ -31,7 +31,7 @@ from torch import Tensor
 from trainer.core.client import TrainingClient, _per_datum
 from trainer.core.forward import BASE_ADAPTER, Padded, model_device, pad, rows_of, run_model, target_logprobs
 from trainer.core.losses import check_loss, weighted_loss
-from trainer.core.prefix import plan_groups, shared_prefix_logits
+from trainer.core.prefix import prefix_plan, shared_prefix_logits
 from trainer.core.sampling import SamplingClient
 from trainer.core.types import Datum, ForwardBackwardOutput
 
@@ -256,7 +256,7 @@ class ModelHost:
         adapters = [adapter for _, adapter, p, _, _ in good for _ in p.lengths]
         images_B = [imgs for _, _, p, _, _ in good for imgs in (p.images_B or [[] for _ in p.lengths])]
         lengths = [n for _, _, p, _, _ in good for n in p.lengths]
-        plan = None if any(images_B) or not self.share_prefixes else plan_groups(tokens, lengths, adapters)
+        plan = prefix_plan(self.model, tokens, lengths, adapters, images_B) if self.share_prefixes else None
         if plan is not None:  # a GRPO group's samples: their prompt once
             logits = shared_prefix_logits(self.model, tokens, lengths, adapters, plan)
         else:

@@ -16,6 +16,7 @@ pays (:func:`plan_groups`): otherwise the caller runs today's one full pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -91,7 +92,21 @@ def _runs(order: list[int], shared: list[int], threshold: int, lengths: Sequence
     return PrefixPlan(group_B, prefix_G, first_row_G)
 
 
-def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters: list[str],
+def prefix_plan(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters: Sequence[str | None] | None,
+                images_B: Sequence[Sequence[Any]] | None = None) -> PrefixPlan | None:
+    """:func:`plan_groups` for a pass of ``model``, or None where the prefix path does not apply: rows with
+    images, a DDP wrapper (its gradient hooks expect one forward per backward) or gradient checkpointing
+    (which drops the prefix pass's keys and values)."""
+    from trainer.model import unwrap
+
+    if images_B and any(images_B):
+        return None
+    if unwrap(model, peft=False) is not model or getattr(unwrap(model), "is_gradient_checkpointing", False):
+        return None
+    return plan_groups(tokens_BT, lengths, adapters if adapters is not None else [None] * len(lengths))
+
+
+def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters: list[str] | None,
                          plan: PrefixPlan) -> Tensor:
     """Logits [B, T, V] of right-padded rows ``tokens_BT`` (``lengths`` real tokens each, row ``b`` under
     ``adapters[b]``) by a prefix pass and a suffix pass, as :func:`~trainer.core.forward.run_model` gives
@@ -108,7 +123,7 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     cols_P = torch.arange(P, device=device)
     prefix_tokens = tokens_BT[torch.tensor(plan.first_row_G, device=device), :P]  # P <= T: a prefix is in its row
     prefix_attn = (cols_P.unsqueeze(0) < prefix_G.unsqueeze(1)).long()
-    with RowAdapters(model, [adapters[b] for b in plan.first_row_G]):
+    with _row_adapters(model, None if adapters is None else [adapters[b] for b in plan.first_row_G]):
         out = model(input_ids=prefix_tokens * prefix_attn, attention_mask=prefix_attn, use_cache=True)
     prefix_logits_GPV, cache = out.logits, out.cache
     # the suffix pass: row b's tokens from its prefix's length on, at rotary positions from there
@@ -118,7 +133,7 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     suffix_tokens = tokens_BT.gather(1, pos_BS.clamp(max=T - 1)) * suffix_attn
     attn = torch.cat([prefix_attn[group_B], suffix_attn], dim=1)
     rows_cache = _rows_cache(cache, group_B)
-    with RowAdapters(model, adapters):
+    with _row_adapters(model, adapters):
         suffix_logits_BSV = model(input_ids=suffix_tokens, attention_mask=attn, position_ids=pos_BS,
                                   cache=rows_cache, use_cache=True).logits
     # row b, position t: its group's prefix logits before its prefix's length, its suffix logits after
@@ -131,6 +146,10 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     return flat[torch.where(in_prefix, from_prefix, from_suffix)]
 
 
+def _row_adapters(model: Any, adapters: list[str] | None) -> AbstractContextManager[Any]:
+    return nullcontext() if adapters is None else RowAdapters(model, adapters)
+
+
 def _rows_cache(cache: Any, group_B: Tensor) -> Any:
     """A cache holding, for each row, its group's prefix keys and values (selected, so gradients flow back)."""
     from transformers import DynamicCache
@@ -139,4 +158,4 @@ def _rows_cache(cache: Any, group_B: Tensor) -> Any:
     return DynamicCache(ddp_cache_data=layers)
 
 
-__all__ = ["PrefixPlan", "plan_groups", "shared_prefix_logits", "MIN_PREFIX", "MAX_COST_SHARE"]
+__all__ = ["PrefixPlan", "plan_groups", "prefix_plan", "shared_prefix_logits", "MIN_PREFIX", "MAX_COST_SHARE"]
