@@ -101,7 +101,11 @@ def prefix_plan(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters:
 
     if images_B and any(images_B):
         return None
-    if unwrap(model, peft=False) is not model or getattr(unwrap(model), "is_gradient_checkpointing", False):
+    hf = unwrap(model)
+    checkpointing = "is_activation_checkpointing"  # transformers 5's name; older ones say gradient
+    if not hasattr(type(hf), checkpointing):
+        checkpointing = "is_gradient_checkpointing"
+    if unwrap(model, peft=False) is not model or getattr(hf, checkpointing, False):
         return None
     return plan_groups(tokens_BT, lengths, adapters if adapters is not None else [None] * len(lengths))
 
