@@ -94,12 +94,13 @@ def _runs(order: list[int], shared: list[int], threshold: int, lengths: Sequence
 
 def prefix_plan(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters: Sequence[str | None] | None,
                 images_B: Sequence[Sequence[Any]] | None = None) -> PrefixPlan | None:
-    """:func:`plan_groups` for a pass of ``model``, or None where the prefix path does not apply: rows with
-    images, a DDP wrapper (its gradient hooks expect one forward per backward) or gradient checkpointing
-    (which drops the prefix pass's keys and values)."""
+    """:func:`plan_groups` for a pass of ``model``, or None where the prefix path does not apply: a
+    vision-language model (its rotary positions are not one index per token), a DDP wrapper (its gradient
+    hooks expect one forward per backward) or gradient checkpointing (which drops the prefix pass's keys
+    and values)."""
     from trainer.model import unwrap
 
-    if images_B and any(images_B):
+    if (images_B and any(images_B)) or hasattr(getattr(unwrap(model), "config", None), "vision_config"):
         return None
     hf = unwrap(model)
     checkpointing = "is_activation_checkpointing"  # transformers 5's name; older ones say gradient
