@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from trainer.core.forward import Padded, model_device, pad, run_model, target_logprobs
 from trainer.core.losses import check_loss, weighted_loss
+from trainer.core.prefix import prefix_plan, shared_prefix_logits
 from trainer.core.sampling import SamplingClient
 from trainer.core.state import read_state, write_state
 from trainer.core.types import AdamParams, Datum, ForwardBackwardOutput, SampleResponse, SamplingParams
@@ -40,7 +41,8 @@ class TrainingClient:
     model several tenants share (see :class:`~trainer.core.host.ModelHost`), plus an optional value head.
 
     ``micro_batch_size`` splits a call's datums into passes of at most that many sequences (the loss is a
-    sum, so the gradient is the same); None runs each call in one pass.
+    sum, so the gradient is the same); None runs each call in one pass. ``share_prefixes`` (True): rows sharing
+    a token prefix compute it once in a pass (:mod:`trainer.core.prefix`; not with a value head or DDP).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, adapter: str | None = None,
@@ -53,6 +55,7 @@ class TrainingClient:
         self.adapter = adapter
         self.value_head = value_head
         self.micro_batch_size = micro_batch_size
+        self.share_prefixes = True  # rows sharing a token prefix compute it once (trainer.core.prefix)
         policy = params if params is not None else [p for p in model.parameters() if p.requires_grad]
         self.params = policy + (list(value_head.parameters()) if value_head is not None else [])
         if not self.params and params is None:
@@ -234,8 +237,14 @@ class TrainingClient:
              ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, dict[str, Tensor]]:
         """One pass: ``(loss, elementwise [B, T], target log-probs [B, T], values [B, T] or None, metrics)``."""
         adapters = [self.adapter] * len(padded.lengths) if self.adapter is not None else None
-        logits, hidden = run_model(self.model, padded.tokens_BT, padded.attn_BT, adapters=adapters,
-                                   hidden=self.value_head is not None, images_B=padded.images_B)
+        plan = None
+        if self.share_prefixes and self.value_head is None:  # (a value head reads hidden states: one pass)
+            plan = prefix_plan(self.model, padded.tokens_BT, padded.lengths, adapters, padded.images_B)
+        if plan is not None:  # rows sharing a prompt (a GRPO group's samples): the prompt once
+            logits, hidden = shared_prefix_logits(self.model, padded.tokens_BT, padded.lengths, adapters, plan), None
+        else:
+            logits, hidden = run_model(self.model, padded.tokens_BT, padded.attn_BT, adapters=adapters,
+                                       hidden=self.value_head is not None, images_B=padded.images_B)
         lp_BT = target_logprobs(logits, padded.inputs["target_tokens"], config.get("temperature", 1.0))
         values_BT = self.value_head(hidden) if self.value_head is not None else None
         loss, elementwise_BT, metrics = weighted_loss(loss_fn, lp_BT, padded.inputs, config, values_BT=values_BT,

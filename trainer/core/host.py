@@ -31,6 +31,7 @@ from torch import Tensor
 from trainer.core.client import TrainingClient, _per_datum
 from trainer.core.forward import BASE_ADAPTER, Padded, model_device, pad, rows_of, run_model, target_logprobs
 from trainer.core.losses import check_loss, weighted_loss
+from trainer.core.prefix import prefix_plan, shared_prefix_logits
 from trainer.core.sampling import SamplingClient
 from trainer.core.types import Datum, ForwardBackwardOutput
 
@@ -56,7 +57,8 @@ class ModelHost:
     ``max_tenants`` caps training tenants (samplers made by :meth:`snapshot` do not count). ``sampler`` is
     ``"hf"`` or ``"vllm"`` (one engine, LoRA ranks up to ``max_lora_rank``, built here: vLLM must be installed).
     ``max_pass_tokens`` bounds one pass of :meth:`forward_backward_batch` (rows x their longest row; None: no
-    bound): merged work past it runs as several passes with the same gradients.
+    bound): merged work past it runs as several passes with the same gradients. ``share_prefixes`` (True):
+    rows of one adapter sharing a token prefix compute it once in a pass (:mod:`trainer.core.prefix`).
     """
 
     def __init__(self, model_cfg: Any, *, device: torch.device | str = "cpu", max_tenants: int = 8,
@@ -69,6 +71,7 @@ class ModelHost:
         if max_pass_tokens is not None and max_pass_tokens < 1:
             raise ValueError(f"Expected max_pass_tokens >= 1 (or None: no bound), got {max_pass_tokens}.")
         self.max_pass_tokens = max_pass_tokens
+        self.share_prefixes = True
         self.model_cfg, self.device, self.max_tenants = model_cfg, torch.device(device), max_tenants
         self.micro_batch_size = micro_batch_size
         self.base, self.tokenizer = load_policy(model_cfg, self.device)
@@ -252,7 +255,12 @@ class ModelHost:
         attn = torch.cat([F.pad(p.attn_BT, (0, width - p.attn_BT.shape[1])) for _, _, p, _, _ in good])
         adapters = [adapter for _, adapter, p, _, _ in good for _ in p.lengths]
         images_B = [imgs for _, _, p, _, _ in good for imgs in (p.images_B or [[] for _ in p.lengths])]
-        logits, _ = run_model(self.model, tokens, attn, adapters=adapters, images_B=images_B)
+        lengths = [n for _, _, p, _, _ in good for n in p.lengths]
+        plan = prefix_plan(self.model, tokens, lengths, adapters, images_B) if self.share_prefixes else None
+        if plan is not None:  # a GRPO group's samples: their prompt once
+            logits = shared_prefix_logits(self.model, tokens, lengths, adapters, plan)
+        else:
+            logits, _ = run_model(self.model, tokens, attn, adapters=adapters, images_B=images_B)
         losses: list[Tensor] = []
         outs: list[tuple[int, ForwardBackwardOutput]] = []
         # split, not slices: a split's backward is one cat, where each slice's is a zero-filled full-size gradient
