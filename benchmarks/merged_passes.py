@@ -167,8 +167,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--baseline", metavar="DIR", help="also measure the source tree in DIR, alternating")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a --baseline child's output
     p.add_argument("--profile", metavar="KIND", help="profile one merged pass of KIND at the largest tenant count")
+    p.add_argument("--smoke", action="store_true", help="seconds: 1 and 2 tenants, one repeat, 2 problems x 2 samples")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
+    if args.smoke:
+        args.tenants, args.repeats, args.problems, args.group, args.max_tokens = "1,2", 1, 2, 2, 4
     torch.set_num_threads(1)
     counts = [int(n) for n in args.tenants.split(",")]
     print(f"tiny model, LoRA rank 8, 1 torch thread; per tenant {args.problems} problems x {args.group} samples of "

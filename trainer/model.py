@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -215,6 +217,24 @@ def unwrap(model: nn.Module, *, peft: bool = True) -> nn.Module:
         model = model.module
     get_base = getattr(model, "get_base_model", None) if peft else None
     return get_base() if callable(get_base) else model
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The keyword a Hugging Face model's ``forward`` takes its KV cache under: ``cache`` in the transformers
+    releases that renamed it (``past_key_values`` deprecated there), ``past_key_values`` before them."""
+    cls: Any = type(unwrap(model))  # a class hashes by identity (mypy sees nn.Module's __eq__)
+    return _cache_keyword(cls)
+
+
+@functools.cache
+def _cache_keyword(cls: Any) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a Hugging Face forward returned (``out.cache``, or ``out.past_key_values`` before the rename)."""
+    cache = out.get("cache")
+    return cache if cache is not None else out.past_key_values
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

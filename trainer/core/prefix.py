@@ -116,6 +116,8 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     """Logits [B, T, V] of right-padded rows ``tokens_BT`` (``lengths`` real tokens each, row ``b`` under
     ``adapters[b]``) by a prefix pass and a suffix pass, as :func:`~trainer.core.forward.run_model` gives
     them in one pass (its padding positions hold other finite logits)."""
+    from trainer.model import cache_keyword, output_cache
+
     device = tokens_BT.device
     B, T = tokens_BT.shape
     G, P = len(plan.prefix_G), max(plan.prefix_G)
@@ -130,7 +132,7 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     prefix_attn = (cols_P.unsqueeze(0) < prefix_G.unsqueeze(1)).long()
     with _row_adapters(model, None if adapters is None else [adapters[b] for b in plan.first_row_G]):
         out = model(input_ids=prefix_tokens * prefix_attn, attention_mask=prefix_attn, use_cache=True)
-    prefix_logits_GPV, cache = out.logits, out.cache
+    prefix_logits_GPV, cache = out.logits, output_cache(out)
     # the suffix pass: row b's tokens from its prefix's length on, at rotary positions from there
     cols_S = torch.arange(S, device=device)
     pos_BS = start_B.unsqueeze(1) + cols_S.unsqueeze(0)
@@ -140,7 +142,7 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     rows_cache = _rows_cache(cache, group_B)
     with _row_adapters(model, adapters):
         suffix_logits_BSV = model(input_ids=suffix_tokens, attention_mask=attn, position_ids=pos_BS,
-                                  cache=rows_cache, use_cache=True).logits
+                                  use_cache=True, **{cache_keyword(model): rows_cache}).logits
     # row b, position t: its group's prefix logits before its prefix's length, its suffix logits after
     V = prefix_logits_GPV.shape[-1]
     flat = torch.cat([prefix_logits_GPV.reshape(G * P, V), suffix_logits_BSV.reshape(B * S, V)])

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.model import unwrap
+from trainer.model import cache_keyword, output_cache, unwrap
 
 
 class HFKernel:
@@ -29,7 +29,7 @@ class HFKernel:
     def prefill(self, ids_BT: Tensor, attn_BT: Tensor, pos_BT: Tensor, **kwargs: Any) -> Tensor:
         out = self.model(input_ids=ids_BT, attention_mask=attn_BT, position_ids=pos_BT, use_cache=True,
                          logits_to_keep=1, **kwargs)
-        self.cache = out.past_key_values
+        self.cache = output_cache(out)
         logits_BTV: Tensor = out.logits
         return logits_BTV[:, -1]
 
@@ -44,8 +44,8 @@ class HFKernel:
 
     def step(self, tok_B: Tensor, attn_BS: Tensor, pos_B: Tensor, all_running: bool, **kwargs: Any) -> Tensor:
         out = self.model(input_ids=tok_B[:, None], attention_mask=attn_BS, position_ids=pos_B[:, None],
-                         past_key_values=self.cache, use_cache=True, **kwargs)
-        self.cache = out.past_key_values
+                         use_cache=True, **{cache_keyword(self.model): self.cache}, **kwargs)
+        self.cache = output_cache(out)
         logits_B1V: Tensor = out.logits
         return logits_B1V[:, -1]
 
