@@ -67,6 +67,17 @@ def push_real_steps(client: TrainingClient, sampler: RemoteSampler, prompt: list
     assert len(set(seen)) > 1  # the steps changed the policy the server samples from
 
 
+def assert_pool_samples_at(pool: Any, urls: Any, model: torch.nn.Module, prompt: list[int], *, version: int,
+                           tolerance: float) -> None:
+    """Each server in ``urls`` answers a request sent to it, from weights of ``version`` equal to ``model``'s."""
+    for url in urls:
+        server, data = asyncio.run(pool.request({"prompt_ids": prompt, "max_tokens": 4}, prefer=url))
+        sample = data["samples"][0]
+        assert server.url == url and data["version"] == version
+        gap = trainer_logprobs(model, prompt, sample["token_ids"]) - torch.tensor(sample["logprobs"])
+        assert gap.abs().max() < tolerance
+
+
 def trainable_bytes(model: torch.nn.Module) -> int:
     """What a push of ``model`` must carry in fp32: its trainable tensors (a LoRA run's adapter alone)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad) * 4

@@ -4,13 +4,18 @@ group, gets the weights over its weight channel instead; NCCL asked for without 
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 import torch
 
-from tests.trainer.sampler_servers import SHAPE, TINY, ServerProcess, push_real_steps, trainable_bytes, trainer_logprobs
+from tests.trainer.sampler_servers import (
+    SHAPE,
+    TINY,
+    ServerProcess,
+    assert_pool_samples_at,
+    push_real_steps,
+    trainable_bytes,
+)
 from trainer.core import TrainingClient
 from trainer.model import ModelConfig, load_policy
 from trainer.sampler_server.app import create_app
@@ -64,12 +69,7 @@ def test_a_server_that_cannot_join_or_lost_the_group_gets_the_weights_over_the_c
             assert pool.servers[refusing.url].group_failed and pool.servers[refusing.url].group is None
             grouped = pool.servers[joining.url]
             assert (grouped.group_failed, grouped.group is None) == ((True, True) if version == 3 else (False, False))
-            for url in (refusing.url, joining.url):
-                server, data = asyncio.run(pool.request({"prompt_ids": prompt, "max_tokens": 4}, prefer=url))
-                sample = data["samples"][0]
-                assert server.url == url and data["version"] == version
-                gap = trainer_logprobs(model, prompt, sample["token_ids"]) - torch.tensor(sample["logprobs"])
-                assert gap.abs().max() < 1e-5
+            assert_pool_samples_at(pool, (refusing.url, joining.url), model, prompt, version=version, tolerance=1e-5)
         failures = [m for m in logs if "weight group failed" in m]
         assert len(failures) == 2 and "--no-weight-group" in failures[0] and "no weight group" in failures[1]
     finally:

@@ -14,6 +14,7 @@ from tests.trainer.sampler_servers import (
     SHAPE,
     TINY,
     ServerProcess,
+    assert_pool_samples_at,
     push_real_steps,
     trainable_bytes,
     trainer_logprobs,
@@ -77,12 +78,7 @@ def test_the_pools_pushes_go_over_the_weight_channel_and_fall_back_to_http_bodie
             channel = pool.servers[with_channel.url].weight_port
             assert (channel is None) if unreachable else (channel is not None)  # a channel push answered
             assert pool.servers[without.url].weight_port is None
-            for url in (with_channel.url, without.url):
-                server, data = asyncio.run(pool.request({"prompt_ids": prompt, "max_tokens": 4}, prefer=url))
-                sample = data["samples"][0]
-                assert server.url == url and data["version"] == version
-                gap = trainer_logprobs(model, prompt, sample["token_ids"]) - torch.tensor(sample["logprobs"])
-                assert gap.abs().max() < 1e-4
+            assert_pool_samples_at(pool, (with_channel.url, without.url), model, prompt, version=version, tolerance=1e-4)
     finally:
         pool.close()
         for server in (with_channel, without):
