@@ -29,8 +29,9 @@ The interface, :class:`Sampler` (:mod:`~trainer.sampling.protocol`)::
     close() -> None                                            # free the engine / files; idempotent
 
 A sampler behind an HTTP server fits the same interface: :class:`RemoteSampler` gathers the turns as
-:class:`BatchingSampler` does (the shared :class:`~trainer.sampling.batching.TurnQueue`), sends each
-``envhub-train sampler`` server its turns in one request, and pushes weights (with their version) in
+:class:`BatchingSampler` does (the shared :class:`~trainer.sampling.batching.TurnQueue`, through
+:class:`~trainer.sampling.server_batches.ServerBatches`), sends each ``envhub-train sampler`` server its
+turns in one request, and pushes weights (with their version) in
 ``update_weights``.
 Results carry the version that produced them, so a trainer can bound how stale its rollouts are.
 

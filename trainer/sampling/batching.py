@@ -4,8 +4,9 @@ Many episodes are in flight at once, each awaiting its own turn: :meth:`Batching
 queues a request, and one drain task gathers every request that is waiting and answers them with ONE
 ``generate_batch`` call in a worker thread, so env traffic keeps flowing meanwhile. A backend
 subclasses it and implements ``generate_batch`` and ``update_weights``. The gathering itself,
-:class:`TurnQueue`, is shared with :class:`~trainer.sampling.remote.RemoteSampler`, which answers the
-turns it gathers with one request per sampler server.
+:class:`TurnQueue`, is shared with :class:`~trainer.sampling.server_batches.ServerBatches` (the trainer's
+:class:`~trainer.sampling.remote.RemoteSampler` and the training service's sampler-server requests), which
+answers what it gathers with one request per sampler server.
 """
 
 from __future__ import annotations
