@@ -5,9 +5,9 @@
 A tiny model learns single-digit sums from the math env server (started here, stopped at the end): a
 short SFT warm-up teaches it the ``\\boxed{N}`` format, then every step samples ``--group`` answers to
 each of ``--batch`` train problems, scores them on the server, and takes one clipped policy-gradient step
-on each answer's group-relative advantage. Greedy accuracy on the held-out validation split is printed
-before and after. The full recipe (PPO, KL, torchrun, asynchronous rollouts, checkpoints) is
-``trainer/recipes/rl.py``; this is its core loop.
+on each answer's group-relative advantage. Accuracy on the held-out validation split (greedy, and the
+mean of ``--val-samples`` sampled answers per problem) is printed before and after. The full recipe (PPO,
+KL, torchrun, asynchronous rollouts, checkpoints) is ``trainer/recipes/rl.py``; this is its core loop.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ from trainer.sampling import SamplingConfig, make_sampler
 TASK = {"kind": "add", "difficulty": 1}
 
 
-def accuracy(engine: RolloutEngine, url: str, split: str, n: int) -> float:
-    """Greedy accuracy on problems ``0..n-1`` of ``split``."""
-    trajs = engine.run_sync(make_tasks([{**TASK, "split": split, "index": i} for i in range(n)], 1, [url]),
-                            greedy=True)
+def accuracy(engine: RolloutEngine, url: str, split: str, n: int, samples: int = 0) -> float:
+    """Accuracy on problems ``0..n-1`` of ``split``: greedy, or with ``samples`` > 0 the mean over that many
+    answers to each problem sampled at the sampler's temperature (less noisy on a small split: every
+    problem's chance counts, not only whether its greedy answer crossed over)."""
+    tasks = make_tasks([{**TASK, "split": split, "index": i} for i in range(n)], max(samples, 1), [url])
+    trajs = engine.run_sync(tasks, greedy=samples == 0)
     return sum(t.reward for t in trajs) / len(trajs)
 
 
@@ -63,7 +65,9 @@ def train(url: str, args: argparse.Namespace) -> dict[str, Any]:
             stop_when=lambda step: accuracy(engine, url, "train", train_size) >= args.sft_target, check_every=10)
     policy = TrainingClient(model, tok, micro_batch_size=256)
     before = accuracy(engine, url, "validation", val_size)
-    print(f"validation accuracy after the SFT warm-up: {before:.3f}", flush=True)
+    before_sampled = accuracy(engine, url, "validation", val_size, samples=args.val_samples)
+    print(f"validation accuracy after the SFT warm-up: {before:.3f} greedy, {before_sampled:.3f} sampled",
+          flush=True)
     rewards = []
     for step in range(args.steps):
         # 1. sample --group answers to each of --batch fresh train problems
@@ -83,9 +87,12 @@ def train(url: str, args: argparse.Namespace) -> dict[str, Any]:
         rewards.append(sum(t.reward for t in trajs) / len(trajs))
         print(f"step {step + 1}: train reward {rewards[-1]:.3f}, {len(groups)} groups trained on", flush=True)
     after = accuracy(engine, url, "validation", val_size)
-    print(f"validation accuracy after {args.steps} GRPO steps: {after:.3f} (before: {before:.3f})", flush=True)
+    after_sampled = accuracy(engine, url, "validation", val_size, samples=args.val_samples)
+    print(f"validation accuracy after {args.steps} GRPO steps: {after:.3f} greedy, {after_sampled:.3f} sampled "
+          f"(before: {before:.3f}, {before_sampled:.3f})", flush=True)
     engine.close()
-    return {"val_before": before, "val_after": after, "train_rewards": rewards}
+    return {"val_before": before, "val_after": after, "val_sampled_before": before_sampled,
+            "val_sampled_after": after_sampled, "train_rewards": rewards}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--negative-weight", type=float, default=0.0,
                    help="scale of negative advantages (0: learn from better-than-average answers; 1: unbiased)")
+    p.add_argument("--val-samples", type=int, default=16,
+                   help="answers sampled per validation problem for the sampled accuracy")
     p.add_argument("--sft-target", type=float, default=0.5, help="stop the warm-up at this greedy train accuracy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/minimal_grpo", help="where the math server's log goes")
