@@ -8,7 +8,8 @@ a full-parameter run's samplers read its pushed full weights; concurrent request
 servers as a few ``/sample/batch`` requests, each answered from its own tenant's adapter; with
 ``--sampler-weight-group gloo`` the pushes (LoRA and full) go through torch.distributed groups, and a server
 that cannot join one gets them over its weight channel, with one log line; a server added to
-``--sampler-servers-file`` while the service runs joins with the adapters and takes work.
+``--sampler-servers-file`` while the service runs joins with the adapters and takes work, and one removed from it
+leaves the pool (the last one stays).
 """
 
 from __future__ import annotations
@@ -241,9 +242,27 @@ def test_a_server_added_to_the_servers_file_joins_the_running_service(serve_trai
         assert len(health(late)["adapters"]) == 1  # caught up before it took work
         assert len([r for r in caplog.records if "not-a-url" in r.getMessage()]) == 1
 
-        first.kill()  # the joiner answers alone, from the tenant's adapter
+        # the first server leaves the file: it leaves the pool, and the joiner answers alone, from the adapter
+        with caplog.at_level(logging.WARNING, logger="envhub.service"):
+            listed.write_text(f"{late.url}\n")
+            deadline = time.monotonic() + 30
+            while first.url in stats(service)["servers"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert first.url not in stats(service)["servers"]
+        assert any(first.url in r.getMessage() and "removed" in r.getMessage() for r in caplog.records)
+        before = first.metric("requests_total"), late.metric("requests_total")
+        for _ in range(3):
+            assert prompt_logprobs(sampler) == pytest.approx(expected, abs=1e-4)
+        assert first.metric("requests_total") == before[0]
+        assert late.metric("requests_total") >= before[1] + 3
+
+        # the last server stays even when the file lists none: it is kept, with one log line
+        with caplog.at_level(logging.WARNING, logger="envhub.service"):
+            listed.write_text("# none\n")
+            time.sleep(4.5)  # two passes of the prober
+        assert list(stats(service)["servers"]) == [late.url]
+        assert len([r for r in caplog.records if "last sampler server" in r.getMessage()]) == 1
         assert prompt_logprobs(sampler) == pytest.approx(expected, abs=1e-4)
-        assert late.metric("requests_total") > 0
     finally:
         for server in (first, late):
             if server is not None:

@@ -229,6 +229,19 @@ class SamplerPool:
         if url not in self.servers:  # a new dict: other threads may be iterating the old one
             self.servers = {**self.servers, url: ServerSlot(url)}
 
+    def remove_server(self, url: str) -> bool:
+        """Take ``url`` out of the pool: no request goes to it from now on (those it was answering are answered, or
+        re-sent to the others if it fails them) and its weight group is closed; False if it is not in the pool."""
+        server = self.servers.get(url.rstrip("/"))
+        if server is None:
+            return False
+        server.in_rotation, server.last_error = False, "removed from the pool"
+        self.servers = {u: s for u, s in self.servers.items() if s is not server}  # a new dict, as in add_server
+        if server.group is not None:
+            server.group.close()
+            server.group = None
+        return True
+
     def push(self, push: Push, catch_up: Sequence[Push] | None = None) -> None:
         """Send ``push`` to every server in rotation, ``catch_up`` (default: ``[push]``) to every other one that
         answers; ``SamplerServersDownError`` when none is in rotation after it."""

@@ -140,8 +140,8 @@ class ServerBatches:
         for url, items in ready.items():
             lane.numbered += 1
             lane.running[lane.numbered] = (url, items)
-            lane.tasks[lane.numbered] = asyncio.create_task(self._post(lane, lane.numbered, self.pool.servers[url],
-                                                                       items))
+            # the items' own slot: the pool may have dropped the server from its dict meanwhile (remove_server)
+            lane.tasks[lane.numbered] = asyncio.create_task(self._post(lane, lane.numbered, items[0].server, items))
         return bool(ready)
 
     async def _post(self, lane: _Lane, number: int, server: ServerSlot, items: list[_Queued]) -> None:

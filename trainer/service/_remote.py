@@ -28,7 +28,8 @@ another, and with none left the request fails with a message naming each server 
 - **joiners**: every ``probe_s`` a background thread sends everything the servers hold (full weights,
   every adapter) to each server out of rotation that answers (one started late, or restarted); it takes
   work only once it holds all of it. The same thread re-reads ``servers_file`` (``--sampler-servers-file``)
-  and takes in the servers added to it, which join the same way.
+  and takes in the servers added to it, which join the same way; a server that leaves the file leaves the pool
+  (requests in flight there are answered; not the last server, nor one named on the command line).
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ class RemoteSampling:
                  servers_file: Path | None = None):
         self.servers_file = servers_file
         self._problems: set[str] = set()  # of servers_file (bad lines, unreadable), each logged once
+        # the servers the file lists (as last read): those that leave it are removed, those named on the command
+        # line (``urls`` and not in the file at the start) never are
+        self._listed = set(read_server_list(servers_file)[0]) if servers_file is not None else set()
+        self._pinned = {u.rstrip("/") for u in urls} - self._listed
         self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning,
                                 weight_group=weight_group)
         # the work queue gathered the requests already: a batch waits for nothing more (the default demand), and
@@ -204,22 +209,39 @@ class RemoteSampling:
                 log.exception("catching sampler servers up failed")
 
     def _read_servers_file(self) -> None:
-        """Take the servers ``servers_file`` lists now that the pool lacks (they join once caught up)."""
+        """Take in the servers ``servers_file`` lists now that the pool lacks (they join once caught up), and take out
+        those it no longer lists (not the last one, nor one of ``--sampler-servers``)."""
         if self.servers_file is None:
             return
         try:
             urls, bad = read_server_list(self.servers_file)
-            problems = {f"{line!r} is no URL like http://host:8100" for line in bad}
+            problems = {f"{line!r} is no URL like http://host:8100; skipped" for line in bad}
         except OSError as exc:  # being rewritten, or removed: the servers taken in stay
-            urls, problems = [], {f"unreadable ({exc})"}
+            urls, problems = [], {f"unreadable ({exc}); the servers taken in stay"}
+        else:
+            with self._lock:  # not while a push is on its way to it
+                problems |= self._remove_unlisted(set(urls))
         for problem in problems - self._problems:
-            log.warning("sampler servers file %s: %s; skipped", self.servers_file, problem)
+            log.warning("sampler servers file %s: %s", self.servers_file, problem)
         self._problems = problems
         for url in urls:
             if url not in self.pool.servers:
                 log.warning("sampler server %s added (from %s); it takes work once it took the weights", url,
                             self.servers_file)
                 self.pool.add_server(url)
+
+    def _remove_unlisted(self, listed: set[str]) -> set[str]:
+        """Remove the servers that left the file since it was last read; the problems to log (once)."""
+        problems = set()
+        for url in sorted(self._listed - listed - self._pinned):
+            if url in self.pool.servers and len(self.pool.servers) == 1:
+                problems.add(f"{url} is no longer listed but is the last sampler server; kept until another is listed")
+                listed.add(url)  # removed once another server is listed
+            elif self.pool.remove_server(url):
+                log.warning("sampler server %s removed (no longer in %s): requests in flight there are answered, "
+                            "no new ones go to it", url, self.servers_file)
+        self._listed = listed
+        return problems
 
     # -- requests ------------------------------------------------------------------------------------
     def dispatch(self, requests: list[RemoteRequest],

@@ -118,8 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "server as one /sample/batch")
     parser.add_argument("--sampler-servers-file", default=None, metavar="PATH",
                         help="more sampler servers, one URL a line (# comments): read at start and every 2 s while "
-                             "the service runs; a server added to the file joins once it took the weights (removing "
-                             "a line does not take a server out)")
+                             "the service runs; a server added to the file joins once it took the weights, one removed "
+                             "from it leaves the pool (not the last one, nor one of --sampler-servers)")
     parser.add_argument("--sampler-weight-group", choices=("off", "gloo"), default=d.sampler_weight_group,
                         help="with --sampler-servers: push weights (LoRA and full) through a torch.distributed gloo "
                              "group with each server instead of its weight channel; a server that cannot join gets "
