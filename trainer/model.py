@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import hashlib
 import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -217,6 +218,24 @@ def unwrap(model: nn.Module, *, peft: bool = True) -> nn.Module:
         model = model.module
     get_base = getattr(model, "get_base_model", None) if peft else None
     return get_base() if callable(get_base) else model
+
+
+FINGERPRINT_VALUES = 4096
+
+
+def base_fingerprint(model: nn.Module) -> str:
+    """A short hash of ``model``'s base weights: each parameter's name (peft's ``.base_layer`` undone, its LoRA
+    tensors left out), shape and first values rounded to bf16 — the same base in fp32 or bf16 gives the same
+    hash, another checkpoint or init seed another. A sampler server names its own at ``/health``: LoRA
+    adapters trained on one base are refused onto another (their samples would look right and be wrong)."""
+    digest = hashlib.sha256()
+    params = {name.replace(".base_layer", ""): p for name, p in unwrap(model).named_parameters() if "lora_" not in name}
+    for name in sorted(params):
+        p = params[name].detach()
+        digest.update(f"{name}:{tuple(p.shape)};".encode())
+        head = p.flatten()[:FINGERPRINT_VALUES].to(device="cpu", dtype=torch.bfloat16)
+        digest.update(head.view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def cache_keyword(model: nn.Module) -> str:

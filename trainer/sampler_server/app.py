@@ -141,7 +141,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": backend.model_name, "backend": state.backend_kind,
                 "version": backend.version, "adapters": backend.adapters(), "queue_depth": state.batcher.queue_depth,
-                "instance": state.instance,
+                "instance": state.instance, "base_fingerprint": backend.base_fingerprint,
                 "weight_port": state.channel.port if state.channel is not None else None,
                 "weight_group": state.groups.backends()}
 

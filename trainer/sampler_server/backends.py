@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trainer.core.forward import BASE_ADAPTER, run_model, target_logprobs
-from trainer.model import ModelConfig, load_policy
+from trainer.model import ModelConfig, base_fingerprint, load_policy
 from trainer.sampler_server.lora_slots import AdapterTable
 from trainer.sampler_server.protocol import BadRequestError, ImageSpec, Outcome, Sample, SampleJob
 from trainer.sampling.decode import decode, stop_string_check, supports_decode
@@ -44,6 +44,7 @@ class HFBackend:
         self.base: Any = model.eval()
         self.tokenizer = tokenizer
         self.model_name = served_name or model_cfg.name
+        self.base_fingerprint: str | None = base_fingerprint(self.base)  # of the weights loaded (see /health)
         self.version = 0
         self.lock = threading.Lock()
         self.max_lora_rank, self.max_adapters = max_lora_rank, max_adapters

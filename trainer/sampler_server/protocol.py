@@ -113,9 +113,12 @@ class Backend(Protocol):
     """What the server needs from a sampler: batched generation and versioned, atomic weight updates.
 
     ``mixes_adapters``: one ``generate`` call may hold jobs of different adapters (and the base).
-    ``images``: what its model takes as images (None: text only)."""
+    ``images``: what its model takes as images (None: text only).
+    ``base_fingerprint``: :func:`~trainer.sampling.remote_push.base_fingerprint` of the weights it loaded (None:
+    not known; the trainer then cannot check that its LoRA adapters fit the server's base)."""
 
     model_name: str
+    base_fingerprint: str | None
     tokenizer: Any
     version: int
     mixes_adapters: bool

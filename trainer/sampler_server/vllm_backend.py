@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trainer.model import ModelConfig, load_policy
+from trainer.model import ModelConfig, base_fingerprint, load_policy
 from trainer.sampler_server.backends import check_names, lora_settings
 from trainer.sampler_server.protocol import BadRequestError, ImageSpec, NotFoundError, Outcome, Sample, SampleJob
 from trainer.sampling.types import SamplingConfig
@@ -46,6 +46,7 @@ class VLLMBackend:
         self._tied = _tied_names(model)  # e.g. lm_head.weight -> model.embed_tokens.weight: vLLM loads both
         self._max_context = min(max_model_len, int(getattr(model.config, "max_position_embeddings", max_model_len)))
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.base_fingerprint: str | None = base_fingerprint(model)  # the weights vLLM loads from it (see /health)
         self.sampler = VLLMSampler(model, tokenizer, SamplingConfig(backend="vllm"), lora=True,
                                    lora_slots=max_adapters, max_lora_rank=max_lora_rank, max_model_len=max_model_len)
         del model

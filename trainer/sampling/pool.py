@@ -71,7 +71,8 @@ class SamplerPool:
     """Sampler servers at ``urls`` (see the module docstring); ``token`` defaults to ``ENVHUB_SAMPLER_TOKEN``."""
 
     def __init__(self, urls: Sequence[str], *, token: str | None = None, request_timeout_s: float = 600.0,
-                 log: Callable[[str], None] = print, weight_group: str = "off", group_timeout_s: float = 60.0):
+                 log: Callable[[str], None] = print, weight_group: str = "off", group_timeout_s: float = 60.0,
+                 base_fingerprint: str | None = None):
         if weight_group not in BACKENDS:
             raise ValueError(f"Expected weight_group in {BACKENDS}, got {weight_group!r}.")
         why = unavailable(weight_group)
@@ -79,6 +80,8 @@ class SamplerPool:
             raise ValueError(f"Expected a CUDA device and NCCL for weight_group='{weight_group}', got {why}; use "
                              "'gloo' (CPU tensors, any host) or 'off' (the weight channel).")
         self.weight_group, self.group_timeout_s = weight_group, group_timeout_s
+        # LoRA adapters go onto the servers' base: one that names another base (/health) never joins
+        self.base_fingerprint = base_fingerprint
         if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
             raise ValueError(f"Expected sampler server URLs like http://host:8100, got {list(urls)!r}.")
         self.log = log
@@ -285,10 +288,18 @@ class SamplerPool:
     def _catch_up(self, server: ServerSlot, everything: Sequence[Push]) -> str | None:
         """Send every update a joining server must hold; None when it took them all (in one server process)."""
         try:
-            server.instance = self._health(server).get("instance")
+            health = self._health(server)
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
-        first = server.instance
+        theirs = health.get("base_fingerprint")
+        if self.base_fingerprint and theirs and theirs != self.base_fingerprint:
+            mismatch = (f"it serves another base model (weights fingerprint {theirs}, this side's "
+                        f"{self.base_fingerprint}): LoRA adapters need the same base; start it with the same --model "
+                        "and overrides")
+            if server.last_error != mismatch:
+                self.log(f"sampler server {server.url}: {mismatch}; not taken into rotation")
+            return mismatch
+        server.instance = first = health.get("instance")
         for push in everything:
             error = self.send(server, push)
             if error is not None:

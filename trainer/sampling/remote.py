@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainer.model import base_fingerprint
 from trainer.sampling.image_wire import image_entry
 from trainer.sampling.pool import (
     EPISODE_SERVER,
@@ -65,7 +66,8 @@ class RemoteSampler:
         self.version = 0
         self.lora, self.adapter_name, self.log = lora, adapter_name, log
         self.pool = SamplerPool(urls, token=token or os.environ.get("ENVHUB_SAMPLER_TOKEN") or None,
-                                request_timeout_s=request_timeout_s, log=log, weight_group=self.config.weight_group)
+                                request_timeout_s=request_timeout_s, log=log, weight_group=self.config.weight_group,
+                                base_fingerprint=base_fingerprint(model) if lora else None)
         self.last_push_s = 0.0
         self.last_push_bytes = 0
         self._pushed_s, self._pushed_bytes = 0.0, 0  # since the last metrics()

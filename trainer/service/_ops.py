@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.core import Datum, ModelHost, TrainingClient
-from trainer.model import vocab_size_of
+from trainer.model import base_fingerprint, vocab_size_of
 from trainer.sampling.pool import SamplerServersDownError
 from trainer.sampling.remote_push import full_push
 from trainer.service import _paths, _proto, _requests, _wire
@@ -69,7 +69,8 @@ class Ops:
         self.samplers = SamplerCache(host, max_loaded=settings.sampler_slots)
         self.remote = (RemoteSampling(settings.sampler_servers, token=settings.sampler_token,
                                       max_loaded=settings.sampler_slots, weight_group=settings.sampler_weight_group,
-                                      servers_file=settings.sampler_servers_file)
+                                      servers_file=settings.sampler_servers_file,
+                                      base_fingerprint=None if settings.full_parameter else base_fingerprint(host.base))
                        if settings.sampler_servers else None)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change
         self._owners: OrderedDict[str, str] = OrderedDict()  # session id -> owner (see _session_owner)

@@ -118,7 +118,7 @@ class RemoteSampling:
 
     def __init__(self, urls: Sequence[str], *, token: str | None = None, max_loaded: int = 4,
                  probe_s: float = 2.0, request_timeout_s: float = 600.0, weight_group: str = "off",
-                 servers_file: Path | None = None):
+                 servers_file: Path | None = None, base_fingerprint: str | None = None):
         self.servers_file = servers_file
         self._problems: set[str] = set()  # of servers_file (bad lines, unreadable), each logged once
         # the servers the file lists (as last read): those that leave it are removed, those named on the command
@@ -126,7 +126,7 @@ class RemoteSampling:
         self._listed = set(read_server_list(servers_file)[0]) if servers_file is not None else set()
         self._pinned = {u.rstrip("/") for u in urls} - self._listed
         self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning,
-                                weight_group=weight_group)
+                                weight_group=weight_group, base_fingerprint=base_fingerprint)
         # the work queue gathered the requests already: a batch waits for nothing more (the default demand), and
         # those that arrive while a server decodes go to it at once, to join its next decode
         self.batches = ServerBatches(self.pool, overlap=True)
