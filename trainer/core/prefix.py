@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.core.forward import PassLogits
 from trainer.sampling.row_adapters import RowAdapters
 
 #: a group's shared prefix must be at least this many tokens
@@ -112,10 +113,11 @@ def prefix_plan(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters:
 
 
 def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters: list[str] | None,
-                         plan: PrefixPlan) -> Tensor:
-    """Logits [B, T, V] of right-padded rows ``tokens_BT`` (``lengths`` real tokens each, row ``b`` under
-    ``adapters[b]``) by a prefix pass and a suffix pass, as :func:`~trainer.core.forward.run_model` gives
-    them in one pass (its padding positions hold other finite logits)."""
+                         plan: PrefixPlan) -> PassLogits:
+    """Logits of right-padded rows ``tokens_BT`` (``lengths`` real tokens each, row ``b`` under ``adapters[b]``)
+    by a prefix pass and a suffix pass, as :func:`~trainer.core.forward.run_model` gives them in one pass (its
+    padding positions hold other finite logits): a :class:`~trainer.core.forward.PassLogits` over the two
+    passes' logits, each group's prefix positions once."""
     from trainer.model import cache_keyword, output_cache
 
     device = tokens_BT.device
@@ -150,7 +152,7 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     in_prefix = cols_T < start_B.unsqueeze(1)
     from_prefix = group_B.unsqueeze(1) * P + cols_T.clamp(max=P - 1)
     from_suffix = G * P + torch.arange(B, device=device).unsqueeze(1) * S + (cols_T - start_B.unsqueeze(1)).clamp(0, S - 1)
-    return flat[torch.where(in_prefix, from_prefix, from_suffix)]
+    return PassLogits(flat, torch.where(in_prefix, from_prefix, from_suffix))
 
 
 def _row_adapters(model: Any, adapters: list[str] | None) -> AbstractContextManager[Any]:
