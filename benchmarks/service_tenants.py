@@ -152,6 +152,8 @@ def phase(url: str, n: int, episodes: MathEpisodes, args: argparse.Namespace) ->
             "trained_tok_s": sum(r.trained_tokens for r in runs) / wall_s,
             "busy": (after["queue"]["busy_s"] - before["queue"]["busy_s"]) / wall_s,
             "worker_cpu_s": after["queue"].get("busy_cpu_s", 0.0) - before["queue"].get("busy_cpu_s", 0.0),
+            "cpu_by_type": {k: v - before["queue"].get("busy_cpu_by_type", {}).get(k, 0.0)
+                            for k, v in after["queue"].get("busy_cpu_by_type", {}).items()},
             "busy_by_type": {k: v - before["queue"].get("busy_by_type", {}).get(k, 0.0)
                              for k, v in after["queue"].get("busy_by_type", {}).items()},
             "swaps": after["sampler_slots"]["swaps"] - before["sampler_slots"]["swaps"],
@@ -215,6 +217,9 @@ def report(results: list[dict[str, Any]]) -> None:
         steps = sum(len(x.step_s) for x in runs)
         work = ", ".join(f"{kind} {1000 * s / steps:.0f}" for kind, s in sorted(r["busy_by_type"].items()) if s > 0)
         print(f"    service worker ms per tenant-step: {work}")
+        if r["cpu_by_type"]:
+            cpu_work = ", ".join(f"{kind} {1000 * s / steps:.0f}" for kind, s in sorted(r["cpu_by_type"].items()) if s > 0)
+            print(f"    service worker CPU ms per tenant-step: {cpu_work}")
         cpu = ", ".join(f"{k} {1000 * v / steps:.0f}" for k, v in sorted(r["cpu_s"].items()))
         cpu += f" (its model worker {1000 * r['worker_cpu_s'] / steps:.0f})" if r["worker_cpu_s"] else ""
         print(f"    CPU ms per tenant-step: {cpu} (all: {1000 * sum(r['cpu_s'].values()) / steps:.0f}; "
@@ -226,6 +231,24 @@ def report(results: list[dict[str, Any]]) -> None:
         print(f"  {r['n']} tenants: {per}")
     if len(results) > 1:
         print("(x of 1 tenant: aggregate sampled + trained tokens/s over the 1-tenant phase's; target 4 tenants >= 3)")
+    factors = [_factors(r, one) for r in results[1:]]
+    for r, f in zip(results[1:], factors):
+        if f is not None:
+            print(f"  {r['n']} tenants: x of 1 tenant {f[0] * f[1] * f[2]:.2f} = {f[0]:.2f} (cores busy, over 1 tenant's) "
+                  f"x {f[1]:.2f} (1 tenant's CPU per tenant-step, over theirs) x {f[2]:.2f} (tokens per tenant-step)")
+
+
+def _factors(r: dict[str, Any], one: dict[str, Any]) -> tuple[float, float, float] | None:
+    """The throughput ratio of phase ``r`` to ``one`` as the product of: how many more cores its processes kept
+    busy, how much less CPU a tenant-step took, and how many more tokens a tenant-step had (None without /proc)."""
+    def per_phase(x: dict[str, Any]) -> tuple[float, float, float]:
+        cpu_s, steps = sum(x["cpu_s"].values()), sum(len(run.step_s) for run in x["runs"])
+        tokens = sum(run.sampled_tokens + run.trained_tokens for run in x["runs"])
+        return cpu_s / x["wall_s"], cpu_s / steps, tokens / steps
+    if not r["cpu_s"] or not one["cpu_s"]:
+        return None
+    (cores, cpu, tokens), (cores1, cpu1, tokens1) = per_phase(r), per_phase(one)
+    return cores / cores1, cpu1 / cpu, tokens / tokens1
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
