@@ -18,7 +18,10 @@ tokens/s (all tenants' tokens over the phase's wall time), throughput relative t
 4 tenants >= 3x), the service worker's busy share and its milliseconds per tenant-step by request type,
 the median step time of each tenant, each tenant's mean train reward (from its own samples only) and its
 validation reward before -> after, and the sample batches of several requests (with their mean number of
-requests), merged forward_backward requests and sampler-slot swaps the service reports (``GET /api/v1/service_stats``).
+requests), merged forward_backward requests and sampler-slot swaps the service reports (``GET /api/v1/service_stats``);
+the CPU time per tenant-step of each process (the clients, the env server, the service and its model worker, the
+latter per request type; Linux's /proc), and each ratio split into cores kept busy x CPU per tenant-step x tokens
+per tenant-step.
 """
 
 from __future__ import annotations
