@@ -152,3 +152,25 @@ def test_pass_bound_counts_the_tokens_a_shared_prefix_pass_computes(host):
             assert out.metrics == pytest.approx(ref.metrics, rel=1e-5, abs=1e-6)
         for g, ref in zip(grads, results[0][1], strict=True):
             assert torch.allclose(g, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pass_logits_on_a_table_equal_the_expanded_logits(dtype):
+    """Log-probs read through a table's row index (a shared-prefix pass) are those of the expanded [B, T, V]
+    logits, at any temperature, in float32 and in a lower precision (upcast a slice at a time), with the same
+    gradient."""
+    from trainer.core.forward import PassLogits, target_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    table = (3 * torch.randn(2500, 11, generator=g)).to(dtype).requires_grad_(True)
+    index_BT = torch.randint(0, 2500, (4, 6), generator=g)
+    targets_BT = torch.randint(0, 11, (4, 6), generator=g)
+    for temperature in (1.0, 0.7):
+        ours = PassLogits(table, index_BT).logprobs(targets_BT, temperature)
+        (grad_ours,) = torch.autograd.grad(ours.sum(), table)
+        full = target_logprobs(table[index_BT], targets_BT, temperature)
+        (grad_full,) = torch.autograd.grad(full.sum(), table)
+        assert ours.dtype == full.dtype == torch.float32
+        torch.testing.assert_close(ours, full)
+        torch.testing.assert_close(grad_ours, grad_full)
+    assert torch.equal(PassLogits(table, index_BT).argmax(), table[index_BT].argmax(-1))

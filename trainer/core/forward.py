@@ -138,6 +138,10 @@ def target_logprobs(logits_BTV: Tensor, targets_BT: Tensor, temperature: float =
     return token_logprobs(logits_BTV, targets_BT)
 
 
+#: rows of a low-precision logits table upcast to float32 at once (bounds the copy's memory)
+_UPCAST_ROWS = 1024
+
+
 class PassLogits:
     """A pass's logits, read per row: dense ``[B, T, V]``, or (``index_BT`` given) row ``b`` at position ``t`` is
     row ``index_BT[b, t]`` of a table ``[N, V]``, as a shared-prefix pass leaves them (:mod:`trainer.core.prefix`:
@@ -172,12 +176,13 @@ class PassLogits:
         if self.index_BT.shape != targets_BT.shape:
             raise ValueError(f"Expected targets {tuple(self.index_BT.shape)}, got {tuple(targets_BT.shape)}.")
         if temperature not in self._normalised:
-            table_NV = self.logits.float()
-            if temperature != 1.0:
-                table_NV = table_NV / temperature
-            self._normalised[temperature] = (table_NV, torch.logsumexp(table_NV, dim=-1))
+            table_NV = self.logits if temperature == 1.0 else self.logits / temperature
+            # float32 as token_logprobs computes it; a lower-precision table is upcast a slice at a time
+            parts = [table_NV] if table_NV.dtype == torch.float32 else table_NV.split(_UPCAST_ROWS)
+            lse_N = torch.cat([torch.logsumexp(part.float(), dim=-1) for part in parts])
+            self._normalised[temperature] = (table_NV, lse_N)
         table_NV, lse_N = self._normalised[temperature]
-        return table_NV[self.index_BT, targets_BT.long()] - lse_N[self.index_BT]
+        return table_NV[self.index_BT, targets_BT.long()].float() - lse_N[self.index_BT]
 
     def argmax(self) -> Tensor:
         """The most likely id at each position [B, T] (no gradient)."""
