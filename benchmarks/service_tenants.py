@@ -18,7 +18,10 @@ tokens/s (all tenants' tokens over the phase's wall time), throughput relative t
 4 tenants >= 3x), the service worker's busy share and its milliseconds per tenant-step by request type,
 the median step time of each tenant, each tenant's mean train reward (from its own samples only) and its
 validation reward before -> after, and the sample batches of several requests (with their mean number of
-requests), merged forward_backward requests and sampler-slot swaps the service reports (``GET /api/v1/service_stats``).
+requests), merged forward_backward requests and sampler-slot swaps the service reports (``GET /api/v1/service_stats``);
+the CPU time per tenant-step of each process (the clients, the env server, the service and its model worker, the
+latter per request type; Linux's /proc), and each ratio split into cores kept busy x CPU per tenant-step x tokens
+per tenant-step.
 """
 
 from __future__ import annotations
@@ -134,8 +137,10 @@ def phase(url: str, n: int, episodes: MathEpisodes, args: argparse.Namespace) ->
     """N tenants at once; wall time from when all have their training clients to when the last one finishes."""
     runs = [TenantRun(f"tml-tenant-{i}") for i in range(n)]
     marks: dict[str, Any] = {}  # the service's counters and the clock as the timed part starts and ends
-    start = threading.Barrier(n, action=lambda: marks.update(before=stats(url), began=time.perf_counter()))
-    finish = threading.Barrier(n, action=lambda: marks.update(after=stats(url), ended=time.perf_counter()))
+    start = threading.Barrier(n, action=lambda: marks.update(before=stats(url), cpu_before=cpu_seconds(),
+                                                             began=time.perf_counter()))
+    finish = threading.Barrier(n, action=lambda: marks.update(after=stats(url), cpu_after=cpu_seconds(),
+                                                              ended=time.perf_counter()))
     threads = [threading.Thread(target=tenant, args=(url, i, episodes, args, runs[i], start, finish))
                for i in range(n)]
     for t in threads:
@@ -149,14 +154,43 @@ def phase(url: str, n: int, episodes: MathEpisodes, args: argparse.Namespace) ->
     return {"n": n, "wall_s": wall_s, "runs": runs, "sampled_tok_s": sum(r.sampled_tokens for r in runs) / wall_s,
             "trained_tok_s": sum(r.trained_tokens for r in runs) / wall_s,
             "busy": (after["queue"]["busy_s"] - before["queue"]["busy_s"]) / wall_s,
+            "worker_cpu_s": after["queue"].get("busy_cpu_s", 0.0) - before["queue"].get("busy_cpu_s", 0.0),
+            "cpu_by_type": {k: v - before["queue"].get("busy_cpu_by_type", {}).get(k, 0.0)
+                            for k, v in after["queue"].get("busy_cpu_by_type", {}).items()},
             "busy_by_type": {k: v - before["queue"].get("busy_by_type", {}).get(k, 0.0)
                              for k, v in after["queue"].get("busy_by_type", {}).items()},
             "swaps": after["sampler_slots"]["swaps"] - before["sampler_slots"]["swaps"],
+            "cpu_s": {k: v - marks["cpu_before"].get(k, 0.0) for k, v in marks["cpu_after"].items()},
+            "load": os.getloadavg()[0],
             "sample_batches": after["queue"]["batches"].get("sample", 0) - before["queue"]["batches"].get("sample", 0),
             "sample_batched": (after["queue"]["batched_jobs"].get("sample", 0)
                                - before["queue"]["batched_jobs"].get("sample", 0)),
             "fwdbwd_batched": (after["queue"]["batched_jobs"].get("forward_backward", 0)
                                - before["queue"]["batched_jobs"].get("forward_backward", 0))}
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process (the clients), the service and the env server (Linux's
+    /proc; empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, float, str]] = {}  # pid -> (parent, cpu seconds, command line)
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # a process that just ended
+            continue
+        procs[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, cmdline)
+    me = os.getpid()
+    out = {"clients": procs[me][1]} if me in procs else {}
+    family = {me}
+    for pid in sorted(procs):  # children start after their parent: ascending ids find them (barring wrap-around)
+        parent, cpu_s, cmdline = procs[pid]
+        if parent in family and pid != me:
+            family.add(pid)
+            name = "service" if " serve " in cmdline else "env server"
+            out[name] = out.get(name, 0.0) + cpu_s
+    return out
 
 
 def stats(url: str) -> dict[str, Any]:
@@ -186,6 +220,13 @@ def report(results: list[dict[str, Any]]) -> None:
         steps = sum(len(x.step_s) for x in runs)
         work = ", ".join(f"{kind} {1000 * s / steps:.0f}" for kind, s in sorted(r["busy_by_type"].items()) if s > 0)
         print(f"    service worker ms per tenant-step: {work}")
+        if r["cpu_by_type"]:
+            cpu_work = ", ".join(f"{kind} {1000 * s / steps:.0f}" for kind, s in sorted(r["cpu_by_type"].items()) if s > 0)
+            print(f"    service worker CPU ms per tenant-step: {cpu_work}")
+        cpu = ", ".join(f"{k} {1000 * v / steps:.0f}" for k, v in sorted(r["cpu_s"].items()))
+        cpu += f" (its model worker {1000 * r['worker_cpu_s'] / steps:.0f})" if r["worker_cpu_s"] else ""
+        print(f"    CPU ms per tenant-step: {cpu} (all: {1000 * sum(r['cpu_s'].values()) / steps:.0f}; "
+              f"{sum(r['cpu_s'].values()) / r['wall_s']:.2f} cores busy; load average {r['load']:.1f})")
     for r in results:
         per = ", ".join(f"{run.key[4:]}: {statistics.median(run.step_s):.2f} s/step, train reward "
                         f"{statistics.fmean(run.rewards):.3f}, validation {run.val_before:.3f} -> {run.val_after:.3f}"
@@ -193,6 +234,24 @@ def report(results: list[dict[str, Any]]) -> None:
         print(f"  {r['n']} tenants: {per}")
     if len(results) > 1:
         print("(x of 1 tenant: aggregate sampled + trained tokens/s over the 1-tenant phase's; target 4 tenants >= 3)")
+    factors = [_factors(r, one) for r in results[1:]]
+    for r, f in zip(results[1:], factors):
+        if f is not None:
+            print(f"  {r['n']} tenants: x of 1 tenant {f[0] * f[1] * f[2]:.2f} = {f[0]:.2f} (cores busy, over 1 tenant's) "
+                  f"x {f[1]:.2f} (1 tenant's CPU per tenant-step, over theirs) x {f[2]:.2f} (tokens per tenant-step)")
+
+
+def _factors(r: dict[str, Any], one: dict[str, Any]) -> tuple[float, float, float] | None:
+    """The throughput ratio of phase ``r`` to ``one`` as the product of: how many more cores its processes kept
+    busy, how much less CPU a tenant-step took, and how many more tokens a tenant-step had (None without /proc)."""
+    def per_phase(x: dict[str, Any]) -> tuple[float, float, float]:
+        cpu_s, steps = sum(x["cpu_s"].values()), sum(len(run.step_s) for run in x["runs"])
+        tokens = sum(run.sampled_tokens + run.trained_tokens for run in x["runs"])
+        return cpu_s / x["wall_s"], cpu_s / steps, tokens / steps
+    if not r["cpu_s"] or not one["cpu_s"]:
+        return None
+    (cores, cpu, tokens), (cores1, cpu1, tokens1) = per_phase(r), per_phase(one)
+    return cores / cores1, cpu1 / cpu, tokens / tokens1
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

@@ -83,7 +83,7 @@ def test_shared_prefix_logits_equal_one_full_pass(host):
     adapters = [client.adapter for client, rows, _, _ in reqs for _ in rows]
     plan = plan_groups(padded.tokens_BT, padded.lengths, adapters)
     assert plan is not None
-    shared = shared_prefix_logits(host.model, padded.tokens_BT, padded.lengths, adapters, plan)
+    shared = shared_prefix_logits(host.model, padded.tokens_BT, padded.lengths, adapters, plan).dense()
     full, _ = run_model(host.model, padded.tokens_BT, padded.attn_BT, adapters=adapters)
     for b, n in enumerate(padded.lengths):
         assert torch.allclose(shared[b, :n], full[b, :n], atol=1e-5)
@@ -125,3 +125,52 @@ def test_training_client_with_shared_prefixes_equals_the_full_pass(host, lora):
         assert torch.allclose(s_row["logprobs"], f_row["logprobs"], atol=1e-5)
     for s, f in zip(grads[1], grads[0], strict=True):
         assert torch.allclose(s, f, atol=1e-5)
+
+
+def test_pass_bound_counts_the_tokens_a_shared_prefix_pass_computes(host):
+    """Rows whose full padded tokens pass ``max_pass_tokens`` but whose prefix and suffix passes fit it run as
+    one pass; a bound below that splits them, and every split gives the same results and gradients."""
+    prompt = prompt_of(20, 40)
+    reqs = [(host.client(name), [rl_datum(prompt, [30 + i, 31 + k, 32], 0.5 - 0.1 * i) for i in range(8)], "ppo", {})
+            for k, name in enumerate(("alice", "bob"))]
+    good = [(i, c.adapter, pad(rows, "cpu"), loss, cfg) for i, (c, rows, loss, cfg) in enumerate(reqs)]
+    dense = 16 * 42
+    host.max_pass_tokens = dense // 2  # the two prompts once and 16 short suffixes: well under half
+    assert len(host._passes(good)) == 1
+    host.max_pass_tokens = 60  # below even the shared cost: several passes
+    assert len(host._passes(good)) > 1
+    results = []
+    for bound in (dense // 2, 60, None):
+        host.max_pass_tokens = bound
+        outs = host.forward_backward_batch(reqs)
+        grads = [p.grad.clone() for name in ("alice", "bob") for p in host.client(name).params]
+        for name in ("alice", "bob"):
+            host.client(name).zero_grad()
+        results.append((outs, grads))
+    for outs, grads in results[1:]:
+        for out, ref in zip(outs, results[0][0], strict=True):
+            assert out.metrics == pytest.approx(ref.metrics, rel=1e-5, abs=1e-6)
+        for g, ref in zip(grads, results[0][1], strict=True):
+            assert torch.allclose(g, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pass_logits_on_a_table_equal_the_expanded_logits(dtype):
+    """Log-probs read through a table's row index (a shared-prefix pass) are those of the expanded [B, T, V]
+    logits, at any temperature, in float32 and in a lower precision (upcast a slice at a time), with the same
+    gradient."""
+    from trainer.core.forward import PassLogits, target_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    table = (3 * torch.randn(2500, 11, generator=g)).to(dtype).requires_grad_(True)
+    index_BT = torch.randint(0, 2500, (4, 6), generator=g)
+    targets_BT = torch.randint(0, 11, (4, 6), generator=g)
+    for temperature in (1.0, 0.7):
+        ours = PassLogits(table, index_BT).logprobs(targets_BT, temperature)
+        (grad_ours,) = torch.autograd.grad(ours.sum(), table)
+        full = target_logprobs(table[index_BT], targets_BT, temperature)
+        (grad_full,) = torch.autograd.grad(full.sum(), table)
+        assert ours.dtype == full.dtype == torch.float32
+        torch.testing.assert_close(ours, full)
+        torch.testing.assert_close(grad_ours, grad_full)
+    assert torch.equal(PassLogits(table, index_BT).argmax(), table[index_BT].argmax(-1))

@@ -78,6 +78,31 @@ def test_equal_runs_of_one_rank_batch_their_adapters_exactly():
     torch.testing.assert_close(ours, peft)
 
 
+def test_stacked_weights_without_autograd_last_one_block():
+    """Without autograd (a decode loop) a block stacks each layer's adapter weights once for all its passes; the
+    next block stacks them anew, so it sees an optimizer step taken in between."""
+    host = ModelHost(ModelConfig(**TINY), max_tenants=2)
+    clients = [host.create_lora_client(name, rank=4, seed=20 + i) for i, name in enumerate(["gus", "hal"])]
+    probe = [Datum.from_sequence([5, 6, 7, 9], weights=[0.0, 1.0, 1.0, 1.0])]
+    names = [c.adapter for c in clients for _ in range(2)]
+    ids_BT = torch.randint(3, 200, (4, 5), generator=torch.Generator().manual_seed(1))
+    outs = []
+    for _ in range(2):
+        for c in clients:  # new weights for both tenants between the blocks
+            c.forward_backward(probe)
+            c.optim_step(AdamParams(learning_rate=0.05))
+        with torch.no_grad():
+            with RowAdapters(host.model, names) as rows:
+                first, second = (host.model(input_ids=ids_BT).logits for _ in range(2))
+                assert rows.stacked  # kept for the block's second pass
+            peft = host.model(input_ids=ids_BT, adapter_names=names).logits
+        assert not rows.stacked
+        torch.testing.assert_close(first, peft)
+        torch.testing.assert_close(second, peft)
+        outs.append(first)
+    assert not torch.allclose(outs[0], outs[1])
+
+
 def test_rows_of_the_decode_kernel_layout(host):
     """[B * T, features] inputs (the decode kernel's rows) take each row's adapter for all its positions."""
     names = [host.client(n).adapter for n in ("alice", "bob")]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trainer.core.forward import Padded, model_device, pad, run_model, target_logprobs
+from trainer.core.forward import Padded, PassLogits, model_device, pad, run_model
 from trainer.core.losses import check_loss, weighted_loss
 from trainer.core.prefix import prefix_plan, shared_prefix_logits
 from trainer.core.sampling import SamplingClient
@@ -243,12 +243,14 @@ class TrainingClient:
         if plan is not None:  # rows sharing a prompt (a GRPO group's samples): the prompt once
             logits, hidden = shared_prefix_logits(self.model, padded.tokens_BT, padded.lengths, adapters, plan), None
         else:
-            logits, hidden = run_model(self.model, padded.tokens_BT, padded.attn_BT, adapters=adapters,
-                                       hidden=self.value_head is not None, images_B=padded.images_B)
-        lp_BT = target_logprobs(logits, padded.inputs["target_tokens"], config.get("temperature", 1.0))
+            dense, hidden = run_model(self.model, padded.tokens_BT, padded.attn_BT, adapters=adapters,
+                                      hidden=self.value_head is not None, images_B=padded.images_B)
+            logits = PassLogits(dense)
+        lp_BT = logits.logprobs(padded.inputs["target_tokens"], config.get("temperature", 1.0))
         values_BT = self.value_head(hidden) if self.value_head is not None else None
+        predicted_BT = logits.argmax() if loss_fn == "cross_entropy" else None
         loss, elementwise_BT, metrics = weighted_loss(loss_fn, lp_BT, padded.inputs, config, values_BT=values_BT,
-                                                      logits_BTV=logits)
+                                                      predicted_BT=predicted_BT)
         return loss, elementwise_BT, lp_BT, values_BT, metrics
 
 

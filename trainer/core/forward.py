@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from trainer.core.losses import token_logprobs
-from trainer.core.types import Datum
+from trainer.core.types import Datum, ForwardBackwardOutput
 from trainer.sampling.row_adapters import BASE_ADAPTER, RowAdapters
 from trainer.vision import vision_inputs
 
@@ -69,6 +69,47 @@ def rows_of(padded: Padded, start: int, end: int) -> Padded:
                   None if padded.images_B is None else padded.images_B[start:end])
 
 
+def plan_passes(lengths_R: Sequence[Sequence[int]], max_tokens: int | None) -> list[list[tuple[int, int, int]]]:
+    """Passes of ``(request, first row, end row)`` pieces: every request's rows in order, cut so that a pass's
+    padded tokens (its rows x its longest row) stay within ``max_tokens`` (None: one pass); a row longer than
+    the bound gets a pass of its own.
+
+    >>> plan_passes([[4, 4], [4, 4, 4]], 12)
+    [[(0, 0, 2), (1, 0, 1)], [(1, 1, 3)]]
+    """
+    passes: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    rows = width = 0
+    for r, lengths in enumerate(lengths_R):
+        start = 0
+        for i, n in enumerate(lengths):
+            if max_tokens is not None and rows and (rows + 1) * max(width, n) > max_tokens:
+                if i > start:
+                    current.append((r, start, i))
+                passes.append(current)
+                current, rows, width, start = [], 0, 0, i
+            rows, width = rows + 1, max(width, n)
+        current.append((r, start, len(lengths)))
+    if current:
+        passes.append(current)
+    return passes
+
+
+def joined(outs: Sequence[ForwardBackwardOutput]) -> ForwardBackwardOutput:
+    """One request's output from its passes: datums in order, ``:sum`` metrics summed, the others (token means)
+    weighted by each pass's ``tokens:sum``, as :class:`TrainingClient` joins its micro-batches."""
+    if len(outs) == 1:
+        return outs[0]
+    totals: dict[str, float] = {}
+    for out in outs:
+        active = out.metrics.get("tokens:sum", 0.0)
+        for key, value in out.metrics.items():
+            totals[key] = totals.get(key, 0.0) + (value if key.endswith(":sum") else value * active)
+    tokens = max(totals.get("tokens:sum", 0.0), 1.0)
+    return ForwardBackwardOutput([row for out in outs for row in out.loss_fn_outputs],
+                                 {k: v if k.endswith(":sum") else v / tokens for k, v in totals.items()})
+
+
 def run_model(model: Any, tokens_BT: Tensor, attn_BT: Tensor, *, adapters: list[str] | None = None,
               hidden: bool = False, images_B: list[list[Any]] | None = None) -> tuple[Tensor, Tensor | None]:
     """``(logits [B, T, V], last hidden states [B, T, H] or None)`` of one pass through ``model``; ``images_B``
@@ -97,9 +138,67 @@ def target_logprobs(logits_BTV: Tensor, targets_BT: Tensor, temperature: float =
     return token_logprobs(logits_BTV, targets_BT)
 
 
+#: rows of a low-precision logits table upcast to float32 at once (bounds the copy's memory)
+_UPCAST_ROWS = 1024
+
+
+class PassLogits:
+    """A pass's logits, read per row: dense ``[B, T, V]``, or (``index_BT`` given) row ``b`` at position ``t`` is
+    row ``index_BT[b, t]`` of a table ``[N, V]``, as a shared-prefix pass leaves them (:mod:`trainer.core.prefix`:
+    each group's prefix logits once). On a table, :meth:`logprobs` normalises each table row once (per
+    temperature, for every view :meth:`split` made), so a prompt shared by k rows costs one log-sum-exp, not k,
+    and the expanded ``[B, T, V]`` tensor is never built; its values are those of the expanded logits."""
+
+    def __init__(self, logits: Tensor, index_BT: Tensor | None = None,
+                 normalised: dict[float, tuple[Tensor, Tensor]] | None = None):
+        if index_BT is None and logits.dim() != 3:
+            raise ValueError(f"Expected dense logits [B, T, V], got {tuple(logits.shape)}.")
+        self.logits, self.index_BT = logits, index_BT
+        self._normalised = {} if normalised is None else normalised  # temperature -> (scaled table, logsumexp)
+
+    @property
+    def shape_BT(self) -> tuple[int, int]:
+        B, T = (self.logits if self.index_BT is None else self.index_BT).shape[:2]
+        return int(B), int(T)
+
+    def split(self, rows: Sequence[int], widths: Sequence[int]) -> list[PassLogits]:
+        """Consecutive pieces of ``rows[i]`` rows, trimmed to ``widths[i]`` positions (a dense piece is a ``split``:
+        its backward is one cat, where a slice's is a zero-filled full-size gradient)."""
+        if self.index_BT is None:
+            return [PassLogits(piece[:, :w]) for piece, w in zip(self.logits.split(list(rows)), widths)]
+        return [PassLogits(self.logits, piece[:, :w], self._normalised)
+                for piece, w in zip(self.index_BT.split(list(rows)), widths)]
+
+    def logprobs(self, targets_BT: Tensor, temperature: float = 1.0) -> Tensor:
+        """Log-probs [B, T] (float32) of ``targets_BT`` under ``logits / temperature``, as :func:`target_logprobs`."""
+        if self.index_BT is None:
+            return target_logprobs(self.logits, targets_BT, temperature)
+        if self.index_BT.shape != targets_BT.shape:
+            raise ValueError(f"Expected targets {tuple(self.index_BT.shape)}, got {tuple(targets_BT.shape)}.")
+        if temperature not in self._normalised:
+            table_NV = self.logits if temperature == 1.0 else self.logits / temperature
+            # float32 as token_logprobs computes it; a lower-precision table is upcast a slice at a time
+            parts = [table_NV] if table_NV.dtype == torch.float32 else table_NV.split(_UPCAST_ROWS)
+            lse_N = torch.cat([torch.logsumexp(part.float(), dim=-1) for part in parts])
+            self._normalised[temperature] = (table_NV, lse_N)
+        table_NV, lse_N = self._normalised[temperature]
+        return table_NV[self.index_BT, targets_BT.long()].float() - lse_N[self.index_BT]
+
+    def argmax(self) -> Tensor:
+        """The most likely id at each position [B, T] (no gradient)."""
+        with torch.no_grad():
+            best = self.logits.argmax(dim=-1)
+            return best if self.index_BT is None else best[self.index_BT]
+
+    def dense(self) -> Tensor:
+        """The logits as one [B, T, V] tensor."""
+        return self.logits if self.index_BT is None else self.logits[self.index_BT]
+
+
 def model_device(model: Any) -> torch.device:
     device: torch.device = next(model.parameters()).device
     return device
 
 
-__all__ = ["Padded", "pad", "rows_of", "run_model", "target_logprobs", "model_device", "BASE_ADAPTER"]
+__all__ = ["Padded", "PassLogits", "pad", "rows_of", "plan_passes", "joined", "run_model", "target_logprobs",
+           "model_device", "BASE_ADAPTER"]

@@ -29,9 +29,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainer.core.client import TrainingClient, _per_datum
-from trainer.core.forward import BASE_ADAPTER, Padded, model_device, pad, rows_of, run_model, target_logprobs
+from trainer.core.forward import (
+    BASE_ADAPTER,
+    Padded,
+    PassLogits,
+    joined,
+    model_device,
+    pad,
+    plan_passes,
+    rows_of,
+    run_model,
+)
 from trainer.core.losses import check_loss, weighted_loss
-from trainer.core.prefix import prefix_plan, shared_prefix_logits
+from trainer.core.prefix import PrefixPlan, prefix_plan, shared_prefix_logits
 from trainer.core.sampling import SamplingClient
 from trainer.core.types import Datum, ForwardBackwardOutput
 
@@ -40,6 +50,8 @@ if TYPE_CHECKING:
 
 #: one checked request of a batched pass: (its slot, its tenant's adapter, its padded rows, its loss and config)
 _Prepared = tuple[int, str, Padded, str, dict[str, float]]
+#: a pass's rows merged: (tokens [B, T], mask [B, T], lengths, adapters, images, shared-prefix plan or None)
+_Merged = tuple[Tensor, Tensor, list[int], list[str], list[list[Any]], "PrefixPlan | None"]
 
 
 #: default bound of one merged forward_backward pass, in padded tokens: on the tiny CPU model a pass's cost per
@@ -56,9 +68,10 @@ class ModelHost:
 
     ``max_tenants`` caps training tenants (samplers made by :meth:`snapshot` do not count). ``sampler`` is
     ``"hf"`` or ``"vllm"`` (one engine, LoRA ranks up to ``max_lora_rank``, built here: vLLM must be installed).
-    ``max_pass_tokens`` bounds one pass of :meth:`forward_backward_batch` (rows x their longest row; None: no
-    bound): merged work past it runs as several passes with the same gradients. ``share_prefixes`` (True):
-    rows of one adapter sharing a token prefix compute it once in a pass (:mod:`trainer.core.prefix`).
+    ``max_pass_tokens`` bounds one pass of :meth:`forward_backward_batch` (the padded tokens it computes: rows x
+    their longest row, or with shared prefixes the prefix and suffix passes'; None: no bound): merged work past
+    it runs as several passes with the same gradients. ``share_prefixes`` (True): rows of one adapter
+    sharing a token prefix compute it once in a pass (:mod:`trainer.core.prefix`).
     """
 
     def __init__(self, model_cfg: Any, *, device: torch.device | str = "cpu", max_tenants: int = 8,
@@ -240,16 +253,32 @@ class ModelHost:
                 results[i] = exc
         parts: dict[int, list[ForwardBackwardOutput]] = {}
         with torch.set_grad_enabled(backward):
-            for plan in plan_passes([p.lengths for _, _, p, _, _ in good], self.max_pass_tokens):
-                chunk = [(good[r][0], good[r][1], rows_of(good[r][2], start, end), good[r][3], good[r][4])
-                         for r, start, end in plan]
-                for i, out in self._batched(chunk, backward):
+            for chunk, merged in self._passes(good):
+                for i, out in self._batched(chunk, backward, merged):
                     parts.setdefault(i, []).append(out)
         for i, outs in parts.items():
             results[i] = joined(outs)
         return results
 
-    def _batched(self, good: list[_Prepared], backward: bool) -> list[tuple[int, ForwardBackwardOutput]]:
+    def _passes(self, good: list[_Prepared]) -> list[tuple[list[_Prepared], _Merged | None]]:
+        """The passes of ``good``'s rows: one while its tokens fit ``max_pass_tokens``, counted as the pass
+        computes them (with shared prefixes, the prefix and suffix passes' padded tokens), else
+        :func:`plan_passes` with the bound scaled by that share of the full rows' padded tokens."""
+        if not good:
+            return []
+        merged = self._merge(good)
+        lengths, plan = merged[2], merged[5]
+        dense = len(lengths) * int(merged[0].shape[1])
+        cost = plan.cost(lengths) if plan is not None else dense
+        if self.max_pass_tokens is None or cost <= self.max_pass_tokens:
+            return [(good, merged)]
+        bound = max(1, self.max_pass_tokens * dense // cost)
+        return [([(good[r][0], good[r][1], rows_of(good[r][2], start, end), good[r][3], good[r][4])
+                  for r, start, end in pieces], None)
+                for pieces in plan_passes([p.lengths for _, _, p, _, _ in good], bound)]
+
+    def _merge(self, good: list[_Prepared]) -> _Merged:
+        """The requests' rows as one right-padded batch and its shared-prefix plan (None: one full pass)."""
         width = max(p.tokens_BT.shape[1] for _, _, p, _, _ in good)
         tokens = torch.cat([F.pad(p.tokens_BT, (0, width - p.tokens_BT.shape[1])) for _, _, p, _, _ in good])
         attn = torch.cat([F.pad(p.attn_BT, (0, width - p.attn_BT.shape[1])) for _, _, p, _, _ in good])
@@ -257,19 +286,24 @@ class ModelHost:
         images_B = [imgs for _, _, p, _, _ in good for imgs in (p.images_B or [[] for _ in p.lengths])]
         lengths = [n for _, _, p, _, _ in good for n in p.lengths]
         plan = prefix_plan(self.model, tokens, lengths, adapters, images_B) if self.share_prefixes else None
+        return tokens, attn, lengths, adapters, images_B, plan
+
+    def _batched(self, good: list[_Prepared], backward: bool,
+                 merged: _Merged | None = None) -> list[tuple[int, ForwardBackwardOutput]]:
+        tokens, attn, lengths, adapters, images_B, plan = merged or self._merge(good)
         if plan is not None:  # a GRPO group's samples: their prompt once
             logits = shared_prefix_logits(self.model, tokens, lengths, adapters, plan)
         else:
-            logits, _ = run_model(self.model, tokens, attn, adapters=adapters, images_B=images_B)
+            logits = PassLogits(run_model(self.model, tokens, attn, adapters=adapters, images_B=images_B)[0])
         losses: list[Tensor] = []
         outs: list[tuple[int, ForwardBackwardOutput]] = []
-        # split, not slices: a split's backward is one cat, where each slice's is a zero-filled full-size gradient
-        pieces = logits.split([p.tokens_BT.shape[0] for _, _, p, _, _ in good])
-        for (i, _adapter, padded, loss_fn, config), piece_BTV in zip(good, pieces):
-            T = padded.tokens_BT.shape[1]
-            logits_BTV = piece_BTV[:, :T]
-            lp_BT = target_logprobs(logits_BTV, padded.inputs["target_tokens"], config.get("temperature", 1.0))
-            loss, elementwise_BT, metrics = weighted_loss(loss_fn, lp_BT, padded.inputs, config, logits_BTV=logits_BTV)
+        pieces = logits.split([p.tokens_BT.shape[0] for _, _, p, _, _ in good],
+                              [p.tokens_BT.shape[1] for _, _, p, _, _ in good])
+        for (i, _adapter, padded, loss_fn, config), piece in zip(good, pieces):
+            lp_BT = piece.logprobs(padded.inputs["target_tokens"], config.get("temperature", 1.0))
+            predicted_BT = piece.argmax() if loss_fn == "cross_entropy" else None
+            loss, elementwise_BT, metrics = weighted_loss(loss_fn, lp_BT, padded.inputs, config,
+                                                          predicted_BT=predicted_BT)
             losses.append(loss)
             active = float((padded.inputs["weights"] != 0).sum())
             out_metrics = {"loss:sum": float(loss.detach()), "tokens:sum": active,
@@ -340,47 +374,6 @@ class ModelHost:
         self.base, _ = load_policy(self.model_cfg, self.device)
         _freeze(self.base)
         self.model = self.base
-
-
-def plan_passes(lengths_R: Sequence[Sequence[int]], max_tokens: int | None) -> list[list[tuple[int, int, int]]]:
-    """Passes of ``(request, first row, end row)`` pieces: every request's rows in order, cut so that a pass's
-    padded tokens (its rows x its longest row) stay within ``max_tokens`` (None: one pass); a row longer than
-    the bound gets a pass of its own.
-
-    >>> plan_passes([[4, 4], [4, 4, 4]], 12)
-    [[(0, 0, 2), (1, 0, 1)], [(1, 1, 3)]]
-    """
-    passes: list[list[tuple[int, int, int]]] = []
-    current: list[tuple[int, int, int]] = []
-    rows = width = 0
-    for r, lengths in enumerate(lengths_R):
-        start = 0
-        for i, n in enumerate(lengths):
-            if max_tokens is not None and rows and (rows + 1) * max(width, n) > max_tokens:
-                if i > start:
-                    current.append((r, start, i))
-                passes.append(current)
-                current, rows, width, start = [], 0, 0, i
-            rows, width = rows + 1, max(width, n)
-        current.append((r, start, len(lengths)))
-    if current:
-        passes.append(current)
-    return passes
-
-
-def joined(outs: Sequence[ForwardBackwardOutput]) -> ForwardBackwardOutput:
-    """One request's output from its passes: datums in order, ``:sum`` metrics summed, the others (token means)
-    weighted by each pass's ``tokens:sum``, as :class:`TrainingClient` joins its micro-batches."""
-    if len(outs) == 1:
-        return outs[0]
-    totals: dict[str, float] = {}
-    for out in outs:
-        active = out.metrics.get("tokens:sum", 0.0)
-        for key, value in out.metrics.items():
-            totals[key] = totals.get(key, 0.0) + (value if key.endswith(":sum") else value * active)
-    tokens = max(totals.get("tokens:sum", 0.0), 1.0)
-    return ForwardBackwardOutput([row for out in outs for row in out.loss_fn_outputs],
-                                 {k: v if k.endswith(":sum") else v / tokens for k, v in totals.items()})
 
 
 def _freeze(base: torch.nn.Module) -> None:

@@ -85,18 +85,20 @@ def check_loss(loss_fn: str, inputs: dict[str, Tensor], config: dict[str, float]
 
 def weighted_loss(loss_fn: str, lp_BT: Tensor, inputs: dict[str, Tensor], config: dict[str, float], *,
                   values_BT: Tensor | None = None, logits_BTV: Tensor | None = None,
-                  ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+                  predicted_BT: Tensor | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """``(sum_t w_t l_t, w_t l_t [B, T], metrics)`` for ``lp_BT`` (log-probs of the targets, with grad).
 
     ``inputs`` are [B, T] tensors (padding positions carry weight 0). Metrics are 0-d tensors: token means
-    over the positions whose weight is non-zero, keyed ``name:mean``.
+    over the positions whose weight is non-zero, keyed ``name:mean``. ``cross_entropy`` adds the token accuracy
+    of the argmax of ``logits_BTV`` (or of ``predicted_BT``, those argmax ids) when either is given.
     """
     weights_BT = inputs.get("weights", torch.ones_like(lp_BT))
     active_BT = (weights_BT != 0).to(lp_BT.dtype)
     loss_BT, metrics = _POLICY_LOSSES[loss_fn](lp_BT, inputs, config, active_BT)
-    if loss_fn == "cross_entropy" and logits_BTV is not None:
+    if loss_fn == "cross_entropy" and (logits_BTV is not None or predicted_BT is not None):
         with torch.no_grad():
-            correct_BT = (logits_BTV.argmax(dim=-1) == inputs["target_tokens"]).to(lp_BT.dtype)
+            best_BT = predicted_BT if predicted_BT is not None else logits_BTV.argmax(dim=-1)  # type: ignore[union-attr]
+            correct_BT = best_BT.eq(inputs["target_tokens"]).to(lp_BT.dtype)
             metrics["token_acc:mean"] = masked_mean(correct_BT, active_BT)
     if "ref_logprobs" in inputs and config.get("kl_coef", 0.0):
         kl_BT = k3_kl(lp_BT, inputs["ref_logprobs"])

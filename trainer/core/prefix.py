@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.core.forward import PassLogits
 from trainer.sampling.row_adapters import RowAdapters
 
 #: a group's shared prefix must be at least this many tokens
@@ -49,10 +50,16 @@ class PrefixPlan:
         return max(n - self.prefix_G[g] for n, g in zip(lengths, self.group_B))
 
 
-def _common(a: Tensor, b: Tensor) -> int:
-    n = min(a.numel(), b.numel())
-    differ = (a[:n] != b[:n]).nonzero()
-    return int(differ[0]) if differ.numel() else n
+def _common(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two id lists, by bisection over slice comparisons (each one C loop)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def plan_groups(tokens_BT: Tensor, lengths: Sequence[int], adapters: Sequence[str | None], *,
@@ -64,16 +71,19 @@ def plan_groups(tokens_BT: Tensor, lengths: Sequence[int], adapters: Sequence[st
     tokens, so prompts sharing only a system prompt stay apart when their own prompts pay more. A run's
     prefix is its rows' common prefix; a row alone is a group whose prefix is the whole row.
     """
-    rows = [tokens_BT[b, :n].cpu() for b, n in enumerate(lengths)]
-    order = sorted(range(len(rows)), key=lambda b: (adapters[b] or "", rows[b].tolist()))
+    ids = tokens_BT.cpu().tolist()  # one conversion: per-row tensor ops would cost more than the comparisons
+    rows = [ids[b][:n] for b, n in enumerate(lengths)]
+    order = sorted(range(len(rows)), key=lambda b: (adapters[b] or "", rows[b]))
     # common prefix with the previous row in that order (none across adapters)
     shared = [0] + [_common(rows[a], rows[b]) if adapters[a] == adapters[b] else 0 for a, b in pairwise(order)]
     best: PrefixPlan | None = None
+    best_cost = 0
     for threshold in sorted({n for n in shared if n >= min_prefix}):
         plan = _runs(order, shared, threshold, lengths)
-        if plan.suffix(lengths) and (best is None or plan.cost(lengths) < best.cost(lengths)):
-            best = plan
-    if best is None or best.cost(lengths) > max_cost_share * len(rows) * max(lengths):
+        cost = plan.cost(lengths) if plan.suffix(lengths) else None
+        if cost is not None and (best is None or cost < best_cost):
+            best, best_cost = plan, cost
+    if best is None or best_cost > max_cost_share * len(rows) * max(lengths):
         return None
     return best
 
@@ -112,10 +122,11 @@ def prefix_plan(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters:
 
 
 def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], adapters: list[str] | None,
-                         plan: PrefixPlan) -> Tensor:
-    """Logits [B, T, V] of right-padded rows ``tokens_BT`` (``lengths`` real tokens each, row ``b`` under
-    ``adapters[b]``) by a prefix pass and a suffix pass, as :func:`~trainer.core.forward.run_model` gives
-    them in one pass (its padding positions hold other finite logits)."""
+                         plan: PrefixPlan) -> PassLogits:
+    """Logits of right-padded rows ``tokens_BT`` (``lengths`` real tokens each, row ``b`` under ``adapters[b]``)
+    by a prefix pass and a suffix pass, as :func:`~trainer.core.forward.run_model` gives them in one pass (its
+    padding positions hold other finite logits): a :class:`~trainer.core.forward.PassLogits` over the two
+    passes' logits, each group's prefix positions once."""
     from trainer.model import cache_keyword, output_cache
 
     device = tokens_BT.device
@@ -150,7 +161,7 @@ def shared_prefix_logits(model: Any, tokens_BT: Tensor, lengths: Sequence[int], 
     in_prefix = cols_T < start_B.unsqueeze(1)
     from_prefix = group_B.unsqueeze(1) * P + cols_T.clamp(max=P - 1)
     from_suffix = G * P + torch.arange(B, device=device).unsqueeze(1) * S + (cols_T - start_B.unsqueeze(1)).clamp(0, S - 1)
-    return flat[torch.where(in_prefix, from_prefix, from_suffix)]
+    return PassLogits(flat, torch.where(in_prefix, from_prefix, from_suffix))
 
 
 def _row_adapters(model: Any, adapters: list[str] | None) -> AbstractContextManager[Any]:

@@ -67,6 +67,8 @@ class RowAdapters:
         self.runs = runs_of(self.adapters_B)
         self.rows = len(self.adapters_B)
         self._layers: list[Any] = []
+        # without autograd (a decode loop's many steps), each layer's stacked adapter weights, built once per block
+        self.stacked: dict[tuple[int, tuple[str, ...]], tuple[Tensor, Tensor]] = {}
 
     def select(self, index_R: Tensor | Sequence[int]) -> None:
         """The next passes' row ``r`` is row ``index_R[r]`` of the layout given at construction."""
@@ -101,6 +103,7 @@ class RowAdapters:
                     if not forward.layouts:
                         del layer.forward
         self._layers = []
+        self.stacked.clear()
 
 
 #: guards installing and removing the per-row forwards (blocks may open on several threads)
@@ -131,7 +134,7 @@ class _RowForward:
             return result + self._delta(x, str(names[0])).to(result.dtype)
         sizes = [(end - start) * per_row for start, end, _ in rows.runs]
         if len(set(sizes)) == 1 and self._stackable(names):  # a GRPO batch: every tenant the same rows
-            return result + self._stacked_delta(x, [str(n) for n in names]).view_as(result).to(result.dtype)
+            return result + self._stacked_delta(x, [str(n) for n in names], rows).view_as(result).to(result.dtype)
         # split, not slices: a split's backward is one cat, where each slice's is a zero-filled full-size gradient
         parts = [part if name is None else part + self._delta(xs, name).to(result.dtype)
                  for part, xs, name in zip(result.split(sizes), x.split(sizes), names)]
@@ -153,15 +156,27 @@ class _RowForward:
         return len(shapes) == 1 and all(type(layer.lora_dropout[n]) is torch.nn.Identity
                                         and getattr(layer.lora_B[n], "bias", None) is None for n in names)
 
-    def _stacked_delta(self, x: Tensor, names: list[str]) -> Tensor:
+    def _stacked_delta(self, x: Tensor, names: list[str], rows: RowAdapters) -> Tensor:
         """The LoRA terms of equal runs, one adapter each, as two batched matmuls over the runs: the same
         arithmetic as one ``_delta`` per run, in a fixed number of ops however many tenants share the pass."""
-        layer = self.layer
-        weight_A = layer.lora_A[names[0]].weight
-        A_KIR = torch.stack([layer.lora_A[n].weight for n in names]).transpose(1, 2)  # [runs, in, rank]
-        B_KRO = torch.stack([layer.lora_B[n].weight * layer.scaling[n] for n in names]).transpose(1, 2)
-        x_KNI = x.to(weight_A.dtype).reshape(len(names), -1, x.shape[-1])  # run k's rows (x positions)
+        A_KIR, B_KRO = self._stacked_weights(names, rows)
+        x_KNI = x.to(A_KIR.dtype).reshape(len(names), -1, x.shape[-1])  # run k's rows (x positions)
         return torch.bmm(torch.bmm(x_KNI, A_KIR), B_KRO)
+
+    def _stacked_weights(self, names: list[str], rows: RowAdapters) -> tuple[Tensor, Tensor]:
+        """The runs' adapter weights stacked: A [runs, in, rank] and B (scaled) [runs, rank, out]; without autograd
+        kept for the rest of ``rows``' block, so a decode loop stacks them once, not on every step."""
+        key = (id(self), tuple(names))
+        cached = None if torch.is_grad_enabled() else rows.stacked.get(key)
+        if cached is not None:
+            return cached
+        layer = self.layer
+        A_KIR = torch.stack([layer.lora_A[n].weight for n in names]).transpose(1, 2)
+        B_KRO = torch.stack([layer.lora_B[n].weight * layer.scaling[n] for n in names]).transpose(1, 2)
+        if not torch.is_grad_enabled():
+            A_KIR, B_KRO = A_KIR.contiguous(), B_KRO.contiguous()
+            rows.stacked[key] = (A_KIR, B_KRO)
+        return A_KIR, B_KRO
 
 
 __all__ = ["RowAdapters", "runs_of", "lora_layers", "BASE_ADAPTER"]

@@ -333,9 +333,11 @@ class Ops:
         """What the scheduler and the sampler slots did: ``GET /api/v1/service_stats``."""
         q = self.queue.stats
         return {"queue": {"pending": self.queue.pending(), "jobs": q.jobs, "busy_s": round(q.busy_s, 3),
+                          "busy_cpu_s": round(q.busy_cpu_s, 3),
                           "refused": q.refused, "batches": q.batches, "batched_jobs": q.batched_jobs,
                           "largest_batch": q.largest_batch,
-                          "busy_by_type": {k: round(v, 3) for k, v in q.busy_by_type.items()}},
+                          "busy_by_type": {k: round(v, 3) for k, v in q.busy_by_type.items()},
+                          "busy_cpu_by_type": {k: round(v, 3) for k, v in q.busy_cpu_by_type.items()}},
                 "sampler_slots": {"slots": self.samplers.max_loaded, **self.samplers.stats.as_dict()},
                 **({"sampler_servers": self.remote.stats()} if self.remote is not None else {})}
 

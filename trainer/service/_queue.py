@@ -107,7 +107,9 @@ class QueueStats:
     jobs: int = 0  # jobs run in all
     refused: int = 0  # submissions answered 429
     busy_s: float = 0.0  # time the worker spent running work
+    busy_cpu_s: float = 0.0  # the worker thread's CPU time in it (less than busy_s where other processes took the core)
     busy_by_type: dict[str, float] = field(default_factory=dict)  # request type -> its share of busy_s
+    busy_cpu_by_type: dict[str, float] = field(default_factory=dict)  # request type -> its share of busy_cpu_s
 
 
 class WorkQueue:
@@ -287,12 +289,15 @@ class WorkQueue:
             jobs = self._next_jobs()
             if jobs is None:
                 return
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             outcomes = self._run(jobs)
             elapsed_s = time.perf_counter() - start
+            cpu_s = time.thread_time() - start_cpu
             self.stats.busy_s += elapsed_s
+            self.stats.busy_cpu_s += cpu_s
             kind = jobs[0].request_type
             self.stats.busy_by_type[kind] = self.stats.busy_by_type.get(kind, 0.0) + elapsed_s
+            self.stats.busy_cpu_by_type[kind] = self.stats.busy_cpu_by_type.get(kind, 0.0) + cpu_s
             self.stats.jobs += len(jobs)
             log.debug("requests %s (%s) in %.3f s", [j.request_id for j in jobs], jobs[0].request_type, elapsed_s)
             for j, outcome in zip(jobs, outcomes):

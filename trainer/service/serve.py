@@ -104,8 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"how long a sample request waits for others to share its engine batch (default "
                              f"{d.batch_window_s * 1000:g}; 0: batch only what is already queued)")
     parser.add_argument("--max-pass-tokens", type=int, default=d.max_pass_tokens,
-                        help=f"padded tokens in one pass of merged forward_backward work; more runs as several "
-                             f"passes with the same gradients (default {d.max_pass_tokens})")
+                        help=f"padded tokens one pass of merged forward_backward work computes (with shared prompts, "
+                             f"its prefix and suffix passes'); more runs as several passes with the same gradients "
+                             f"(default {d.max_pass_tokens})")
     parser.add_argument("--sampler-slots", type=int, default=d.sampler_slots,
                         help=f"sampler adapters held loaded at once (here, or on each sampler server); past them the "
                              f"least recently used is swapped out (default {d.sampler_slots})")
