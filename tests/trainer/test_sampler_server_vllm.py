@@ -1,6 +1,6 @@
 """A sampler server with the vLLM backend as a real process (in .venv-vllm; skipped elsewhere): log-probs that
 follow the trainer through full and LoRA pushes after real optimizer steps (over the weight channel and through
-a gloo weight group), and the OpenAI API."""
+a gloo weight group), the OpenAI API, and one generate call for the rows of several adapters and the base."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import urllib.error
 import urllib.request
 
+import httpx
 import pytest
 import torch
 
@@ -83,3 +84,45 @@ def _prompt_logprobs(url: str, ids: list[int], adapter: str | None) -> list:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as resp:
         return list(json.load(resp)["prompt_logprobs"])
+
+
+def _lora_policy(seed: int) -> torch.nn.Module:
+    """A LoRA policy on the server's base with a non-zero adapter of its own."""
+    torch.manual_seed(seed)
+    client = TrainingClient.from_config(ModelConfig(**SHAPE, dtype="fp32", lora_rank=4))
+    with torch.no_grad():
+        for name, p in client.model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.3)
+    return client.model
+
+
+def test_vllm_server_mixes_adapters_and_the_base_in_one_generate_call(tmp_path) -> None:
+    from trainer.model import load_policy
+    from trainer.sampling.remote_push import payload, put_as_body
+
+    server = ServerProcess(tmp_path, *ARGS, timeout_s=600)
+    try:
+        policies = {"one": _lora_policy(1), "two": _lora_policy(2),
+                    None: load_policy(ModelConfig(**SHAPE, dtype="fp32"))[0]}
+        with httpx.Client(timeout=120) as http:
+            for name in ("one", "two"):
+                resp = put_as_body(http, server.url, payload(policies[name], 3, lora=True, adapter_name=name))
+                assert resp.status_code == 200, resp.text
+            before = server.metric("batches_total")
+            names = ["two", None, "one", "nope", "two", "one"]  # interleaved, an unknown adapter among them
+            bodies = [{"prompt_ids": [11 + i, 12, 13], "n": 2, "max_tokens": 6, "stop_ids": [],
+                       **({"adapter": name} if name else {})} for i, name in enumerate(names)]
+            results = http.post(f"{server.url}/sample/batch", json={"requests": bodies}).json()["results"]
+        assert server.metric("batches_total") - before == 1  # ONE generate call for every adapter and the base
+        assert results[3]["error"]["code"] == 404 and "nope" in results[3]["error"]["message"]
+        for name, body, result in zip(names, bodies, results):
+            if name == "nope":
+                continue
+            assert result["version"] == (3 if name else 0)
+            for sample in result["samples"]:
+                assert gap(policies[name], body["prompt_ids"], sample["token_ids"], sample["logprobs"]) < 1e-3, name
+        ids = results[0]["samples"][0]["token_ids"]  # the adapters really differ
+        assert gap(policies["one"], [11, 12, 13], ids, results[0]["samples"][0]["logprobs"]) > 1e-2
+    finally:
+        server.stop()

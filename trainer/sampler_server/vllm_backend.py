@@ -33,7 +33,7 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 class VLLMBackend:
     """A vLLM engine behind the server, with named LoRA adapters (``max_adapters`` slots); text only."""
 
-    mixes_adapters = False  # one adapter per generate call (a batch key holds the adapter)
+    mixes_adapters = True  # one generate call holds jobs of several adapters and the base (a LoRA request per prompt)
     images: ImageSpec | None = None
 
     def __init__(self, model_cfg: ModelConfig, *, served_name: str | None = None, max_lora_rank: int = 256,
@@ -70,22 +70,36 @@ class VLLMBackend:
 
     # -- generation ----------------------------------------------------------------------------------
     def generate(self, jobs: list[SampleJob]) -> list[Outcome]:
-        """One vLLM ``generate`` for ``jobs`` (equal batch keys): each job's samples and the version that drew them."""
+        """One vLLM ``generate`` for ``jobs`` (equal batch keys; adapters mixed, each prompt with its own LoRA
+        request): each job's samples and the version that drew them, or the error it met (an adapter not loaded)."""
         from vllm.inputs import TokensPrompt
 
-        adapter = jobs[0].adapter
-        params = [self._params(job) for job in jobs]
-        prompts = [TokensPrompt(prompt_token_ids=list(job.prompt_ids)) for job in jobs]
-        with self.sampler.weights_lock:
-            request, version = self._adapter(adapter) if adapter else (None, self.version)
-            outputs = on_vllm_thread(self.sampler.llm.generate, prompts, params, lora_request=request, use_tqdm=False)
-        results = [[self._sample(c, job) for c in out.outputs] for job, out in zip(jobs, outputs)]
-        for job, out, samples in zip(jobs, outputs, results):
-            if job.prompt_logprobs:
-                scored = [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], job.prompt_ids[1:])]
-                for sample in samples:
-                    sample.prompt_logprobs = [None, *scored]
-        return [(samples, version) for samples in results]
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        with self.sampler.weights_lock:  # versions read with the weights they name: no update in between
+            ready, requests, versions = [], [], []
+            for i, job in enumerate(jobs):
+                try:
+                    request, version = self._adapter(job.adapter) if job.adapter else (None, self.version)
+                except NotFoundError as exc:
+                    outcomes[i] = exc  # only its own request fails
+                    continue
+                ready.append(job)
+                requests.append(request)
+                versions.append(version)
+            prompts = [TokensPrompt(prompt_token_ids=list(job.prompt_ids)) for job in ready]
+            params = [self._params(job) for job in ready]
+            outputs = (on_vllm_thread(self.sampler.llm.generate, prompts, params, lora_request=requests,
+                                      use_tqdm=False) if ready else [])
+        done = iter(self._samples(job, out, version) for job, out, version in zip(ready, outputs, versions))
+        return [outcome if outcome is not None else next(done) for outcome in outcomes]
+
+    def _samples(self, job: SampleJob, out: Any, version: int) -> Outcome:
+        samples = [self._sample(c, job) for c in out.outputs]
+        if job.prompt_logprobs:
+            scored = [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], job.prompt_ids[1:])]
+            for sample in samples:
+                sample.prompt_logprobs = [None, *scored]
+        return samples, version
 
     def _params(self, job: SampleJob) -> Any:
         from vllm import SamplingParams
