@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--learn-steps", type=int, default=56,
                    help="further GRPO steps per tenant after the timed ones, untimed, before validation: enough for "
                         "validation to move clearly (the timed steps measure throughput, which needs few)")
-    p.add_argument("--val-samples", type=int, default=32, help="samples per held-out problem for the validation reward")
+    p.add_argument("--val-samples", type=int, default=64, help="samples per held-out problem for the validation reward")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs")
     args = p.parse_args(argv)
     if args.smoke:

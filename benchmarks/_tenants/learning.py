@@ -35,10 +35,16 @@ def validate(sampler: Any, episodes: MathEpisodes, samples: int, max_tokens: int
     indices = list(range(episodes.size("validation")))
     groups = sample_all(sampler, [episodes.prompt("validation", i) for i in indices], samples, 1.0, max_tokens)
     rewards = episodes.rewards([("validation", i, s.tokens) for i, g in zip(indices, groups) for s in g])
-    per_problem = [rewards[k * samples:(k + 1) * samples] for k in range(len(indices))]
-    mean = statistics.fmean(statistics.fmean(r) for r in per_problem)
-    se = math.sqrt(sum(statistics.variance(r) / samples for r in per_problem)) / len(per_problem)
-    return Validation(mean, se)
+    return estimate([rewards[k * samples:(k + 1) * samples] for k in range(len(indices))])
+
+
+def estimate(rewards_per_problem: list[list[float]]) -> Validation:
+    """The mean over problems of each problem's mean reward, and its standard error from the spread within each."""
+    if not rewards_per_problem or min(len(r) for r in rewards_per_problem) < 2:
+        raise ValueError("Expected at least one problem with at least 2 rewards each")
+    mean = statistics.fmean(statistics.fmean(r) for r in rewards_per_problem)
+    variance = sum(statistics.variance(r) / len(r) for r in rewards_per_problem)
+    return Validation(mean, math.sqrt(variance) / len(rewards_per_problem))
 
 
 def clear_rise(before: Validation, after: Validation) -> bool:
