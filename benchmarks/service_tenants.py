@@ -1,6 +1,6 @@
 """Many LoRA tenants on one training service: 1, 2, 4 and 8 concurrent SDK clients, side by side in one run.
 
-    python benchmarks/service_tenants.py [--tenants 1,2,4,8] [--steps 8] [--batch 8] [--group 8]
+    python benchmarks/service_tenants.py [--tenants 1,2,4,8] [--steps 8] [--learn-steps 56] [--batch 8] [--group 8]
     python benchmarks/service_tenants.py --smoke      # seconds: checks that the script still runs
 
 One math env server and one ``envhub-train serve`` (LoRA, one torch thread) serve every phase. The served
@@ -12,13 +12,21 @@ samples through its own ``save_weights_and_get_sampling_client`` -> ``sample`` (
 all in flight) -> rewards from the env server -> ``forward_backward`` (``importance_sampling`` with
 tinker_rl's advantages: centred per group, over its std, negative ones dropped; every sample stays in
 the batch, an equal-reward group's with advantage 0, which keeps the work per step fixed) ->
-``optim_step``. Before and after its steps (outside the timed part) each tenant scores its own weights on
-every validation problem (mean reward of ``--val-samples`` samples each). Printed per phase: aggregate sampled tokens/s and training
+``optim_step``, at tinker_rl's learning-rate schedule (5 steps' warm-up to ``--lr``, then linear decay).
+Only the first ``--steps`` steps are timed: throughput needs few, learning needs more, so each tenant then
+runs ``--learn-steps`` more of the same steps (untimed, still all tenants at once). Before its steps and after
+all of them, each tenant scores its own weights on every held-out validation problem, never a train one: the
+mean reward of ``--val-samples`` samples (temperature 1) each, with its standard error
+(``benchmarks/_tenants/learning.py``); the phase's verdict says whether every tenant's validation rose by more
+than twice the standard error of the difference. Rewards are attributed by construction: a tenant's thread
+samples only from the sampler its own training client (its own API key) saved, scores those samples' tokens
+and records them in its own ``TenantRun``. Printed per phase: aggregate sampled tokens/s and training
 tokens/s (all tenants' tokens over the phase's wall time), throughput relative to one tenant (target:
 4 tenants >= 3x), the service worker's busy share and its milliseconds per tenant-step by request type,
-the median step time of each tenant, each tenant's mean train reward (from its own samples only) and its
-validation reward before -> after, and the sample batches of several requests (with their mean number of
-requests), merged forward_backward requests and sampler-slot swaps the service reports (``GET /api/v1/service_stats``);
+the median step time of each tenant, each tenant's mean train reward over the first and the last quarter of
+its steps (from its own samples only) and its validation reward before -> after, the verdict, and the sample
+batches of several requests (with their mean number of requests), merged forward_backward requests and
+sampler-slot swaps the service reports (``GET /api/v1/service_stats``);
 the CPU time per tenant-step of each process (the clients, the env server, the service and its model worker, the
 latter per request type; Linux's /proc), and each ratio split into cores kept busy x CPU per tenant-step x tokens
 per tenant-step.
@@ -43,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 import torch
 
+from benchmarks._tenants.learning import Validation, validate, verdict
 from benchmarks._tenants.warmup import warmed_base
 from examples.tinker_rl import MathEpisodes, datum, sample_all
 from trainer.quickstart import math_server
@@ -61,12 +70,21 @@ class TenantRun:
     sample_s: float = 0.0  # of the steps' time: sampling, rewards (the env server), training
     reward_s: float = 0.0
     train_s: float = 0.0
-    val_before: float = 0.0  # greedy validation reward of this tenant's own sampler, before and after its steps
-    val_after: float = 0.0
+    val_before: Validation | None = None  # this tenant's own sampler on the validation problems, before its steps
+    val_after: Validation | None = None  # and after its timed steps and its --learn-steps
+    learn_rewards: list[float] = field(default_factory=list)  # the mean train reward of each --learn-steps step
     error: str | None = None
 
 
-def grpo_step(tc: Any, episodes: MathEpisodes, indices: list[int], args: argparse.Namespace, run: TenantRun) -> None:
+def learning_rate(step: int, args: argparse.Namespace) -> float:
+    """``examples/tinker_rl.py``'s schedule over a tenant's timed and learning steps: 5 steps' linear warm-up to
+    ``--lr``, then linear decay (a constant rate lets the later steps' noisy 8-problem batches undo the gains)."""
+    total = args.steps + args.learn_steps
+    return float(args.lr * min(1.0, (step + 1) / 5) * (1 - step / total))
+
+
+def grpo_step(tc: Any, episodes: MathEpisodes, indices: list[int], args: argparse.Namespace, run: TenantRun,
+              lr: float) -> None:
     """One shortened GRPO step of ``examples/tinker_rl.py``, every sample trained on (see the module docstring)."""
     from tinker import types
 
@@ -88,7 +106,7 @@ def grpo_step(tc: Any, episodes: MathEpisodes, indices: list[int], args: argpars
     n_tokens = sum(len(s.tokens) for _, s, _ in rows)
     data = [datum(p, s.tokens, logprobs=s.logprobs, advantages=[a / n_tokens] * len(s.tokens)) for p, s, a in rows]
     fb = tc.forward_backward(data, "importance_sampling")
-    tc.optim_step(types.AdamParams(learning_rate=args.lr, beta2=0.999, grad_clip_norm=1.0)).result()
+    tc.optim_step(types.AdamParams(learning_rate=lr, beta2=0.999, grad_clip_norm=1.0)).result()
     fb.result()
     run.sample_s += sampled - began
     run.reward_s += rewarded - sampled
@@ -98,14 +116,14 @@ def grpo_step(tc: Any, episodes: MathEpisodes, indices: list[int], args: argpars
     run.trained_tokens += sum(len(d.model_input.to_ints()) for d in data)
 
 
-def validation_reward(tc: Any, episodes: MathEpisodes, indices: list[int], args: argparse.Namespace) -> float:
-    """Mean reward of ``--val-samples`` samples (temperature 1) of this tenant's current weights on each held-out
-    problem: the policy's expected reward there, far less noisy than one greedy answer per problem."""
-    sampler = tc.save_weights_and_get_sampling_client().result()
-    groups = sample_all(sampler, [episodes.prompt("validation", i) for i in indices], args.val_samples, 1.0,
-                        args.max_tokens)
-    rewards = episodes.rewards([("validation", i, s.tokens) for i, g in zip(indices, groups) for s in g])
-    return sum(rewards) / len(rewards)
+def validation_reward(tc: Any, episodes: MathEpisodes, args: argparse.Namespace) -> Validation:
+    """This tenant's current weights on every held-out problem, through a sampler of its own training client."""
+    return validate(tc.save_weights_and_get_sampling_client().result(), episodes, args.val_samples, args.max_tokens)
+
+
+def indices_of(index: int, step: int, args: argparse.Namespace) -> list[int]:
+    """The train problems of tenant ``index``'s ``step``: each tenant its own stretch of the train problems."""
+    return [(index * 97 + step * args.batch + j) % args.problems for j in range(args.batch)]
 
 
 def tenant(url: str, index: int, episodes: MathEpisodes, args: argparse.Namespace, run: TenantRun,
@@ -113,18 +131,21 @@ def tenant(url: str, index: int, episodes: MathEpisodes, args: argparse.Namespac
     import tinker
 
     service = tinker.ServiceClient(base_url=url, api_key=run.key)
-    validation = list(range(episodes.size("validation")))
     try:
         tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=index).result()
-        run.val_before = validation_reward(tc, episodes, validation, args)
+        run.val_before = validation_reward(tc, episodes, args)
         start.wait()
         for step in range(args.steps):
             began = time.perf_counter()
-            indices = [(index * 97 + step * args.batch + j) % args.problems for j in range(args.batch)]
-            grpo_step(tc, episodes, indices, args, run)
+            grpo_step(tc, episodes, indices_of(index, step, args), args, run, learning_rate(step, args))
             run.step_s.append(time.perf_counter() - began)
-        finish.wait()  # the phase's wall time ends here: validation is not part of it
-        run.val_after = validation_reward(tc, episodes, validation, args)
+        finish.wait()  # the phase's wall time ends here: the learning steps and validation are not part of it
+        learning = TenantRun(run.key)  # the same GRPO steps, still concurrent, counted apart from the timed ones
+        for step in range(args.steps, args.steps + args.learn_steps):
+            grpo_step(tc, episodes, indices_of(index, step, args), args, learning,
+                      learning_rate(step, args))
+        run.learn_rewards = learning.rewards
+        run.val_after = validation_reward(tc, episodes, args)
     except Exception as exc:  # reported with the phase; the other tenants carry on
         run.error = f"{type(exc).__name__}: {exc}"
         start.abort()
@@ -228,10 +249,16 @@ def report(results: list[dict[str, Any]]) -> None:
         print(f"    CPU ms per tenant-step: {cpu} (all: {1000 * sum(r['cpu_s'].values()) / steps:.0f}; "
               f"{sum(r['cpu_s'].values()) / r['wall_s']:.2f} cores busy; load average {r['load']:.1f})")
     for r in results:
-        per = ", ".join(f"{run.key[4:]}: {statistics.median(run.step_s):.2f} s/step, train reward "
-                        f"{statistics.fmean(run.rewards):.3f}, validation {run.val_before:.3f} -> {run.val_after:.3f}"
-                        for run in r["runs"])
+        per = ", ".join(f"{run.key[4:]}: {statistics.median(run.step_s):.2f} s/step" for run in r["runs"])
         print(f"  {r['n']} tenants: {per}")
+    for r in results:
+        print(f"  {r['n']} tenants, learning:")
+        for run in r["runs"]:
+            train = run.rewards + run.learn_rewards
+            quarter = max(len(train) // 4, 1)
+            print(f"    {run.key[4:]}: train reward {statistics.fmean(train[:quarter]):.3f} (first quarter of its steps) -> "
+                  f"{statistics.fmean(train[-quarter:]):.3f} (last), validation {run.val_before} -> {run.val_after}")
+        print(f"    {verdict([(run.val_before, run.val_after) for run in r['runs'] if run.val_before and run.val_after])}")
     if len(results) > 1:
         print("(x of 1 tenant: aggregate sampled + trained tokens/s over the 1-tenant phase's; target 4 tenants >= 3)")
     factors = [_factors(r, one) for r in results[1:]]
@@ -272,11 +299,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--warmup-steps", type=int, default=400, help="the most SFT warm-up steps")
     p.add_argument("--warmup-dir", metavar="DIR",
                    help="keep the warmed-up base here and reuse it when DIR already holds one (default: a temporary one)")
-    p.add_argument("--val-samples", type=int, default=8, help="samples per held-out problem for the validation reward")
+    p.add_argument("--learn-steps", type=int, default=56,
+                   help="further GRPO steps per tenant after the timed ones, untimed, before validation: enough for "
+                        "validation to move clearly (the timed steps measure throughput, which needs few)")
+    p.add_argument("--val-samples", type=int, default=64, help="samples per held-out problem for the validation reward")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs")
     args = p.parse_args(argv)
     if args.smoke:
         args.tenants, args.steps, args.batch, args.group, args.max_tokens = "1,2", 1, 2, 2, 4
+        args.learn_steps, args.val_samples = 1, 2
         args.warmup_target = 0.0
     counts = [int(n) for n in args.tenants.split(",")]
     os.environ.setdefault("TINKER_TELEMETRY", "0")
