@@ -100,8 +100,9 @@ def figure_demos(cfg: Any, n: int, seed: int) -> list[dict[str, Any]]:
 
 def measure_demos(cfg: Any, n: int, seed: int) -> list[dict[str, Any]]:
     """``n`` warm-up conversations on train-split triangles: a ``CALL_FRACTION`` of them call the ruler on the
-    asked side (Hermes format) and see its real reading; every one answers ``\\boxed{}`` with a *random* length.
-    The formats, and nothing about which length is right: the policy starts at chance."""
+    asked side (Hermes format) and see its real reading; every one answers a *random* length in the env's
+    ``answer_format`` (``\\boxed{}``, or the number alone). The formats, and nothing about which length is right:
+    the policy starts at chance."""
     from env_servers.geometry_env.figures import MEASURE_LENGTHS
 
     rng = random.Random(seed)
@@ -115,7 +116,9 @@ def measure_demos(cfg: Any, n: int, seed: int) -> list[dict[str, Any]]:
             reading = env.measure(side.group(1)).observation.text
             messages += [{"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
                          {"role": "tool", "name": "measure", "content": reading}]
-        messages.append({"role": "assistant", "content": f"\\boxed{{{rng.choice(MEASURE_LENGTHS)}}}"})
+        length = rng.choice(MEASURE_LENGTHS)
+        answer = length if env.config.answer_format == "number" else f"\\boxed{{{length}}}"
+        messages.append({"role": "assistant", "content": answer})
         demos.append({"messages": messages, "tools": cfg.env.tools})
     return demos
 

@@ -9,6 +9,10 @@ Two modes (config ``mode``):
   the episode ends when an answer is right or ``max_attempts`` (3) are used. Episode returns:
   1.0, 0.95, 0.9 or −0.1. On the ``measure`` kind the final answer also reports ``closeness`` (how
   near the answered length is) and ``closeness_weight`` (0) of it is added to the reward, a shaping signal.
+  ``measure_reward`` (0) is the reward of the turn that first reads the asked side with the ruler (the
+  ``measured`` component), a shaping signal for the call that per-turn credit can give to that turn alone.
+  ``answer_format = "number"`` also takes a text turn that is a number alone (``7``) as the answer, and the
+  ``measure`` statement asks for that instead of ``\boxed{}``: an answer turn of one or two tokens.
 * ``"single"``: one text turn, reward ``0.9 × accuracy + 0.1 × format`` where the format is
   ``<think>…</think>`` followed by ``\boxed{}`` (for a multiple-choice problem, such as the
   ``figure`` kind: a first word naming one of its choices).
@@ -24,6 +28,7 @@ The first observation carries the statement and instruction (``text``), the diag
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -47,6 +52,8 @@ TOOLS_SYSTEM_PROMPT = (
     "polygon_interior_angle, arc_length). Submit your answer with submit_answer (or write it in \\boxed{}). "
     "If it is incorrect you will see the parsed answer and the reward, and you can try again.")
 MODES = ("tools", "single")
+ANSWER_FORMATS = ("boxed", "number")
+_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)")
 
 
 @dataclass
@@ -62,7 +69,11 @@ class GeometryConfig:
     # tools mode, the ``measure`` kind: the final reward adds closeness_weight x closeness (how near the
     # answered length is; a shaping signal for training, reported as a component; accuracy stays the score)
     closeness_weight: float = 0.0
+    # the ``measure`` kind: the reward of the turn that first reads the asked side (a shaping signal for tool use)
+    measure_reward: float = 0.0
     measure_side: str | None = None  # the side every ``measure`` problem asks for ("AB", "BC", "CA"); None: random
+    # tools mode: "boxed" (a text turn answers in \boxed{}) or "number" (a number alone answers too)
+    answer_format: str = "boxed"
     image_size: int = 384
     include_image: bool = True
     data_files: dict[str, str] = field(default_factory=dict)  # split -> exported geometry3k file
@@ -76,8 +87,12 @@ class GeometryConfig:
             raise ValueError(f"Expected mode to be 'tools' or 'single', got {self.mode!r}.")
         if self.max_attempts < 1 or self.max_turns < self.max_attempts:
             raise ValueError(f"Expected 1 <= max_attempts <= max_turns, got {self.max_attempts} and {self.max_turns}.")
-        if self.closeness_weight < 0:
-            raise ValueError(f"Expected closeness_weight >= 0, got {self.closeness_weight}.")
+        if self.closeness_weight < 0 or self.measure_reward < 0:
+            raise ValueError(f"Expected closeness_weight and measure_reward >= 0, got {self.closeness_weight} and "
+                             f"{self.measure_reward}.")
+        if self.answer_format not in ANSWER_FORMATS or (self.answer_format == "number" and self.mode != "tools"):
+            raise ValueError(f"Expected answer_format in {ANSWER_FORMATS} ('number' with mode='tools'), got "
+                             f"{self.answer_format!r} with mode={self.mode!r}.")
         if self.measure_side not in (None, *figures.MEASURE_SIDES):
             raise ValueError(f"Expected measure_side to be None or one of {figures.MEASURE_SIDES}, "
                              f"got {self.measure_side!r}.")
@@ -87,6 +102,16 @@ class GeometryConfig:
     @classmethod
     def build(cls, config: dict[str, Any]) -> GeometryConfig:
         return from_kwargs(cls, config)
+
+
+def number_alone(text: str) -> str | None:
+    """The number a reply consists of, surrounding whitespace aside; None for anything else.
+
+    >>> number_alone(" 7 "), number_alone("-2.5"), number_alone("7 cm"), number_alone("")
+    ('7', '-2.5', None, None)
+    """
+    reply = text.strip()
+    return reply if _NUMBER.fullmatch(reply) else None
 
 
 class GeometryEnv(Env):
@@ -105,7 +130,7 @@ class GeometryEnv(Env):
     def __init__(self, **config: Any):
         self.config = GeometryConfig.build(config)
         self.problem: GeometryProblem | None = None
-        self.attempts, self.turns = 0, 0
+        self.attempts, self.turns, self.measured = 0, 0, False
 
     # -- reset -------------------------------------------------------------------------------
     def reset(self, seed: int | None = None, split: str = "train", kind: str | None = None,
@@ -115,7 +140,7 @@ class GeometryEnv(Env):
             self.problem = self._pick(split, kind, difficulty, index, problem, answer)
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ActionValidationError(f"reset(): {exc}") from None
-        self.attempts, self.turns = 0, 0
+        self.attempts, self.turns, self.measured = 0, 0, False
         p, single = self.problem, self.config.mode == "single"
         instruction = self.config.instruction
         if instruction is None:
@@ -138,9 +163,10 @@ class GeometryEnv(Env):
                 raise ValueError("Expected both 'problem' and 'answer' as non-empty strings for a custom problem.")
             return GeometryProblem("custom", statement, answer, kind or "custom", difficulty, split)
         if kind in figures.KINDS:
+            reply = self.config.answer_format
             if index is not None:
-                return figures.problem_at(index, split=split, kind=kind, side=self._side(kind))
-            return figures.generate(self.rng, split=split, kind=kind, side=self._side(kind))
+                return figures.problem_at(index, split=split, kind=kind, side=self._side(kind), reply=reply)
+            return figures.generate(self.rng, split=split, kind=kind, side=self._side(kind), reply=reply)
         source = self.config.data_dir or self.config.data_files.get(split)
         if kind in problems.KINDS or not (self.config.data_dir or self.config.data_files):
             if index is not None:
@@ -189,9 +215,11 @@ class GeometryEnv(Env):
                               info={"parsed_answer": verdict.parsed, "correct": verdict.correct,
                                     "ground_truth": answer,
                                     "rewards": {"accuracy": accuracy, "format": fmt}})
-        boxed = extract_boxed(text)
-        if boxed is not None:
-            return self.submit_answer(boxed)
+        submitted = extract_boxed(text)
+        if submitted is None and self.config.answer_format == "number":
+            submitted = number_alone(text)
+        if submitted is not None:
+            return self.submit_answer(submitted)
         return self._tool_turn("No answer found. Call a tool, or submit_answer(answer) / write \\boxed{answer}.")
 
     # -- tools -----------------------------------------------------------------------------------
@@ -285,8 +313,13 @@ class GeometryEnv(Env):
         try:
             text = f"{round(figures.segment_length(diagram, segment), 2):g}"
         except ValueError as exc:
-            text = f"Error: {exc}"
-        return self._tool_turn(text)
+            return self._tool_turn(f"Error: {exc}")
+        result = self._tool_turn(text)
+        problem = self.current_problem()
+        if problem.kind == "measure" and not self.measured and figures.asks_for(problem.statement, segment):
+            self.measured = True
+            result.reward = self.config.measure_reward
+        return result
 
     @tool
     def submit_answer(self, answer: Annotated[str, "your final answer, e.g. 2\\sqrt{13} or 65"]) -> StepResult:
@@ -318,6 +351,7 @@ class GeometryEnv(Env):
         rewards = {"accuracy": correctness}
         if self.current_problem().kind == "measure":
             rewards["closeness"] = figures.closeness(parsed, self.current_problem().answer)
+            rewards["measured"] = float(self.measured)
         return rewards
 
     def state(self) -> dict[str, Any]:

@@ -8,12 +8,14 @@ figure        which figure is drawn: ``t`` (triangle), ``q`` (quadrilateral) or 
               (the letter or the name)
 measure       the length of a named side of a triangle whose lengths are written nowhere: the
               picture shows proportions only (the renderer scales every figure to the canvas), so
-              the ``measure`` tool (a ruler on the diagram's coordinates) is the way to the answer
+              the ``measure`` tool (a ruler on the diagram's coordinates) is the way to the answer;
+              the statement asks for the reply in a ``reply`` format of :data:`MEASURE_REPLIES`
 ============ ==================================================================================
 
 The statement of a kind is one sentence for every problem, so a policy blind to the picture (and,
 for ``measure``, to tool results) can do no better than chance. Splits therefore hash the figure
-(its coordinates), not the statement. :func:`problem_at` balances the answers: problem ``i`` of a
+(its coordinates) and the question, not the reply format: a triangle is in the same split whichever
+format its statement asks for. :func:`problem_at` balances the answers: problem ``i`` of a
 split has answer ``ANSWERS[kind][i % len(ANSWERS[kind])]``, so chance is exactly ``1/len``.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 from collections.abc import Callable
 from itertools import pairwise
 
@@ -32,10 +35,13 @@ FIGURES = {"t": "triangle", "q": "quadrilateral", "c": "circle"}
 FIGURE_STATEMENT = "Figure? t=triangle q=quadrilateral c=circle"
 MEASURE_LENGTHS = tuple(str(n) for n in range(2, 10))  # one digit: chance is 1/8
 MEASURE_SIDES = ("AB", "BC", "CA")
+#: how a ``measure`` statement asks for the reply: in ``\boxed{}``, or the number alone
+MEASURE_REPLIES = {"boxed": "Reply \\boxed{length}.", "number": "Reply with the length alone."}
 MEASURE_SPREAD = int(MEASURE_LENGTHS[-1]) - int(MEASURE_LENGTHS[0])
 ANSWERS: dict[str, tuple[str, ...]] = {"figure": tuple(FIGURES), "measure": MEASURE_LENGTHS}
 KINDS = tuple(ANSWERS)
 _MAX_TRIES = 2000
+_ASKED = re.compile(r"How long is ([A-Z]{2})\?")
 
 
 def _polar(r: float, degrees: float) -> Point:
@@ -65,8 +71,8 @@ def _figure(rng: random.Random, answer: str) -> tuple[str, Diagram]:
 
 
 def _measure(rng: random.Random, answer: str, side: str | None = None) -> tuple[str, Diagram]:
-    """Triangle ABC with the asked ``side`` (None: a random one) of length ``answer``; the other sides follow
-    from random angles."""
+    """Triangle ABC with the asked ``side`` (None: a random one) of length ``answer``, and the question (without
+    the reply format); the other sides follow from random angles."""
     side = side or rng.choice(MEASURE_SIDES)
     length = float(answer)
     angle_at_start = rng.uniform(35, 110)  # at the side's first vertex
@@ -74,58 +80,63 @@ def _measure(rng: random.Random, answer: str, side: str | None = None) -> tuple[
     p, q = side[0], side[1]
     r = ({"A", "B", "C"} - {p, q}).pop()
     points = {p: (0.0, 0.0), q: (length, 0.0), r: _polar(other, angle_at_start)}
-    statement = f"How long is {side}? Reply \\boxed{{length}}."
-    return statement, Diagram(points, segments=[("A", "B", ""), ("B", "C", ""), ("C", "A", "")])
+    return f"How long is {side}?", Diagram(points, segments=[("A", "B", ""), ("B", "C", ""), ("C", "A", "")])
 
 
 BUILDERS: dict[str, Callable[[random.Random, str], tuple[str, Diagram]]] = {"figure": _figure, "measure": _measure}
 
 
-def _check_side(kind: str, side: str | None) -> None:
+def _check_side(kind: str, side: str | None, reply: str) -> None:
     if side is not None and (kind != "measure" or side not in MEASURE_SIDES):
         raise ValueError(f"Expected side to be None or, for the measure kind, one of {MEASURE_SIDES}; got "
                          f"side={side!r} for kind={kind!r}.")
+    if reply not in MEASURE_REPLIES:
+        raise ValueError(f"Expected reply to be one of {tuple(MEASURE_REPLIES)}, got {reply!r}.")
 
 
 def _figure_key(statement: str, diagram: Diagram) -> str:
-    """What a problem's split and id hash: the statement and the figure's coordinates."""
+    """What a problem's split and id hash: the question (a ``figure`` statement, a ``measure`` one without its
+    reply format) and the figure's coordinates."""
     coords = ";".join(f"{n}:{x:.4f},{y:.4f}" for n, (x, y) in sorted(diagram.points.items()))
     circles = ";".join(f"{c}:{r:.4f}" for c, r in diagram.circles)
     return f"{statement}|{coords}|{circles}"
 
 
 def generate(rng: random.Random, *, split: str = "train", kind: str = "figure",
-             answer: str | None = None, side: str | None = None) -> GeometryProblem:
+             answer: str | None = None, side: str | None = None, reply: str = "boxed") -> GeometryProblem:
     """A random ``kind`` problem of ``split`` (with the given ``answer``, else a random one of the kind);
-    ``side``: the side a ``measure`` problem asks for (None: a random one)."""
+    ``side``: the side a ``measure`` problem asks for (None: a random one); ``reply``: the reply format its
+    statement asks for (a key of :data:`MEASURE_REPLIES`)."""
     if split not in SPLITS:
         raise ValueError(f"Expected split to be one of {', '.join(SPLITS)}, got {split!r}.")
     if kind not in ANSWERS:
         raise ValueError(f"Expected a diagram-only kind among {', '.join(KINDS)}, got {kind!r}.")
     if answer is not None and answer not in ANSWERS[kind]:
         raise ValueError(f"Expected a {kind} answer among {ANSWERS[kind]}, got {answer!r}.")
-    _check_side(kind, side)
+    _check_side(kind, side, reply)
     for _ in range(_MAX_TRIES):
         truth = answer if answer is not None else rng.choice(ANSWERS[kind])
-        statement, diagram = _measure(rng, truth, side) if side else BUILDERS[kind](rng, truth)
-        key = _figure_key(statement, diagram)
+        question, diagram = _measure(rng, truth, side) if side else BUILDERS[kind](rng, truth)
+        key = _figure_key(question, diagram)
         if split_of(key) == split:
             pid = f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
             choices = ANSWERS[kind] if kind == "figure" else ()
+            statement = f"{question} {MEASURE_REPLIES[reply]}" if kind == "measure" else question
             return GeometryProblem(pid, statement, truth, kind, None, split, diagram, choices=choices)
     raise RuntimeError(f"no {split} problem found for kind={kind!r} after {_MAX_TRIES} draws")
 
 
-def problem_at(index: int, *, split: str = "train", kind: str = "figure", side: str | None = None) -> GeometryProblem:
-    """Problem number ``index`` of a split: deterministic, its answer ``ANSWERS[kind][index % len]`` (``side``: as
-    :func:`generate`)."""
+def problem_at(index: int, *, split: str = "train", kind: str = "figure", side: str | None = None,
+               reply: str = "boxed") -> GeometryProblem:
+    """Problem number ``index`` of a split: deterministic, its answer ``ANSWERS[kind][index % len]`` (``side``,
+    ``reply``: as :func:`generate`)."""
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"Expected index to be a non-negative integer, got {index!r}.")
     if kind not in ANSWERS:
         raise ValueError(f"Expected a diagram-only kind among {', '.join(KINDS)}, got {kind!r}.")
     answers = ANSWERS[kind]
     return generate(random.Random(f"geometry-figure/{split}/{kind}/{index}"), split=split, kind=kind,
-                    answer=answers[index % len(answers)], side=side)
+                    answer=answers[index % len(answers)], side=side, reply=reply)
 
 
 def choice_of(text: str, choices: tuple[str, ...]) -> str | None:
@@ -161,6 +172,17 @@ def closeness(answer: str | None, truth: str) -> float:
     return max(0.0, 1.0 - abs(value - float(truth)) / MEASURE_SPREAD)
 
 
+def asks_for(statement: str, segment: str) -> bool:
+    """Whether ``segment`` is the side a ``measure`` statement asks for, in either direction (``CB`` is ``BC``).
+
+    >>> asks_for("How long is BC? Reply with the length alone.", "cb"), asks_for("How long is BC?", "AB")
+    (True, False)
+    """
+    asked = _ASKED.match(statement)
+    names = segment.strip().upper().replace("-", "").replace(" ", "")
+    return asked is not None and sorted(names) == sorted(asked.group(1))
+
+
 def segment_length(diagram: Diagram, segment: str) -> float:
     """The length of ``segment`` (two point names, e.g. ``"AB"``) on the diagram's coordinates."""
     names = segment.strip().upper().replace("-", "").replace(" ", "")
@@ -171,4 +193,5 @@ def segment_length(diagram: Diagram, segment: str) -> float:
     return math.hypot(x2 - x1, y2 - y1)
 
 
-__all__ = ["ANSWERS", "FIGURES", "KINDS", "generate", "problem_at", "choice_of", "closeness", "segment_length"]
+__all__ = ["ANSWERS", "FIGURES", "KINDS", "MEASURE_REPLIES", "generate", "problem_at", "choice_of", "closeness", "asks_for",
+           "segment_length"]

@@ -27,11 +27,23 @@ def test_validation_is_balanced_over_the_answers_and_the_statement_never_gives_t
     assert not any(p.answer in p.statement.split() for p in problems)
 
 
-def test_train_and_validation_figures_never_share_a_problem() -> None:
+@pytest.mark.parametrize(("kind", "reply"), [("figure", "boxed"), ("measure", "boxed"), ("measure", "number")])
+def test_train_and_validation_figures_never_share_a_problem(kind: str, reply: str) -> None:
     rng = random.Random(0)
-    train = {figures.generate(rng, split="train", kind="figure").problem_id for _ in range(200)}
-    validation = {figures.problem_at(i, split="validation", kind="figure").problem_id for i in range(60)}
+    train = {figures.generate(rng, split="train", kind=kind, reply=reply).problem_id for _ in range(200)}
+    validation = {figures.problem_at(i, split="validation", kind=kind, reply=reply).problem_id for i in range(60)}
     assert not train & validation
+
+
+def test_a_triangle_keeps_its_split_and_id_whichever_reply_format_its_statement_asks_for() -> None:
+    for split in ("train", "validation"):
+        boxed, number = (figures.problem_at(7, split=split, kind="measure", side="BC", reply=r) for r in ("boxed", "number"))
+        assert (number.problem_id, number.split, number.answer) == (boxed.problem_id, split, boxed.answer)
+        assert number.diagram == boxed.diagram
+        assert (boxed.statement, number.statement) == ("How long is BC? Reply \\boxed{length}.",
+                                                       "How long is BC? Reply with the length alone.")
+    with pytest.raises(ValueError, match="reply"):
+        figures.problem_at(0, kind="measure", reply="words")
 
 
 def test_the_three_figures_shade_different_parts_of_the_picture() -> None:
@@ -83,7 +95,36 @@ def test_tools_mode_measure_then_answer_scores_the_reading() -> None:
 
     reading, reward, info = asyncio.run(episode())
     assert reading == figures.ANSWERS["measure"][2] and reward == 1.0
-    assert info["rewards"] == {"accuracy": 1.0, "closeness": 1.0}
+    assert info["rewards"] == {"accuracy": 1.0, "closeness": 1.0, "measured": 1.0}
+
+
+def test_the_number_format_takes_a_number_alone_as_the_answer_and_the_statement_asks_for_it() -> None:
+    async def answer(text: str) -> tuple[str, dict]:
+        runner = EnvRunner(GeometryEnv(mode="tools", instruction="", max_attempts=1, max_turns=2,
+                                       answer_format="number"))
+        first = await runner.reset(split="validation", kind="measure", index=4)  # index 4: length 6
+        final = await runner.step({"text": text})
+        return first.observation.text, final.info
+
+    statement, right = asyncio.run(answer(" 6\n"))
+    assert statement.endswith("Reply with the length alone.") and right["correct"] is True
+    assert asyncio.run(answer("\\boxed{6}"))[1]["correct"] is True
+    assert "correct" not in asyncio.run(answer("6 cm"))[1]  # not an answer: the turn asks again
+    with pytest.raises(ValueError, match="answer_format"):
+        GeometryEnv(mode="single", answer_format="number")
+
+
+def test_measure_reward_goes_to_the_first_turn_that_reads_the_asked_side() -> None:
+    env = GeometryEnv(mode="tools", instruction="", max_attempts=1, max_turns=4, measure_side="BC", measure_reward=0.5)
+    env.reset(split="validation", kind="measure", index=3)
+    rewards = [env.measure(segment).reward for segment in ("AB", "cb", "BC")]
+    assert rewards == [0.0, 0.5, 0.0]  # another side earns nothing, the asked one once (in either direction)
+    final = env.submit_answer("1")
+    assert final.reward == 0.0 and final.info["rewards"]["measured"] == 1.0
+    env.reset(split="validation", kind="measure", index=3)
+    assert env.submit_answer(env.current_problem().answer).info["rewards"]["measured"] == 0.0
+    with pytest.raises(ValueError, match="measure_reward"):
+        GeometryEnv(measure_reward=-0.1)
 
 
 @pytest.mark.parametrize(("weight", "answer", "reward"), [(0.0, "5", 0.0), (1.0, "5", 6 / 7), (1.0, "x", 0.0),
