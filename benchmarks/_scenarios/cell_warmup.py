@@ -1,4 +1,4 @@
-"""A warm-up for gomoku's cell move format that also teaches which cells are empty.
+"""A warm-up for gomoku's cell move format that also pushes the cell number onto the empty cells.
 
 Imitating random legal moves alone (``trainer.recipes.two_agent_warmup.imitation_warmup``) teaches the
 tiny policy ``<move>n</move>`` and leaves the cell number near uniform over all nine, empty or not:
