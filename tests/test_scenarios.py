@@ -165,3 +165,33 @@ def test_geometry_tools_plots_the_tool_call_rate_and_warms_up_on_the_formats_onl
     answers = [d["messages"][-1]["content"] for d in demos]
     assert cfg.env.env_kwargs["answer_format"] == "number" and set(answers) <= set(MEASURE_LENGTHS)  # the length alone
     assert sum(a == t for a, t in zip(answers, truths)) < 20  # random lengths, not the readings
+
+
+def test_two_agent_warm_up_targets_the_empty_cells_and_moves_probability_onto_them() -> None:
+    import asyncio
+
+    import torch
+
+    from benchmarks._scenarios.cell_warmup import _loss, cell_targets, legal_cell_warmup
+    from trainer.model import load_policy
+    from trainer.recipes.opponents import empty_cell_numbers
+    from trainer.recipes.two_agent import build_pool
+    from trainer.recipes.two_agent_warmup import demos_from, scripted_games
+
+    cfg = load_two_agent_config(ROOT / "examples" / "configs" / scenarios.pick("gomoku-two-agent")[0].config)
+    model, tok = load_policy(cfg.agents["alice"].model)
+    seats = asyncio.run(scripted_games(build_pool(cfg), tok, cfg.rollout, matches=8, seed=3))
+    demos = demos_from(seats, max_turns=cfg.rollout.max_turns)
+    encoded = [(ids, mask, cell_targets(tok, ids, mask)) for ids, mask in demos]
+    for ids, _mask, targets in encoded:
+        assert len(targets) == tok.decode(ids).count("<move>") - 1  # every reply's number (the prompt names one)
+        for pos, cells in targets:
+            board = tok.decode(ids[:pos], skip_special_tokens=True)
+            assert tok.decode(cells) == "".join(map(str, empty_cell_numbers(board)))
+            assert ids[pos] in cells and tok.decode(ids[pos - 6:pos]) == "<move>"  # the played cell was empty
+    with torch.no_grad():
+        before = _loss(model, encoded, int(tok.pad_token_id), 1.0)[1]["legal_mass"]
+    legal_cell_warmup(model, tok, demos, steps=30, seed=0)
+    with torch.no_grad():
+        after = _loss(model, encoded, int(tok.pad_token_id), 1.0)[1]["legal_mass"]
+    assert after > before + 0.2, (before, after)

@@ -20,7 +20,9 @@ class GomokuRewards:
     """Reward per event, given to the player whose result it is.
 
     Invalid moves (bad format, out of bounds, occupied) keep the game going; the turn stays
-    with the offender.
+    with the offender. ``opponent_forfeit`` (two-agent matches): what a seat earns when the other
+    seat's invalid moves end the game; None gives it ``win``. A lower value keeps the opponent's
+    mistakes out of a seat's reward (the outcome is still a win).
     """
 
     valid: float = 0.0
@@ -32,6 +34,12 @@ class GomokuRewards:
     occupied: float = -1.0
     too_many_invalid: float = -20.0
     step_limit: float = -20.0
+    opponent_forfeit: float | None = None
+
+    @property
+    def forfeit_win(self) -> float:
+        """The reward for a win by the other seat's forfeit: ``opponent_forfeit``, or ``win`` when unset."""
+        return self.win if self.opponent_forfeit is None else self.opponent_forfeit
 
     @classmethod
     def coerce(cls, value: GomokuRewards | dict[str, float] | None) -> GomokuRewards:

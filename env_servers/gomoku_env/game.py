@@ -157,7 +157,7 @@ class TwoPlayerGame:
             if self.invalid_streak[stone] >= self.config.max_invalid_moves:
                 return Ruling(TOO_MANY_INVALID, False, ends={
                     stone: SeatEnd(TOO_MANY_INVALID, rewards.too_many_invalid),
-                    foe: SeatEnd(OPPONENT_FORFEIT, rewards.win)})
+                    foe: SeatEnd(OPPONENT_FORFEIT, rewards.forfeit_win)})
             return Ruling(kind, False, getattr(rewards, kind))
         assert move is not None
         self.invalid_streak[stone] = 0

@@ -125,6 +125,18 @@ async def test_too_many_invalid_moves_forfeit_the_match():
     assert os[-1].done and os[-1].info["end_reason"] == "opponent_forfeit" and os[-1].reward == 10.0
 
 
+async def test_a_win_by_forfeit_earns_the_opponent_forfeit_reward_when_one_is_set():
+    mid = new_id()
+    rewards = {"opponent_forfeit": 0.5}
+    x = EnvRunner(GomokuMatchEnv(max_invalid_moves=1, rewards=rewards))
+    o = EnvRunner(GomokuMatchEnv(max_invalid_moves=1, rewards=rewards))
+    (_, xs), (_, os) = await asyncio.gather(play_seat(x, mid, "X", [mv(4, 4), mv(4, 4)]),
+                                            play_seat(o, mid, "O", [mv(3, 3)]))
+    assert xs[-1].info["end_reason"] == "too_many_invalid" and xs[-1].reward == -20.0
+    assert os[-1].info["end_reason"] == "opponent_forfeit" and os[-1].info["outcome"] == "win"
+    assert os[-1].reward == 0.5  # the opponent's mistake, not a line of its own: the outcome is still a win
+
+
 async def test_disconnect_ends_the_match_for_the_other_player_as_truncated():
     mid = new_id()
     x, o = EnvRunner(GomokuMatchEnv()), EnvRunner(GomokuMatchEnv())

@@ -211,7 +211,7 @@ def cell_player(name: str, moves: dict[str, list[int]]):
 
 async def test_the_two_agent_scenarios_rewards_land_on_the_agent_whose_move_earned_them(tok) -> None:
     # The env, reward table and turn limits of examples/configs/scenario_gomoku_two_agent.toml: 3x3 board,
-    # three in a row, numbered cells, +1 per legal move, one invalid move loses.
+    # three in a row, numbered cells, +1 per legal move, one invalid move loses, a win by the other's forfeit earns 0.
     cfg = load_two_agent_config(Path(__file__).resolve().parents[2] / "examples" / "configs"
                                 / "scenario_gomoku_two_agent.toml")
     # Match 1: alice (X) takes the top row, bob (O) plays 4, 5; match 2: bob (X) plays 5, then alice's cell 1.
@@ -231,7 +231,7 @@ async def test_the_two_agent_scenarios_rewards_land_on_the_agent_whose_move_earn
     x, o = second.trajectories["X"], second.trajectories["O"]
     assert second.winner == "alice" and (x.info["agent"], o.info["agent"]) == ("bob", "alice")
     assert x.turn_rewards == [1, -20]        # bob's move on alice's stone forfeits: the penalty is his alone
-    assert o.turn_rewards == [1 + 10]        # alice's one legal move, and the win bob's forfeit gave her
+    assert o.turn_rewards == [1 + 0]         # alice's one legal move; bob's forfeit earns her no reward
     assert (x.info["outcome"], o.info["outcome"]) == ("loss", "win")
 
     # Each trajectory holds only the moves its agent's sampler made.
