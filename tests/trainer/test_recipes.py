@@ -168,6 +168,16 @@ def test_sft_masks_everything_but_assistant_turns_and_learns_them() -> None:
     assert last["sft_loss"] < first["sft_loss"] / 4 and last["token_acc"] == 1.0
 
 
+def test_sft_trains_a_completion_alone_and_every_assistant_turn_of_messages() -> None:
+    tok = build_tiny_tokenizer()
+    context = [{"role": "user", "content": "2+3"}, {"role": "assistant", "content": "call"},
+               {"role": "tool", "content": "5"}]
+    ids, mask = encode_demo(tok, {"prompt": context, "completion": "5"})
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == "5<|im_end|>"  # the call in the prompt is context
+    ids, mask = encode_demo(tok, {"messages": [*context, {"role": "assistant", "content": "5"}]})
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == "call<|im_end|>5<|im_end|>"
+
+
 def test_sft_epochs_limit_ends_after_that_many_passes_whichever_comes_first(monkeypatch) -> None:
     import trainer.recipes.sft as sft
 

@@ -4,11 +4,12 @@ Each step is two calls to the training core: ``forward_backward`` with its ``cro
 ``mask / tokens``, so the core's weighted sum is the token mean) and ``optim_step`` (AdamW).
 
 A demonstration is ``{"messages": [...]}`` (every assistant message is trained on) or
-``{"prompt": [...messages], "completion": "text"}``. Each is rendered with the model's chat
-template; assistant turns (their text and the closing ``<|im_end|>``) get mask 1, everything
-else mask 0. For a vision-language policy (``run_sft(..., vision=...)``) user contents may be lists
-of image and text parts; the image placeholders are expanded to each image's token count (mask 0)
-and the pixel patches go into the forward pass. ``envhub-train sft --config FILE`` reads them from ``sft.data`` (JSONL).
+``{"prompt": [...messages], "completion": "text"}`` (the completion alone is trained on: assistant
+turns inside the prompt are context). Each is rendered with the model's chat template; trained
+assistant turns (their text and the closing ``<|im_end|>``) get mask 1, everything else mask 0.
+For a vision-language policy (``run_sft(..., vision=...)``) user contents may be lists of image and
+text parts; the image placeholders are expanded to each image's token count (mask 0) and the pixel
+patches go into the forward pass. ``envhub-train sft --config FILE`` reads them from ``sft.data`` (JSONL).
 """
 
 from __future__ import annotations
@@ -30,20 +31,23 @@ from trainer.vision import VisionProcessor, images_in, load_vision_processor, te
 
 
 def encode_demo(tokenizer: Any, demo: dict[str, Any]) -> tuple[list[int], list[int]]:
-    """(ids, mask) for one demonstration; mask 1 on assistant content and its end-of-turn token."""
+    """(ids, mask) for one demonstration; mask 1 on trained assistant content (every assistant message of
+    ``messages``; a ``completion`` alone) and its end-of-turn token."""
     if "messages" in demo:
         messages = demo["messages"]
+        first_trained = 0
     elif "prompt" in demo and "completion" in demo:
         prompt = demo["prompt"]
         prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         messages = prompt + [{"role": "assistant", "content": demo["completion"]}]
+        first_trained = len(prompt)  # assistant turns in the prompt are context: they come with mask 0
     else:
         raise ValueError(f"Expected a demonstration with 'messages' or 'prompt' + 'completion', got keys {sorted(demo)}.")
     ids: list[int] = []
     mask: list[int] = []
     eos = tokenizer.eos_token_id
     for i, msg in enumerate(messages):
-        if msg["role"] != "assistant":
+        if msg["role"] != "assistant" or i < first_trained:
             continue
         # The prefix up to this turn's generation prompt, then the turn itself: both via the template.
         prefix = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True,
