@@ -219,8 +219,7 @@ class RemoteSampling:
         except OSError as exc:  # being rewritten, or removed: the servers taken in stay
             urls, problems = [], {f"unreadable ({exc}); the servers taken in stay"}
         else:
-            with self._lock:  # not while a push is on its way to it
-                problems |= self._remove_unlisted(set(urls))
+            problems |= self._remove_unlisted(set(urls))
         for problem in problems - self._problems:
             log.warning("sampler servers file %s: %s", self.servers_file, problem)
         self._problems = problems
@@ -233,13 +232,17 @@ class RemoteSampling:
     def _remove_unlisted(self, listed: set[str]) -> set[str]:
         """Remove the servers that left the file since it was last read; the problems to log (once)."""
         problems = set()
-        for url in sorted(self._listed - listed - self._pinned):
-            if url in self.pool.servers and len(self.pool.servers) == 1:
-                problems.add(f"{url} is no longer listed but is the last sampler server; kept until another is listed")
-                listed.add(url)  # removed once another server is listed
-            elif self.pool.remove_server(url):
-                log.warning("sampler server %s removed (no longer in %s): requests in flight there are answered, "
-                            "no new ones go to it", url, self.servers_file)
+        gone = sorted(self._listed - listed - self._pinned)
+        if gone:  # the lock only then: a push holds it for as long as it travels
+            with self._lock:  # not while a push is on its way to the server
+                for url in gone:
+                    if url in self.pool.servers and len(self.pool.servers) == 1:
+                        problems.add(f"{url} is no longer listed but is the last sampler server; kept until another "
+                                     "is listed")
+                        listed.add(url)  # removed once another server is listed
+                    elif self.pool.remove_server(url):
+                        log.warning("sampler server %s removed (no longer in %s): requests in flight there are "
+                                    "answered, no new ones go to it", url, self.servers_file)
         self._listed = listed
         return problems
 
