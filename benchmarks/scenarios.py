@@ -8,9 +8,10 @@ scenario: validation over training steps, the before-training level dashed, the 
 with its own level before, against the rise the scenario must reach. ``--smoke`` trains one step per
 scenario (seconds; the targets are not checked).
 
-Each run leaves ``DIR/<name>/seed<k>/result.json`` (its curves and seconds); ``--replot`` trains nothing and
-builds the figure and the summary again from those files, so scenarios run at different times (``--only``)
-into one ``DIR`` end up in one figure.
+Each run leaves ``DIR/<name>/seed<k>/result.json`` (its curves and seconds); ``--keep-done`` reads a seed back
+from there instead of training it again (``--seeds 3 --keep-done`` after a one-seed run trains seeds 1 and 2);
+``--replot`` trains nothing and builds the figure and the summary again from those files, so scenarios run at
+different times (``--only``) into one ``DIR`` end up in one figure.
 """
 
 from __future__ import annotations
@@ -149,13 +150,29 @@ def run_one(scenario: Scenario, seed: int, out: Path, smoke: bool) -> RunResult:
     return result
 
 
+def stored_run(path: Path) -> RunResult:
+    """The run an earlier ``run_one`` kept in ``path`` (its ``result.json``)."""
+    raw = json.loads(path.read_text())
+    return RunResult([(int(s), float(v)) for s, v in raw["curve"]], float(raw["seconds"]),
+                     {k: [(int(s), float(v)) for s, v in c] for k, c in raw.get("extra", {}).items()})
+
+
 def stored_runs(scenario_dir: Path) -> list[RunResult]:
     """The runs an earlier ``run_one`` kept under ``scenario_dir`` (``seed*/result.json``), by seed."""
+    return [stored_run(path) for path in sorted(scenario_dir.glob("seed*/result.json"))]
+
+
+def seed_runs(scenario: Scenario, args: argparse.Namespace, out: Path) -> list[RunResult]:
+    """Seeds 0 .. ``--seeds``-1 of ``scenario``: each trained, or with ``--keep-done`` read back where its
+    ``result.json`` is already in ``out`` (so more seeds can be added to a figure without training the first again)."""
     runs = []
-    for path in sorted(scenario_dir.glob("seed*/result.json")):
-        raw = json.loads(path.read_text())
-        runs.append(RunResult([(int(s), float(v)) for s, v in raw["curve"]], float(raw["seconds"]),
-                              {k: [(int(s), float(v)) for s, v in c] for k, c in raw.get("extra", {}).items()}))
+    for seed in range(args.seeds):
+        done = out / scenario.name / f"seed{seed}" / "result.json"
+        if args.keep_done and done.exists():
+            print(f"[scenarios] {scenario.name}, seed {seed}: kept from {done}", flush=True)
+            runs.append(stored_run(done))
+        else:
+            runs.append(run_one(scenario, seed, out, args.smoke))
     return runs
 
 
@@ -165,6 +182,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", default=None, help=f"comma-separated names among {[s.name for s in SCENARIOS]}")
     p.add_argument("--seeds", type=int, default=1, help="seeds per scenario (0, 1, ...); the figure shows the band")
     p.add_argument("--smoke", action="store_true", help="one training step per scenario, seconds (CI)")
+    p.add_argument("--keep-done", action="store_true",
+                   help="a seed whose result.json is already in --out is read back, not trained again")
     p.add_argument("--replot", action="store_true",
                    help="train nothing: the figure and summary from the result.json files of earlier runs in --out")
     args = p.parse_args(argv)
@@ -180,7 +199,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     torch.set_num_threads(1)  # the tiny models run fastest on one thread; the env servers get the other core
     out = Path(args.out)
     results = [(s, stored_runs(out / s.name)) for s in pick(args.only)] if args.replot else \
-        [(s, [run_one(s, seed, out, args.smoke) for seed in range(args.seeds)]) for s in pick(args.only)]
+        [(s, seed_runs(s, args, out)) for s in pick(args.only)]
     results = [(s, runs) for s, runs in results if runs]
     if not results:
         raise SystemExit(f"No result.json of a scenario run under {out}; run the scenarios there first.")

@@ -111,6 +111,22 @@ def test_replot_builds_figure_and_summary_from_runs_kept_at_different_times(tmp_
         scenarios.main(["--replot", "--out", str(tmp_path / "empty")])
 
 
+def test_keep_done_trains_only_the_seeds_not_yet_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trained: list[int] = []
+
+    def run(config: str, seed: int, out: Path, smoke: bool) -> RunResult:
+        trained.append(seed)
+        return RunResult([(0, 0.1), (10, 0.1 + 0.2 * seed)], 1.0)
+
+    monkeypatch.setattr(scenarios, "SCENARIOS", [scenarios.Scenario("s", "x.toml", "accuracy", 0.3, run)])
+    scenarios.main(["--only", "s", "--out", str(tmp_path)])
+    summary = scenarios.main(["--only", "s", "--seeds", "3", "--keep-done", "--out", str(tmp_path)])
+    assert trained == [0, 1, 2]  # seed 0 once, read back the second time
+    assert summary[0]["seeds"] == 3 and summary[0]["seeds_met"] == 1 and summary[0]["rise_per_seed"] == [0.0, 0.2, 0.4]
+    scenarios.main(["--only", "s", "--seeds", "2", "--out", str(tmp_path)])
+    assert trained == [0, 1, 2, 0, 1]  # without --keep-done every seed trains again
+
+
 def test_an_unknown_scenario_name_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(SystemExit, match="math-lora"):
         scenarios.pick("math,nope")
