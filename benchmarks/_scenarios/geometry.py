@@ -96,8 +96,8 @@ def _train_problems(cfg: Any, n: int, seed: int) -> Iterator[tuple[Any, list[dic
 def figure_demos(cfg: Any, n: int, seed: int) -> list[dict[str, Any]]:
     """The warm-up demonstrations: ``n`` train-split diagrams and their question, each answered by *every*
     choice once, so the best fit for every diagram is the uniform choice: the one-letter answer format, nothing
-    about which letter is right. (One random letter per diagram let 3 epochs at lr 1e-2 fit the noise: the
-    greedy answer then hung on features that say nothing about the figure, and seed 2 stayed at chance.)"""
+    about which letter is right. (One random letter per diagram, a target 3 epochs at lr 1e-2 can partly
+    fit, left seed 2 at chance through 80 GRPO steps; with every letter each seed rose by step 20.)"""
     return [{"prompt": prompt, "completion": choice}
             for env, prompt in _train_problems(cfg, n, seed) for choice in env.current_problem().choices]
 
