@@ -2,7 +2,8 @@
 
 Both train from their config (``examples/configs/scenario_geometry_*.toml``; the geometry env runs in
 process, with its diagram-only kinds ``figure`` and ``measure``) after a warm-up on the *format* alone:
-train-split problems (seeds no RL step draws) answered at random, so the policy starts at chance.
+train-split problems (seeds no RL step draws) answered at random (each diagram by every letter, in the
+single-turn one), so the policy starts at chance.
 Validation is the env's ``validation`` split, greedy, balanced over the answers.
 """
 
@@ -19,7 +20,9 @@ from typing import Any
 from .common import CONFIGS, RunResult, metric_curve
 
 DEMO_SEED_BASE = 10**9  # warm-up problems: train-split seeds far from the ones the RL steps draw (0, 1, ...)
-FIGURE_DEMOS, FIGURE_SFT_STEPS, FIGURE_SFT_LR = 256, 25, 1e-2  # as examples/vision_train.py's colour warm-up
+# warm-up diagrams (each answered by all three letters: 258 demonstrations), steps and lr as examples/vision_train.py's
+# colour warm-up
+FIGURE_DIAGRAMS, FIGURE_SFT_STEPS, FIGURE_SFT_LR = 86, 25, 1e-2
 TOOL_DEMOS, TOOL_SFT_STEPS, TOOL_SFT_LR = 256, 90, 5e-3  # the ~55-token call must come out whole when sampled
 CALL_FRACTION = 1.0  # warm-up conversations that call the ruler before answering (the call format; 0.5 let GRPO drop the calls)
 TEXT_ONLY = "tiny"
@@ -69,7 +72,7 @@ def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: st
     cfg = load_config(CONFIGS / config, overrides)
     model, tok = load_policy(cfg.model)
     if demos is None:
-        examples, steps, lr = figure_demos(cfg, 8 if smoke else FIGURE_DEMOS, seed), FIGURE_SFT_STEPS, FIGURE_SFT_LR
+        examples, steps, lr = figure_demos(cfg, 3 if smoke else FIGURE_DIAGRAMS, seed), FIGURE_SFT_STEPS, FIGURE_SFT_LR
     else:
         examples, steps, lr = demos(cfg, 8 if smoke else TOOL_DEMOS, seed), TOOL_SFT_STEPS, TOOL_SFT_LR
     run_sft(model, tok, examples, steps=2 if smoke else steps, batch_size=32, lr=lr, seed=seed, weight_decay=0.1,
@@ -91,11 +94,12 @@ def _train_problems(cfg: Any, n: int, seed: int) -> Iterator[tuple[Any, list[dic
 
 
 def figure_demos(cfg: Any, n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` warm-up demonstrations: a train-split diagram and its question, answered by a *random* choice
-    (independent of the picture): the one-letter answer format, nothing about which letter is right."""
-    rng = random.Random(seed)
-    return [{"prompt": prompt, "completion": rng.choice(env.current_problem().choices)}
-            for env, prompt in _train_problems(cfg, n, seed)]
+    """The warm-up demonstrations: ``n`` train-split diagrams and their question, each answered by *every*
+    choice once, so the best fit for every diagram is the uniform choice: the one-letter answer format, nothing
+    about which letter is right. (One random letter per diagram, a target 3 epochs at lr 1e-2 can partly
+    fit, left seed 2 at chance through 80 GRPO steps; with every letter each seed rose by step 20.)"""
+    return [{"prompt": prompt, "completion": choice}
+            for env, prompt in _train_problems(cfg, n, seed) for choice in env.current_problem().choices]
 
 
 def measure_demos(cfg: Any, n: int, seed: int) -> list[dict[str, Any]]:
