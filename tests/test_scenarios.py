@@ -195,6 +195,9 @@ def test_two_agent_warm_up_targets_the_empty_cells_and_moves_probability_onto_th
     with torch.no_grad():
         after = _loss(model, encoded, int(tok.pad_token_id), 1.0)[1]["legal_mass"]
     assert after > before + 0.2, (before, after)
+    # with a target it stops once the window's mean mass reaches it, and otherwise runs every step
+    assert legal_cell_warmup(model, tok, demos, steps=50, until_mass=0.0, window=5)["steps"] == 5
+    assert legal_cell_warmup(model, tok, demos, steps=7, until_mass=1.01, window=5)["steps"] == 7
 
 
 def test_two_agent_kl_reference_is_each_agents_warmed_up_policy(tmp_path: Path) -> None:

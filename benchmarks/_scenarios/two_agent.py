@@ -22,7 +22,9 @@ from .common import CONFIGS, RunResult, metric_curve
 
 WARMUP_GAMES = 256        # scripted games of random legal moves, on seeds neither training nor validation draws
 WARMUP_SEED_BASE = 2 * 10**9
-WARMUP_STEPS = 300         # seed 0: 0.90 (alice) and 0.95 (bob) of the cell number's probability on empty cells
+WARMUP_STEPS = 600         # at most; it stops once the last 25 batches put WARMUP_MASS on the empty cells
+WARMUP_MASS = 0.95         # greedy play starts legal only near it (bob, seed 0: 0.95 -> 0.19 against random)
+WARMUP_LEGAL_WEIGHT = 3.0
 WARMUP_LR = 3e-3
 
 
@@ -79,9 +81,10 @@ def _warm_up(cfg: Any, policies: dict[str, tuple[Any, Any]], seed: int, *, games
                                            seed=WARMUP_SEED_BASE + (seed * len(policies) + k) * games,
                                            reset_kwargs=cfg.env.train_task, prefix=f"warmup-{name}"))
         metrics = legal_cell_warmup(model, tokenizer, demos_from(seats, max_turns=cfg.rollout.max_turns),
-                                    steps=steps, lr=WARMUP_LR, seed=seed)
-        print(f"  [gomoku-two-agent] warm-up {name}: probability on empty cells "
-              f"{metrics['legal_mass']:.2f} (last batch)", flush=True)
+                                    steps=steps, lr=WARMUP_LR, seed=seed, legal_weight=WARMUP_LEGAL_WEIGHT,
+                                    until_mass=WARMUP_MASS)
+        print(f"  [gomoku-two-agent] warm-up {name}: probability on empty cells {metrics['window_mass']:.2f} "
+              f"(last 25 batches) after {metrics['steps']:.0f} steps", flush=True)
 
 
 def _result(out: Path, names: list[str], seconds: float) -> RunResult:
