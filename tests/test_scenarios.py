@@ -212,3 +212,22 @@ def test_two_agent_warm_up_targets_the_empty_cells_and_moves_probability_onto_th
     with torch.no_grad():
         after = _loss(model, encoded, int(tok.pad_token_id), 1.0)[1]["legal_mass"]
     assert after > before + 0.2, (before, after)
+    # with a target it stops once the window's mean mass reaches it, and otherwise runs every step
+    assert legal_cell_warmup(model, tok, demos, steps=50, until_mass=0.0, window=5)["steps"] == 5
+    assert legal_cell_warmup(model, tok, demos, steps=7, until_mass=1.01, window=5)["steps"] == 7
+
+
+def test_two_agent_kl_reference_is_each_agents_warmed_up_policy(tmp_path: Path) -> None:
+    import torch
+
+    from benchmarks._scenarios.two_agent import warmed_up_players
+    from trainer.model import load_policy
+
+    cfg, agents = warmed_up_players(scenarios.pick("gomoku-two-agent")[0].config, 0, tmp_path, smoke=True)
+    for name, agent in agents.items():
+        assert cfg.agents[name].algo.kl_coef > 0 and agent.reference is not None
+        fresh = dict(load_policy(cfg.agents[name].model)[0].named_parameters())
+        reference = dict(agent.reference.model.named_parameters())
+        for key, param in agent.model.named_parameters():
+            assert torch.equal(reference[key], param)  # anchored where RL starts ...
+        assert any(not torch.equal(fresh[k], p) for k, p in agent.model.named_parameters())  # ... after the warm-up

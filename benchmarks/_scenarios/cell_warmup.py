@@ -39,10 +39,13 @@ def cell_targets(tokenizer: Any, ids: list[int], mask: list[int]) -> list[tuple[
 
 
 def legal_cell_warmup(model: Any, tokenizer: Any, demos: list[tuple[list[int], list[int]]], *, steps: int,
-                      batch_size: int = 8, lr: float = 3e-3, seed: int = 0, legal_weight: float = 1.0) -> dict[str, float]:
-    """``steps`` AdamW steps (a throw-away optimizer) of token-mean cross-entropy on the demos' replies plus
-    ``legal_weight`` times the mean ``-log P(empty cell)`` at their move numbers. Returns the last batch's
-    ``sft_loss``, ``legal_loss`` and ``legal_mass`` (the mean probability on empty cells)."""
+                      batch_size: int = 8, lr: float = 3e-3, seed: int = 0, legal_weight: float = 1.0,
+                      until_mass: float | None = None, window: int = 25) -> dict[str, float]:
+    """At most ``steps`` AdamW steps (a throw-away optimizer, lr decaying linearly to a tenth) of token-mean
+    cross-entropy on the demos' replies plus ``legal_weight`` times the mean ``-log P(empty cell)`` at their
+    move numbers; with ``until_mass``, it stops once the mean probability on empty cells over the last
+    ``window`` batches reaches it. Returns the last batch's ``sft_loss``, ``legal_loss`` and ``legal_mass``
+    (the mean probability on empty cells), the ``window_mass`` and the ``steps`` taken."""
     if not demos:
         raise ValueError("Expected scripted demonstrations to warm up on, got none (did every warm-up game fail?).")
     rng = random.Random(seed)
@@ -50,8 +53,11 @@ def legal_cell_warmup(model: Any, tokenizer: Any, demos: list[tuple[list[int], l
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1.0 - 0.9 * k / steps)
     pad_id = int(tokenizer.pad_token_id)
     metrics: dict[str, float] = {}
+    masses: list[float] = []
+    taken = 0
     for _ in range(steps):
         batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
         loss, metrics = _loss(model, batch, pad_id, legal_weight)
@@ -59,8 +65,13 @@ def legal_cell_warmup(model: Any, tokenizer: Any, demos: list[tuple[list[int], l
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        schedule.step()
+        taken += 1
+        masses = (masses + [metrics["legal_mass"]])[-window:]
+        if until_mass is not None and len(masses) == window and sum(masses) / window >= until_mass:
+            break
     optimizer.zero_grad(set_to_none=True)
-    return metrics
+    return {**metrics, "window_mass": sum(masses) / max(len(masses), 1), "steps": float(taken)}
 
 
 def _loss(model: Any, batch: list[tuple[list[int], list[int], list[tuple[int, list[int]]]]], pad_id: int,

@@ -22,19 +22,31 @@ from .common import CONFIGS, RunResult, metric_curve
 
 WARMUP_GAMES = 256        # scripted games of random legal moves, on seeds neither training nor validation draws
 WARMUP_SEED_BASE = 2 * 10**9
-WARMUP_STEPS = 300         # seed 0: 0.90 (alice) and 0.95 (bob) of the cell number's probability on empty cells
+WARMUP_STEPS = 600         # at most; it stops once the last 25 batches put WARMUP_MASS on the empty cells
+WARMUP_MASS = 0.95         # greedy play starts legal only near it (bob, seed 0: 0.95 -> 0.19 against random)
+WARMUP_LEGAL_WEIGHT = 3.0
 WARMUP_LR = 3e-3
 
 
 def run_two_agent(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
     """Warm both agents up on the move format, then train them against each other from ``config``."""
-    import torch
-
-    from trainer.recipes.players import Player
     from trainer.recipes.two_agent import train_two_agents
-    from trainer.recipes.two_agent_config import load_two_agent_config
 
     start = time.monotonic()
+    cfg, agents = warmed_up_players(config, seed, out, smoke=smoke)
+    train_two_agents(cfg, agents=agents, log=_quiet)
+    return _result(out, list(agents), time.monotonic() - start)
+
+
+def warmed_up_players(config: str, seed: int, out: Path, *, smoke: bool = False) -> tuple[Any, dict[str, Any]]:
+    """``(two-agent config, {name: Player})`` for ``seed``: each agent a fresh initialisation of its own,
+    warmed up before its player is built, so that its KL reference (``algo.kl_coef``) is the warmed-up policy."""
+    import torch
+
+    from trainer.model import load_policy
+    from trainer.recipes.players import Player
+    from trainer.recipes.two_agent_config import load_two_agent_config
+
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"run.seed={seed}", f"run.output_dir='{out}'"]
@@ -48,29 +60,31 @@ def run_two_agent(config: str, seed: int, out: Path, *, smoke: bool = False) -> 
     for k, name in enumerate(names):  # each seed: two fresh, different initialisations
         model = dataclasses.replace(cfg.agents[name].model, init_seed=len(names) * seed + k)
         cfg.agents[name] = dataclasses.replace(cfg.agents[name], model=model)
-    for name in names:
         (out / name / "metrics.jsonl").unlink(missing_ok=True)
-    agents = {n: Player(n, a, cfg, out / n) for n, a in cfg.agents.items()}
-    _warm_up(cfg, agents, seed, games=4 if smoke else WARMUP_GAMES, steps=2 if smoke else WARMUP_STEPS)
-    train_two_agents(cfg, agents=agents, log=_quiet)
-    return _result(out, names, time.monotonic() - start)
+    policies = {n: load_policy(a.model) for n, a in cfg.agents.items()}
+    _warm_up(cfg, policies, seed, games=4 if smoke else WARMUP_GAMES, steps=2 if smoke else WARMUP_STEPS)
+    agents = {n: Player(n, a, cfg, out / n, model=policies[n][0], tokenizer=policies[n][1])
+              for n, a in cfg.agents.items()}
+    return cfg, agents
 
 
-def _warm_up(cfg: Any, agents: dict[str, Any], seed: int, *, games: int, steps: int) -> None:
+def _warm_up(cfg: Any, policies: dict[str, tuple[Any, Any]], seed: int, *, games: int, steps: int) -> None:
+    """Warm each ``(model, tokenizer)`` in ``policies`` up in place, each on its own scripted games."""
     from trainer.recipes.two_agent import build_pool
     from trainer.recipes.two_agent_warmup import demos_from, scripted_games
 
     from .cell_warmup import legal_cell_warmup
 
     pool = build_pool(cfg)
-    for k, agent in enumerate(agents.values()):  # each agent its own games, from its own initialisation
-        seats = asyncio.run(scripted_games(pool, agent.tokenizer, cfg.rollout, matches=games,
-                                           seed=WARMUP_SEED_BASE + (seed * len(agents) + k) * games,
-                                           reset_kwargs=cfg.env.train_task, prefix=f"warmup-{agent.name}"))
-        metrics = legal_cell_warmup(agent.model, agent.tokenizer, demos_from(seats, max_turns=cfg.rollout.max_turns),
-                                    steps=steps, lr=WARMUP_LR, seed=seed)
-        print(f"  [gomoku-two-agent] warm-up {agent.name}: probability on empty cells "
-              f"{metrics['legal_mass']:.2f} (last batch)", flush=True)
+    for k, (name, (model, tokenizer)) in enumerate(policies.items()):  # each agent from its own initialisation
+        seats = asyncio.run(scripted_games(pool, tokenizer, cfg.rollout, matches=games,
+                                           seed=WARMUP_SEED_BASE + (seed * len(policies) + k) * games,
+                                           reset_kwargs=cfg.env.train_task, prefix=f"warmup-{name}"))
+        metrics = legal_cell_warmup(model, tokenizer, demos_from(seats, max_turns=cfg.rollout.max_turns),
+                                    steps=steps, lr=WARMUP_LR, seed=seed, legal_weight=WARMUP_LEGAL_WEIGHT,
+                                    until_mass=WARMUP_MASS)
+        print(f"  [gomoku-two-agent] warm-up {name}: probability on empty cells {metrics['window_mass']:.2f} "
+              f"(last 25 batches) after {metrics['steps']:.0f} steps", flush=True)
 
 
 def _result(out: Path, names: list[str], seconds: float) -> RunResult:
