@@ -40,8 +40,8 @@ def cell_targets(tokenizer: Any, ids: list[int], mask: list[int]) -> list[tuple[
 
 def legal_cell_warmup(model: Any, tokenizer: Any, demos: list[tuple[list[int], list[int]]], *, steps: int,
                       batch_size: int = 8, lr: float = 3e-3, seed: int = 0, legal_weight: float = 1.0,
-                      until_mass: float | None = None, window: int = 25) -> dict[str, float]:
-    """At most ``steps`` AdamW steps (a throw-away optimizer, lr decaying linearly to a tenth) of token-mean
+                      until_mass: float | None = None, window: int = 25, final_lr: float = 1.0) -> dict[str, float]:
+    """At most ``steps`` AdamW steps (a throw-away optimizer; lr decaying linearly to ``final_lr`` x ``lr``) of token-mean
     cross-entropy on the demos' replies plus ``legal_weight`` times the mean ``-log P(empty cell)`` at their
     move numbers; with ``until_mass``, it stops once the mean probability on empty cells over the last
     ``window`` batches reaches it. Returns the last batch's ``sft_loss``, ``legal_loss`` and ``legal_mass``
@@ -53,7 +53,7 @@ def legal_cell_warmup(model: Any, tokenizer: Any, demos: list[tuple[list[int], l
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1.0 - 0.9 * k / steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1.0 - (1.0 - final_lr) * k / steps)
     pad_id = int(tokenizer.pad_token_id)
     metrics: dict[str, float] = {}
     masses: list[float] = []

@@ -82,7 +82,7 @@ def _warm_up(cfg: Any, policies: dict[str, tuple[Any, Any]], seed: int, *, games
                                            reset_kwargs=cfg.env.train_task, prefix=f"warmup-{name}"))
         metrics = legal_cell_warmup(model, tokenizer, demos_from(seats, max_turns=cfg.rollout.max_turns),
                                     steps=steps, lr=WARMUP_LR, seed=seed, legal_weight=WARMUP_LEGAL_WEIGHT,
-                                    until_mass=WARMUP_MASS)
+                                    until_mass=WARMUP_MASS, final_lr=0.1)
         print(f"  [gomoku-two-agent] warm-up {name}: probability on empty cells {metrics['window_mass']:.2f} "
               f"(last 25 batches) after {metrics['steps']:.0f} steps", flush=True)
 
