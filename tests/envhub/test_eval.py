@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,12 @@ def _bisect(messages: list[dict[str, Any]]) -> dict[str, Any]:
             "tool_calls": [_call("guess", json.dumps({"number": (low + high) // 2}), f"c{len(messages)}")]}
 
 
-def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None) -> FastAPI:
+def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None,
+                   hold: Callable[[], bool] | None = None) -> FastAPI:
     """Scripts by request ``model``: bisect (solves the guess env), malformed (arguments that are not JSON),
     text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400),
-    flaky (HTTP 500 while ``outage["down"]``, else bisect), throttled (every other request: HTTP 429, else bisect)."""
+    flaky (HTTP 500 while ``outage["down"]``, else bisect), throttled (every other request: HTTP 429, else bisect).
+    A request waits while ``hold()`` is true."""
     app = FastAPI()
     outage = outage if outage is not None else {"down": False}
     requests = [0]
@@ -59,6 +62,8 @@ def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None) 
     async def complete(request: Request) -> Any:
         body = await request.json()
         await asyncio.sleep(delay_s)
+        while hold is not None and hold():
+            await asyncio.sleep(0.02)
         script, messages = body["model"], body["messages"]
         requests[0] += 1
         if script == "throttled" and requests[0] % 2:
@@ -262,22 +267,27 @@ def _lines(path: Path) -> int:
 
 @pytest.mark.slow
 def test_a_killed_run_resumes_without_duplicates_and_ctrl_c_keeps_the_finished(tmp_path: Path, guess_url: str) -> None:
-    with ServerThread(scripted_model(delay_s=0.15), log_level="warning") as slow_model:
+    results = tmp_path / "out" / "results.jsonl"
+    # the model stops answering once results.jsonl holds `at` episodes: each signal lands mid-run, however slow the machine
+    gate: dict[str, int | None] = {"at": None}
+    hold = lambda: gate["at"] is not None and _lines(results) >= gate["at"]  # noqa: E731
+    with ServerThread(scripted_model(delay_s=0.05, hold=hold), log_level="warning") as slow_model:
         args = ["--env", guess_url, "--model", slow_model.url + "/v1", "--model-name", "bisect", "--episodes", "4",
                 "--samples", "2", "--concurrency", "1", "--out", "out", "--seed", "3"]
-        results = tmp_path / "out" / "results.jsonl"
         for sig in (signal.SIGKILL, signal.SIGINT):
+            gate["at"] = _lines(results) + 2
             proc = _run_cli(tmp_path, *args, *(["--resume"] if sig == signal.SIGINT else []))
-            target = _lines(results) + 2
             deadline = time.monotonic() + 120
-            while _lines(results) < target and proc.poll() is None and time.monotonic() < deadline:
+            while _lines(results) < gate["at"] and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
+            assert proc.poll() is None, "the run ended before its signal"
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=60)
             if sig == signal.SIGINT:
                 assert proc.returncode == 130, err
                 summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-                assert summary["interrupted"] and summary["episodes_recorded"] == _lines(results) < 8
+                assert summary["interrupted"] and summary["episodes_recorded"] == _lines(results) and 4 <= _lines(results) < 8
+        gate["at"] = None
         changed = _run_cli(tmp_path, *args, "--resume", "--max-turns", "3")
         _, err = changed.communicate(timeout=60)
         assert changed.returncode == 2 and "max_turns: 10 in run.json, 3 now" in err
