@@ -112,6 +112,7 @@ class OptimConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8  # AdamW's denominator term: larger, a weight whose gradient is far smaller moves in proportion to it
     warmup_steps: int = 0
     lr_schedule: str = "constant"
     min_lr_ratio: float = 0.0
@@ -126,6 +127,8 @@ class OptimConfig:
             raise ValueError(f"Expected optim.lr_schedule in {LR_SCHEDULES}, got {self.lr_schedule!r}.")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"Expected optim.min_lr_ratio in [0, 1], got {self.min_lr_ratio}.")
+        if not self.eps > 0:
+            raise ValueError(f"Expected optim.eps > 0, got {self.eps}.")
         betas = tuple(self.betas)  # TOML gives a list
         if len(betas) != 2:
             raise ValueError(f"Expected optim.betas to be two numbers like [0.9, 0.999], got {list(betas)}.")

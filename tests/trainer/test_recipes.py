@@ -251,6 +251,27 @@ def test_lr_schedules_warm_up_then_decay_to_the_floor() -> None:
         OptimConfig(min_lr_ratio=1.5)
 
 
+def test_optim_eps_reaches_the_optimizer_and_scales_small_gradients_steps() -> None:
+    import torch
+
+    from trainer.config import OptimConfig
+    from trainer.core import TrainingClient
+    from trainer.update.policy import adam_params
+
+    with pytest.raises(ValueError, match="optim.eps"):
+        OptimConfig(eps=0.0)
+    assert adam_params(OptimConfig(lr=1e-2, eps=1e-3), 0, 1).eps == 1e-3
+
+    def first_step(eps: float) -> float:  # one Adam step on a gradient of 1e-5: about lr alone, lr * 1e-5 / eps with a large eps
+        weight = torch.nn.Parameter(torch.zeros(1))
+        client = TrainingClient(torch.nn.Linear(1, 1), None, params=[weight])
+        weight.grad = torch.full((1,), 1e-5)
+        client.optim_step(adam_params(OptimConfig(lr=1e-2, eps=eps, grad_clip=0.0), 0, 1))
+        return abs(float(weight))
+
+    assert first_step(1e-8) == pytest.approx(1e-2, rel=1e-2) and first_step(1e-3) == pytest.approx(1e-4, rel=2e-2)
+
+
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
 def test_micro_batches_give_the_gradient_of_the_whole_batch_for_every_aggregation(tmp_path, aggregation) -> None:
     import copy

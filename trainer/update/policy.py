@@ -32,7 +32,7 @@ METRIC_NAMES = {"clip_frac:mean": "clip_frac", "approx_kl:mean": "approx_kl", "r
 def adam_params(optim: OptimConfig, step: int, total_steps: int) -> AdamParams:
     """This step's AdamW settings: ``optim.lr`` times the schedule's factor for ``step`` of ``total_steps``."""
     return AdamParams(learning_rate=optim.lr * optim.lr_factor(step, total_steps), beta1=optim.betas[0],
-                      beta2=optim.betas[1], eps=1e-8, weight_decay=optim.weight_decay, grad_clip_norm=optim.grad_clip)
+                      beta2=optim.betas[1], eps=optim.eps, weight_decay=optim.weight_decay, grad_clip_norm=optim.grad_clip)
 
 
 def loss_config(algo: AlgoConfig, temperature: float, *, kl: bool, value: bool) -> dict[str, float]:
