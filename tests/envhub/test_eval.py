@@ -268,7 +268,7 @@ def _lines(path: Path) -> int:
 @pytest.mark.slow
 def test_a_killed_run_resumes_without_duplicates_and_ctrl_c_keeps_the_finished(tmp_path: Path, guess_url: str) -> None:
     results = tmp_path / "out" / "results.jsonl"
-    # the model stops answering once results.jsonl holds `at` episodes: each signal lands mid-run, however slow the machine
+    # the model stops answering once results.jsonl holds `at` episodes, until the signal: it lands mid-run however slow the machine
     gate: dict[str, int | None] = {"at": None}
     hold = lambda: gate["at"] is not None and _lines(results) >= gate["at"]  # noqa: E731
     with ServerThread(scripted_model(delay_s=0.05, hold=hold), log_level="warning") as slow_model:
@@ -282,12 +282,12 @@ def test_a_killed_run_resumes_without_duplicates_and_ctrl_c_keeps_the_finished(t
                 time.sleep(0.05)
             assert proc.poll() is None, "the run ended before its signal"
             proc.send_signal(sig)
+            gate["at"] = None  # the held request may finish now: Ctrl-C needs no answer to stop
             _, err = proc.communicate(timeout=60)
             if sig == signal.SIGINT:
                 assert proc.returncode == 130, err
                 summary = json.loads((tmp_path / "out" / "summary.json").read_text())
                 assert summary["interrupted"] and summary["episodes_recorded"] == _lines(results) and 4 <= _lines(results) < 8
-        gate["at"] = None
         changed = _run_cli(tmp_path, *args, "--resume", "--max-turns", "3")
         _, err = changed.communicate(timeout=60)
         assert changed.returncode == 2 and "max_turns: 10 in run.json, 3 now" in err
