@@ -257,7 +257,11 @@ def test_image_observations_are_image_url_parts(tmp_path: Path, model_url: str, 
 
 def _run_cli(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "envhub", "eval", *args], cwd=tmp_path, env=env, text=True,
+    # `python -m envhub eval ...` with Ctrl-C as at a terminal, even when the suite runs as a background job
+    # (which starts its children with SIGINT ignored: Python then raises no KeyboardInterrupt)
+    main = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "runpy.run_module('envhub', run_name='__main__', alter_sys=True)")
+    return subprocess.Popen([sys.executable, "-c", main, "eval", *args], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
