@@ -21,8 +21,8 @@ from .common import CONFIGS, RunResult, metric_curve
 
 DEMO_GAMES = 256      # warm-up games of random legal moves (the train split, seeds the RL run never draws)
 DEMO_SEED_BASE = 10**9
-SFT_STEPS = 300      # with the empty-cell term (cell_warmup), as the two-agent scenario's warm-up
-SFT_LR = 3e-3
+WARMUP_STEPS = 300   # with the empty-cell term (cell_warmup), as the two-agent scenario's warm-up
+WARMUP_LR = 3e-3
 
 
 def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
@@ -52,9 +52,9 @@ def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False) -> Run
     model, tok = load_policy(cfg.model)
     demos = random_games(env_cls, cfg.rollout.system_prompt or "", 4 if smoke else DEMO_GAMES,
                          cfg.rollout.max_turns, seed)
-    warmup = legal_cell_warmup(model, tok, [encode_demo(tok, d) for d in demos], steps=2 if smoke else SFT_STEPS,
-                               lr=SFT_LR, seed=seed)
-    print(f"  [gomoku] warm-up: probability on empty cells {warmup['legal_mass']:.2f} (last batch)", flush=True)
+    warmup = legal_cell_warmup(model, tok, [encode_demo(tok, d) for d in demos], steps=2 if smoke else WARMUP_STEPS,
+                               lr=WARMUP_LR, seed=seed)
+    print(f"  [gomoku] warm-up: probability on empty cells {warmup['window_mass']:.2f} (last 25 batches)", flush=True)
     train(cfg, model=model, tokenizer=tok, log=_quiet)
     metrics = out / "metrics.jsonl"
     # a validation whose games all ran out of turns reports no outcome: it won none of them
