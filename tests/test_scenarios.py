@@ -161,27 +161,35 @@ def test_geometry_vision_plots_the_text_only_policy_beside_it_and_warms_up_on_ev
         assert env.current_problem().split == "train"
 
 
-def test_geometry_tools_plots_the_tool_call_rate_and_warms_up_on_the_formats_only(tmp_path: Path) -> None:
-    from benchmarks._scenarios.geometry import CALL_FRACTION, _train_problems, measure_demos
+def test_geometry_tools_warm_up_reads_the_ruler_and_calls_it_on_a_few_questions_only(tmp_path: Path) -> None:
+    from benchmarks._scenarios.geometry import CALL_FRACTION, TOOL_PHASES, _train_problems, measure_phases
     from env_servers.geometry_env.figures import MEASURE_LENGTHS
     from envhub.tool_parsers import hermes
 
     result = scenarios.pick("geometry-tools")[0].run("scenario_geometry_tools.toml", 0, tmp_path, True)
     assert [step for step, _ in result.extra["tool-call rate"]] == [0, 1]
     cfg = load_config(ROOT / "examples" / "configs" / "scenario_geometry_tools.toml")
-    demos = measure_demos(cfg, 40, seed=0)
-    truths = [env.current_problem().answer for env, _ in _train_problems(cfg, 40, seed=0)]
-    calls = [d for d in demos if d["messages"][-2]["role"] == "tool"]
-    assert abs(len(calls) - CALL_FRACTION * 40) <= 10 and all(d["tools"] == cfg.env.tools for d in demos)
-    for demo, truth in zip(demos, truths):
-        if demo["messages"][-2]["role"] == "tool":
-            parsed = hermes(demo["messages"][2]["content"])
-            asked = demo["messages"][1]["content"][-1]["text"].split()[3].rstrip("?")
-            assert [(c.name, c.arguments) for c in parsed.calls] == [("measure", {"segment": asked})]
-            assert demo["messages"][-2]["content"] == truth  # the ruler's real reading
-    answers = [d["messages"][-1]["content"] for d in demos]
-    assert cfg.env.env_kwargs["answer_format"] == "number" and set(answers) <= set(MEASURE_LENGTHS)  # the length alone
-    assert sum(a == t for a, t in zip(answers, truths)) < 20  # random lengths, not the readings
+    assert cfg.env.env_kwargs["answer_format"] == "number" and not cfg.env.env_kwargs.get("measure_reward")
+    read, mix = measure_phases(cfg, 40, seed=0)
+    assert (read.steps, read.lr, mix.steps, mix.lr) == tuple(x for _, *p in TOOL_PHASES for x in p)
+    problems = list(_train_problems(cfg, 40, seed=0))
+    assert all(env.current_problem().split == "train" for env, _ in problems)
+    truths = [env.current_problem().answer for env, _ in problems]
+    assert len(read.demos) == 40 and mix.demos[40:] == read.demos
+    for demo, truth, (_, messages) in zip(read.demos, truths, problems):
+        call, reading = demo["prompt"][-2:]  # the call and the ruler's real reading: context, not trained
+        asked = messages[-1]["content"][-1]["text"].split()[3].rstrip("?")
+        assert demo["prompt"][:-2] == messages and reading == {"role": "tool", "name": "measure", "content": truth}
+        assert [(c.name, c.arguments) for c in hermes(call["content"]).calls] == [("measure", {"segment": asked})]
+        assert demo["completion"] == truth  # answered with the reading: the copy
+    first_turns = mix.demos[:40]
+    assert [d["prompt"] for d in first_turns] == [m for _, m in problems]
+    calls = [d for d in first_turns if d["completion"].startswith("<tool_call>")]
+    assert len(calls) == round(CALL_FRACTION * 40) == 4 and all(d["completion"] == read.demos[0]["prompt"][-2]["content"]
+                                                                for d in calls)
+    at_once = [d["completion"] for d in first_turns if d not in calls]
+    assert set(at_once) <= set(MEASURE_LENGTHS)  # answered at once with a length, at random:
+    assert sum(a == t for a, t in zip(at_once, truths[4:])) < 15 and len(set(at_once)) > 4  # not the readings
 
 
 def test_two_agent_warm_up_targets_the_empty_cells_and_moves_probability_onto_them() -> None:

@@ -1,12 +1,13 @@
 """Vision geometry: which figure a diagram shows (single-turn), and a side only a ruler tool tells (multi-turn).
 
 Both train from their config (``examples/configs/scenario_geometry_*.toml``; the geometry env runs in
-process, with its diagram-only kinds ``figure`` and ``measure``) after a warm-up on the *format* alone:
-train-split problems (seeds no RL step draws) answered at random (each diagram by every letter, in the
-single-turn one), so the policy starts at chance.
+process, with its diagram-only kinds ``figure`` and ``measure``) after a warm-up on train-split problems (seeds
+no RL step draws). ``figure``: each diagram answered by every letter, the answer format alone, so the policy
+starts at chance. ``measure``: the policy learns to read the ruler's reading into its answer, and to call the
+ruler on a few questions only (:func:`measure_phases`): it starts answering at once, at chance, and RL has to
+find that calling pays.
 Validation is the env's ``validation`` split, greedy, balanced over the answers.
 """
-
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .common import CONFIGS, RunResult, metric_curve
 
@@ -23,9 +24,50 @@ DEMO_SEED_BASE = 10**9  # warm-up problems: train-split seeds far from the ones 
 # warm-up diagrams (each answered by all three letters: 258 demonstrations), steps and lr as examples/vision_train.py's
 # colour warm-up
 FIGURE_DIAGRAMS, FIGURE_SFT_STEPS, FIGURE_SFT_LR = 86, 25, 1e-2
-TOOL_DEMOS, TOOL_SFT_STEPS, TOOL_SFT_LR = 256, 90, 5e-3  # the ~55-token call must come out whole when sampled
-CALL_FRACTION = 1.0  # warm-up conversations that call the ruler before answering (the call format; 0.5 let GRPO drop the calls)
+TOOL_DEMOS = 1024  # the tool warm-up's triangles
+# its phases, (name, steps, lr), batches of 32, no weight decay: "read", the answer turn alone after the call and the
+# ruler's reading, answered with the reading, until it reads: the loss of the answer turn (digit and <|im_end|>) sits
+# at ~1.04, the digit at chance, then falls to ~0.02 within ~50 steps; at lr 3e-3 that came at steps 125-150 on seeds
+# 0-2, at lr 1e-3 after 225 to 1025 by the seed. "mix", the first turn too: a CALL_FRACTION of the questions answered
+# with the call, the others with a random length at once, and the read demonstrations again (300 steps; at lr 1e-3,
+# 100 left the call at 0.002 of the first token's probability)
+TOOL_PHASES = (("read", 1500, 3e-3), ("mix", 300, 3e-3))
+READ_UNTIL_LOSS = 0.1
+# 0.1: the warmed-up policy gives the call's first token 0.05-0.10 (seeds 0-2), under the likeliest length's
+# 0.16-0.19, so the greedy policy answers at once (chance) and sampling at the config's temperature calls on a few
+# percent of the episodes: the signal RL needs. Each seed reads unseen train triangles' readings, 24 of 24
+CALL_FRACTION = 0.1
 TEXT_ONLY = "tiny"
+
+
+class Phase(NamedTuple):
+    """One supervised warm-up pass: its demonstrations, steps, lr and weight decay; with ``until_loss`` > 0 it ends
+    early once the mean loss of its last 25 batches is below that."""
+
+    demos: list[dict[str, Any]]
+    steps: int
+    lr: float
+    weight_decay: float = 0.0
+    until_loss: float = 0.0
+
+
+class _Losses:
+    """A ``run_sft`` logger that keeps the batches' losses; ``reached`` (its ``stop_when``): the mean of the last 25
+    is below ``until``."""
+
+    def __init__(self, until: float) -> None:
+        self.until = until
+        self.losses: list[float] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.losses.append(metrics["sft/sft_loss"])
+
+    def recent(self) -> float:
+        last = self.losses[-25:]
+        return sum(last) / max(len(last), 1)
+
+    def reached(self, step: int) -> bool:
+        return self.recent() < self.until
 
 
 def run_geometry_vision(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
@@ -42,17 +84,19 @@ def run_geometry_vision(config: str, seed: int, out: Path, *, smoke: bool = Fals
 
 
 def run_geometry_tools(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
-    """Warm up on the call and answer formats, then GRPO from ``config``; the curve is held-out accuracy
-    (``eval/rewards/accuracy_mean``), the tool-call rate (``eval/tool_call_rate``) beside it."""
+    """Warm up (:func:`measure_phases`: read the ruler, call it on a few questions), then GRPO from ``config``; the
+    curve is held-out accuracy (``eval/rewards/accuracy_mean``), the tool-call rate (``eval/tool_call_rate``) beside
+    it."""
     start = time.monotonic()
-    _train_policy(config, seed, out, smoke, None, demos=measure_demos)
+    _train_policy(config, seed, out, smoke, None, phases=measure_phases, probe=tool_probe)
     metrics = out / "metrics.jsonl"
     return RunResult(metric_curve(metrics, "eval/rewards/accuracy_mean", absent=0.0), time.monotonic() - start,
                      extra={"tool-call rate": metric_curve(metrics, "eval/tool_call_rate")})
 
 
 def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: str | None,
-                  demos: Callable[[Any, int, int], list[dict[str, Any]]] | None = None) -> None:
+                  phases: Callable[[Any, int, int], list[Phase]] | None = None,
+                  probe: Callable[..., str] | None = None) -> None:
     import torch
 
     from trainer.config import load_config
@@ -71,12 +115,20 @@ def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: st
         overrides += ["run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=3", "run.eval_every=0"]
     cfg = load_config(CONFIGS / config, overrides)
     model, tok = load_policy(cfg.model)
-    if demos is None:
-        examples, steps, lr = figure_demos(cfg, 3 if smoke else FIGURE_DIAGRAMS, seed), FIGURE_SFT_STEPS, FIGURE_SFT_LR
+    vision = load_vision_processor(cfg.model, tok)
+    if phases is None:
+        warm_up = [Phase(figure_demos(cfg, 3 if smoke else FIGURE_DIAGRAMS, seed), FIGURE_SFT_STEPS, FIGURE_SFT_LR, 0.1)]
     else:
-        examples, steps, lr = demos(cfg, 8 if smoke else TOOL_DEMOS, seed), TOOL_SFT_STEPS, TOOL_SFT_LR
-    run_sft(model, tok, examples, steps=2 if smoke else steps, batch_size=32, lr=lr, seed=seed, weight_decay=0.1,
-            vision=load_vision_processor(cfg.model, tok))
+        warm_up = phases(cfg, 8 if smoke else TOOL_DEMOS, seed)
+    for phase in warm_up:
+        losses = _Losses(phase.until_loss)
+        done = run_sft(model, tok, phase.demos, steps=2 if smoke else phase.steps, batch_size=32, lr=phase.lr,
+                       seed=seed, weight_decay=phase.weight_decay, vision=vision, logger=losses,  # type: ignore[arg-type]
+                       stop_when=losses.reached if phase.until_loss else None)
+        print(f"  [geometry] warm-up: {int(done['steps'])} steps, loss of the last 25 batches {losses.recent():.3f}",
+              flush=True)
+    if probe is not None:
+        print(f"  [geometry] after the warm-up: {probe(model, tok, vision, cfg, seed, 3 if smoke else 24)}", flush=True)
     train(cfg, model=model, tokenizer=tok, log=_quiet)
 
 
@@ -102,29 +154,65 @@ def figure_demos(cfg: Any, n: int, seed: int) -> list[dict[str, Any]]:
             for env, prompt in _train_problems(cfg, n, seed) for choice in env.current_problem().choices]
 
 
-def measure_demos(cfg: Any, n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` warm-up conversations on train-split triangles: a ``CALL_FRACTION`` of them call the ruler on the
-    asked side (Hermes format) and see its real reading; every one answers a *random* length in the env's
-    ``answer_format`` (``\\boxed{}``, or the number alone). The formats, and nothing about which length is right:
-    the policy starts at chance."""
+def measure_phases(cfg: Any, n: int, seed: int, calls: int | None = None) -> list[Phase]:
+    """The ``TOOL_PHASES`` of the tool warm-up on ``n`` train-split triangles. "read": the question, the ruler called
+    on the asked side (Hermes format) and its real reading as the prompt, the reading as the completion, in the
+    env's ``answer_format`` (``\\boxed{}``, or the number alone). "mix": the first turn as well, the call for the
+    first ``calls`` (default ``CALL_FRACTION`` of ``n``) questions and a *random* length for the others, with the read
+    demonstrations."""
     from env_servers.geometry_env.figures import MEASURE_LENGTHS
 
     rng = random.Random(seed)
-    demos = []
-    for env, messages in _train_problems(cfg, n, seed):
+    reads, first_turns = [], []
+    for i, (env, messages) in enumerate(_train_problems(cfg, n, seed)):
         side = re.search(r"How long is ([A-C]{2})\?", messages[-1]["content"][-1]["text"])
         if side is None:
             raise ValueError(f"Expected a 'measure' problem asking for a side, got {messages[-1]!r}.")
-        if rng.random() < CALL_FRACTION:
-            call = json.dumps({"name": "measure", "arguments": {"segment": side.group(1)}})
-            reading = env.measure(side.group(1)).observation.text
-            messages += [{"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
-                         {"role": "tool", "name": "measure", "content": reading}]
-        length = rng.choice(MEASURE_LENGTHS)
-        answer = length if env.config.answer_format == "number" else f"\\boxed{{{length}}}"
-        messages.append({"role": "assistant", "content": answer})
-        demos.append({"messages": messages, "tools": cfg.env.tools})
-    return demos
+        call = json.dumps({"name": "measure", "arguments": {"segment": side.group(1)}})
+        turn = {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"}
+        reading = env.measure(side.group(1)).observation.text
+        reads.append({"prompt": [*messages, turn, {"role": "tool", "name": "measure", "content": reading}],
+                      "completion": _answer(env, reading), "tools": cfg.env.tools})
+        calling = i < (round(CALL_FRACTION * n) if calls is None else calls)
+        first = turn["content"] if calling else _answer(env, rng.choice(MEASURE_LENGTHS))
+        first_turns.append({"prompt": messages, "completion": first, "tools": cfg.env.tools})
+    (_, read_steps, read_lr), (_, mix_steps, mix_lr) = TOOL_PHASES
+    return [Phase(reads, read_steps, read_lr, until_loss=READ_UNTIL_LOSS), Phase(first_turns + reads, mix_steps, mix_lr)]
+
+
+def tool_probe(model: Any, tok: Any, vision: Any, cfg: Any, seed: int, n: int) -> str:
+    """What the warmed-up policy does on ``n`` train-split triangles the warm-up never showed (teacher-forced): the
+    probability of the call's first token and of the likeliest length as the first turn begins, and how often the
+    likeliest length after the call and the ruler's reading is that reading."""
+    import math
+
+    from env_servers.geometry_env.figures import MEASURE_LENGTHS
+    from trainer.core import Datum, TrainingClient
+    from trainer.recipes.sft import encode_image_demo
+
+    client = TrainingClient(model, tok)
+
+    def first_logprob(prompt: list[dict[str, Any]], completion: str) -> float:
+        ids, mask, images = encode_image_demo(tok, {"prompt": prompt, "completion": completion}, vision)
+        datum = Datum.from_sequence(ids, weights=mask)
+        datum.images = list(images)
+        logprobs = client.forward([datum], "cross_entropy").loss_fn_outputs[0]["logprobs"]
+        return float(logprobs[mask[1:].index(1)])
+
+    call_p = likeliest = reads = 0.0
+    read_phase, mix_phase = measure_phases(cfg, n, 10**6 + seed, calls=n)  # seeds far from the warm-up's
+    for read, first in zip(read_phase.demos, mix_phase.demos[:n], strict=True):
+        call_p += math.exp(first_logprob(first["prompt"], first["completion"])) / n
+        likeliest += max(math.exp(first_logprob(first["prompt"], length)) for length in MEASURE_LENGTHS) / n
+        after = {length: first_logprob(read["prompt"], length) for length in MEASURE_LENGTHS}
+        reads += (max(after, key=after.__getitem__) == read["completion"]) / n
+    model.train()
+    return (f"the call's first token {call_p:.3f}, the likeliest length {likeliest:.3f} (mean probabilities); "
+            f"answers with the ruler's reading {reads:.2f} (on {n} unseen train-split triangles)")
+
+
+def _answer(env: Any, length: str) -> str:
+    return length if env.config.answer_format == "number" else f"\\boxed{{{length}}}"
 
 
 def _quiet(message: str) -> None:
