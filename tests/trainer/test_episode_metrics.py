@@ -47,6 +47,23 @@ def test_no_outcome_means_no_game_rates_and_components_sum_over_steps() -> None:
     assert episode_metrics([], "eval")["eval/penalised_turn_frac"] == 0.0
 
 
+def test_end_reasons_are_counted_apart_from_outcomes_and_bounded() -> None:
+    from trainer.update.stats import MAX_END_REASONS
+
+    def ended(reason: str | None, outcome: str = "loss") -> Trajectory:
+        traj = Trajectory(task=Task({}), turn_rewards=[-20.0])
+        traj.note_step({"outcome": outcome, **({"end_reason": reason} if reason else {})})
+        return traj
+
+    episodes = [ended("too_many_invalid"), ended("loss"), ended("too_many_invalid"), ended(None), ended("a b/c")]
+    m = episode_metrics(episodes, "train")
+    assert m["train/loss_rate"] == 1.0 and m["train/end/too_many_invalid_rate"] == 2 / 5
+    assert (m["train/end/loss_rate"], m["train/end/a_b_c_rate"]) == (1 / 5, 1 / 5)
+    many = episode_metrics([ended(f"r{i:03d}") for i in range(4 * MAX_END_REASONS)] + [ended("r999")] * 2, "eval")
+    kept = [k for k in many if k.startswith("eval/end/")]
+    assert len(kept) == MAX_END_REASONS and many["eval/end/r999_rate"] == 2 / (4 * MAX_END_REASONS + 2)
+
+
 def test_an_env_cannot_grow_the_components_without_bound() -> None:
     traj = Trajectory(task=Task({}))
     traj.note_step({"rewards": {f"c{i}": 1.0 for i in range(10 * MAX_REWARD_COMPONENTS)}, "end_reason": "x" * 10_000})

@@ -28,6 +28,7 @@ from trainer.sampling import RemoteSampler, make_sampler
 from trainer.update import (
     adam_params,
     compute_advantages,
+    end_reason_rates,
     frozen_reference,
     gae_advantages,
     pack,
@@ -126,7 +127,9 @@ class Player:
 def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
     """Reward, win/loss/draw rates and infra failures of one agent's episodes (rates over non-infra episodes).
 
-    Results are the env's ``info["outcome"]`` (:class:`envhub.types.Outcome`), whatever its end reasons.
+    Results are the env's ``info["outcome"]`` (:class:`envhub.types.Outcome`), whatever its end reasons;
+    the end reasons are counted apart (``<prefix>/end/<reason>_rate``: gomoku's ``too_many_invalid`` is
+    the share of games lost on an invalid move).
     """
     ok = [t for t in trajectories if not t.infra_failed]
     n = max(len(ok), 1)
@@ -136,7 +139,7 @@ def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, fl
             f"{prefix}/loss_rate": outcomes.count(Outcome.LOSS) / n,
             f"{prefix}/draw_rate": outcomes.count(Outcome.DRAW) / n,
             f"{prefix}/episodes": float(len(ok)),
-            f"{prefix}/infra_failures": float(len(trajectories) - len(ok))}
+            f"{prefix}/infra_failures": float(len(trajectories) - len(ok)), **end_reason_rates(ok, prefix)}
 
 
 __all__ = ["Player", "outcome_metrics"]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 from envhub.types import Outcome
 from trainer.rollout import GroupedBatch, Trajectory
 
 #: the game results :func:`episode_metrics` reports as ``<prefix>/<result>_rate``
 RESULTS = (Outcome.WIN, Outcome.LOSS, Outcome.DRAW)
+#: end reasons reported per step at most (an env naming every episode's end differently cannot flood the logs)
+MAX_END_REASONS = 16
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def rollout_metrics(trajs: list[Trajectory], grouped: GroupedBatch) -> dict[str, float]:
@@ -30,6 +35,9 @@ def episode_metrics(episodes: list[Trajectory], prefix: str) -> dict[str, float]
     - ``<prefix>/tool_call_rate``: episodes with at least one tool call; ``<prefix>/tool_calls_mean`` per episode;
     - ``<prefix>/win_rate``, ``loss_rate``, ``draw_rate``: final ``info["outcome"]``
       (:class:`envhub.types.Outcome`) over all episodes, reported when any episode carries one (a game env);
+    - ``<prefix>/end/<reason>_rate``: the env's own ``info["end_reason"]`` over all episodes (gomoku's
+      ``too_many_invalid``: games lost on invalid moves, which ``penalised_turn_frac`` cannot tell apart
+      from a legal move answered by the opponent's winning line, rewarded below zero too);
     - ``<prefix>/rewards/<name>_mean``: each named reward component (an env's ``@reward``, its
       ``info["rewards"]``), summed over the episode, mean over episodes (0 for one that never reported it).
 
@@ -43,10 +51,24 @@ def episode_metrics(episodes: list[Trajectory], prefix: str) -> dict[str, float]
     outcomes = [Outcome.of(t.info) for t in episodes]
     if any(o is not None for o in outcomes):
         metrics.update({f"{prefix}/{o.value}_rate": outcomes.count(o) / n for o in RESULTS})
+    metrics.update(end_reason_rates(episodes, prefix))
     names = sorted({name for t in episodes for name in t.reward_components})
     metrics.update({f"{prefix}/rewards/{name}_mean": sum(t.reward_components.get(name, 0.0) for t in episodes) / n
                     for name in names})
     return metrics
 
 
-__all__ = ["episode_metrics", "rollout_metrics"]
+def end_reason_rates(episodes: list[Trajectory], prefix: str) -> dict[str, float]:
+    """``<prefix>/end/<reason>_rate`` for each end reason the episodes report (the commonest
+    :data:`MAX_END_REASONS`, names reduced to letters, digits, ``_``, ``.`` and ``-``)."""
+    counts: dict[str, int] = {}
+    for t in episodes:
+        reason = t.info.get("end_reason")
+        if isinstance(reason, str) and reason:
+            key = _UNSAFE.sub("_", reason)
+            counts[key] = counts.get(key, 0) + 1
+    kept = sorted(counts, key=lambda r: (-counts[r], r))[:MAX_END_REASONS]
+    return {f"{prefix}/end/{r}_rate": counts[r] / max(len(episodes), 1) for r in sorted(kept)}
+
+
+__all__ = ["end_reason_rates", "episode_metrics", "rollout_metrics"]

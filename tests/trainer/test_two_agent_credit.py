@@ -1,0 +1,111 @@
+"""Credit in two-agent training, on the gomoku-two-agent scenario's own env and algorithm: every ending turn
+(an invalid move, a winning line, the move the winning line answered) sits in the datum of the agent that
+played it, trained on (mask 1) with the advantage's right sign, and the metrics tell invalid moves from
+lost lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rollout_fakes import ScriptedSampler
+
+from trainer.recipes.matches import MatchRollout, MatchSpec, by_agent
+from trainer.recipes.players import outcome_metrics
+from trainer.recipes.two_agent import build_pool
+from trainer.recipes.two_agent_config import load_two_agent_config
+from trainer.rollout import build_groups
+from trainer.tokenizer import build_tiny_tokenizer
+from trainer.update import compute_advantages, episode_metrics, pack
+
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "scenario_gomoku_two_agent.toml"
+
+
+def moves(*cells: int | str) -> list[str]:
+    return [f"<move>{c}</move>" if isinstance(c, int) else c for c in cells]
+
+
+#: one group of alice's (X) and bob's (O) games: name -> (alice's replies, bob's replies)
+GAMES = {"x_occupied": (moves(5, 5), moves(1)), "o_occupied": (moves(5, 9), moves(1, 1)),
+         "x_line": (moves(1, 2, 3), moves(4, 5)), "o_line": (moves(1, 2, 9), moves(5, 4, 6)),
+         "x_garbage": (moves("hello"), moves(1)), "o_garbage": (moves(5, 9), moves("hi")),
+         "x_occupied_late": (moves(1, 9, 1), moves(5, 2)), "draw": (moves(1, 3, 4, 8, 9), moves(2, 5, 6, 7))}
+
+
+def scripted(replies: list[str]):
+    def respond(prompt: str) -> str:
+        turn = prompt.count("<|im_start|>assistant") - 1
+        return replies[turn]
+
+    return respond
+
+
+@pytest.fixture(scope="module")
+def played():
+    """Each agent's one group of the eight games, its per-token advantages and packed batch."""
+    import asyncio
+
+    cfg = load_two_agent_config(CONFIG, [])
+    tok = build_tiny_tokenizer()
+
+    async def play() -> list:
+        results = []
+        for k, (alice, bob) in enumerate(GAMES.values()):
+            policies = {"alice": (ScriptedSampler(tok, scripted(alice)), tok),
+                        "bob": (ScriptedSampler(tok, scripted(bob)), tok)}
+            results += await MatchRollout(build_pool(cfg), policies, cfg.rollout).run(
+                [MatchSpec(f"credit-{k}", {"X": "alice", "O": "bob"}, {"seed": k}, group_id=0)])
+        return results
+
+    trajs = by_agent(asyncio.run(play()))
+    out = {}
+    for agent, own in trajs.items():
+        algo = cfg.agents[agent].algo
+        [group] = build_groups(own, cfg.run.group_size, filter_zero_variance=algo.filter_zero_variance).groups
+        advantages = compute_advantages(algo, [group])
+        out[agent] = (dict(zip(GAMES, group)), dict(zip(GAMES, advantages)), own)
+    return out
+
+
+def turn_advantages(traj, advantages: list[float], turn: int) -> list[float]:
+    """The advantages on turn ``turn``'s trained tokens (mask 1), after packing."""
+    batch = pack([traj], [advantages], 0)
+    start = traj.turn_ends[turn - 1] + 1 if turn else traj.prompt_len
+    ids = [j for j in range(start, traj.turn_ends[turn] + 1) if traj.mask[j]]
+    assert ids and all(batch.mask_BS[0, j - 1] == 1 for j in ids), "the turn's sampled tokens are not trained"
+    return [float(batch.advantages_BS[0, j - 1]) for j in ids]
+
+
+@pytest.mark.parametrize(("game", "mover", "other", "other_last"), [
+    ("x_occupied", "alice", "bob", 1.0), ("x_occupied_late", "alice", "bob", 1.0), ("x_garbage", "alice", "bob", 0.0),
+    ("o_occupied", "bob", "alice", 1.0), ("o_garbage", "bob", "alice", 1.0)])
+def test_an_invalid_move_is_the_movers_last_turn_with_a_negative_advantage(played, game, mover, other,
+                                                                          other_last) -> None:
+    trajs, advs, _ = played[mover]
+    traj = trajs[game]
+    assert traj.info["agent"] == mover and traj.info["end_reason"] == "too_many_invalid"
+    assert traj.turn_rewards[-1] == -20.0 and all(r == 1.0 for r in traj.turn_rewards[:-1])
+    assert max(turn_advantages(traj, advs[game], len(traj.turn_ends) - 1)) < 0
+    # the other seat's datum ends on its own last move (a legal one, +1; the forfeit itself is worth 0 here),
+    # or, when X failed at once, on the reply O sends to learn the result
+    theirs = played[other][0][game]
+    assert theirs.info["end_reason"] == "opponent_forfeit" and theirs.turn_rewards[-1] == other_last
+    assert -20.0 not in theirs.turn_rewards
+
+
+@pytest.mark.parametrize(("game", "winner", "loser"), [("x_line", "alice", "bob"), ("o_line", "bob", "alice")])
+def test_a_winning_line_is_positive_for_the_winner_and_the_answered_move_negative_for_the_loser(
+        played, game, winner, loser) -> None:
+    won, lost = played[winner][0][game], played[loser][0][game]
+    assert won.turn_rewards[-1] == 10.0 and lost.turn_rewards[-1] == 1.0 - 10.0
+    assert min(turn_advantages(won, played[winner][1][game], len(won.turn_ends) - 1)) > 0
+    assert max(turn_advantages(lost, played[loser][1][game], len(lost.turn_ends) - 1)) < 0
+
+
+def test_the_metrics_tell_invalid_moves_from_lost_lines(played) -> None:
+    own = played["alice"][2]
+    train, outcomes = episode_metrics(own, "train"), outcome_metrics(own, "train")
+    # penalised turns count every loss (the lost line's last move is rewarded -9 too): 4 of alice's 20 turns
+    assert train["train/loss_rate"] == 4 / 8 and train["train/penalised_turn_frac"] == 4 / 20
+    assert train["train/end/too_many_invalid_rate"] == outcomes["train/end/too_many_invalid_rate"] == 3 / 8
+    assert train["train/end/loss_rate"] == 1 / 8 and train["train/end/opponent_forfeit_rate"] == 2 / 8
