@@ -64,7 +64,7 @@ def test_gomoku_logs_its_outcome_metrics_and_warms_up_on_legal_games(tmp_path: P
     from trainer.recipes.setup import in_process_env
 
     result = scenarios.pick("gomoku")[0].run("scenario_gomoku.toml", 0, tmp_path, True)
-    assert [step for step, _ in result.extra["invalid-move rate"]] == [0, 1]
+    assert [step for step, _ in result.extra["games lost on an invalid move"]] == [0, 1]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all({"eval/penalised_turn_frac", "eval/tool_call_rate"} <= set(r) for r in records if "eval/episodes" in r)
     assert any("train/penalised_turn_frac" in r for r in records)

@@ -8,6 +8,7 @@ ruler on a few questions only (:func:`measure_phases`): it starts answering at o
 find that calling pays.
 Validation is the env's ``validation`` split, greedy, balanced over the answers.
 """
+
 from __future__ import annotations
 
 import json
@@ -183,7 +184,8 @@ def measure_phases(cfg: Any, n: int, seed: int, calls: int | None = None) -> lis
 def tool_probe(model: Any, tok: Any, vision: Any, cfg: Any, seed: int, n: int) -> str:
     """What the warmed-up policy does on ``n`` train-split triangles the warm-up never showed (teacher-forced): the
     probability of the call's first token and of the likeliest length as the first turn begins, and how often the
-    likeliest length after the call and the ruler's reading is that reading."""
+    likeliest length after the call and the ruler's reading is that reading (with ``answer_format = "number"``, where
+    a length's first token is its digit)."""
     import math
 
     from env_servers.geometry_env.figures import MEASURE_LENGTHS

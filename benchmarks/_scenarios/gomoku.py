@@ -7,7 +7,9 @@ and after 40 GRPO steps; seed 0 happened to start legal, 0.22 -> 0.81).
 
 Trains from ``examples/configs/scenario_gomoku.toml`` (the env runs in process, as the config names it);
 the curve is the win rate over held-out games (``eval/win_rate``: the env's ``info["outcome"]``, greedy,
-the env's ``validation`` split), with the invalid-move rate (``eval/penalised_turn_frac``) beside it.
+the env's ``validation`` split), with the share of those games lost on an invalid move beside it
+(``eval/end/too_many_invalid_rate``, the env's end reason; ``penalised_turn_frac`` would count a legal move
+answered by the opponent's winning line too).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False) -> Run
     metrics = out / "metrics.jsonl"
     # a validation whose games all ran out of turns reports no outcome: it won none of them
     return RunResult(metric_curve(metrics, "eval/win_rate", absent=0.0), time.monotonic() - start,
-                     extra={"invalid-move rate": metric_curve(metrics, "eval/penalised_turn_frac")})
+                     extra={"games lost on an invalid move": metric_curve(metrics, "eval/end/too_many_invalid_rate",
+                                                                          absent=0.0)})
 
 
 def random_games(env_cls: Any, system_prompt: str, n: int, max_turns: int, seed: int) -> list[dict[str, Any]]:
