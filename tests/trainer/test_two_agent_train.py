@@ -224,3 +224,35 @@ def test_each_agent_samples_on_its_own_servers_or_the_runs(tmp_path) -> None:
                       "sampling.server_token='t'")
     assert [cfg.sampling_for(n).servers for n in "ab"] == [["http://h:2"], ["http://h:1"]]
     assert cfg.sampling_for("a").server_token == "t" and cfg.sampling.servers == ["http://h:1"]
+
+
+def test_reference_groups_put_each_agent_against_a_scripted_player_in_the_last_openings(tmp_path) -> None:
+    from trainer.recipes.two_agent import reference_name, train_matches
+
+    env = ["env.env_class='env_servers.gomoku_env:GomokuMatchEnv'", "env.env_kwargs={board_size=5, max_invalid_moves=2}"]
+    cfg = tiny_config(tmp_path, *env, "run.batch_size=3", "match.reference_groups=1")
+    specs = train_matches(cfg, ["a", "b"], 0, "r")
+    assert len(specs) == (2 + 2) * cfg.run.group_size  # two head-to-head openings, one per agent and reference
+    for name in ("a", "b"):
+        mine = [s for s in specs if name in s.seats.values()]
+        assert sorted({s.group_id for s in mine}) == [0, 1, 2]  # each agent: batch_size groups, group_size each
+        assert all(len([s for s in mine if s.group_id == g]) == cfg.run.group_size for g in range(3))
+        against = [s for s in mine if s.group_id == 2]
+        assert all(set(s.seats.values()) == {name, reference_name(name)} for s in against)
+    assert {s.seats["X"] for s in specs if s.group_id == 2} == {"a", reference_name("b")}  # seats alternate
+    with pytest.raises(ValueError, match="reference_groups < run.batch_size"):
+        tiny_config(tmp_path, *env, "match.reference_groups=2")
+    with pytest.raises(ValueError, match="reference_groups >= 0"):
+        tiny_config(tmp_path, *env, "match.reference_groups=-1")
+
+    cfg = tiny_config(tmp_path, *env, "run.batch_size=3", "match.reference_groups=1", "run.steps=1")
+    agents = {n: Player(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    initial = {n: snapshot(a.model) for n, a in agents.items()}
+    train_two_agents(cfg, agents=agents, log=lambda line: None)
+    for name, agent in agents.items():
+        assert changed(agent.model, initial[name])
+        step = next(r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "train/reward_mean" in r)
+        assert step["match/matches"] == 2 * cfg.run.group_size  # the head-to-head games alone
+        assert step["train_reference/episodes"] == cfg.run.group_size  # its games against the reference player
+        assert step["train/episodes"] == 2 * cfg.run.group_size  # train/ outcomes: the head-to-head's
+        assert {"train/win_rate", "train_reference/win_rate"} <= set(step)

@@ -75,8 +75,11 @@ class Player:
         """Every tensor this agent's optimizer updates."""
         return list(self.policy.params)
 
-    def update(self, trajectories: list[Trajectory], step: int) -> dict[str, float]:
-        """Train on this agent's own trajectories of one step; returns its metrics.
+    def update(self, trajectories: list[Trajectory], step: int,
+               outcomes: list[Trajectory] | None = None) -> dict[str, float]:
+        """Train on this agent's own trajectories of one step; returns its metrics, the ``train/`` outcome rates
+        those of ``outcomes`` (default: ``trajectories``; the head-to-head games when some were against a
+        reference player).
 
         Infrastructure ends (env down, opponent disconnected or timed out) leave their group out of
         the batch, as in single-agent training; so do zero-variance groups with ``algo.filter_zero_variance``.
@@ -88,7 +91,10 @@ class Player:
         algo, run = self.cfg.algo, self.shared.run
         grouped = build_groups(trajectories, run.group_size, filter_zero_variance=algo.filter_zero_variance)
         metrics = rollout_metrics(trajectories, grouped)
-        metrics.update(outcome_metrics(trajectories, "train"))
+        if outcomes is not None:  # no outcome rate of the other games stays (an end reason theirs alone)
+            for key in outcome_metrics(trajectories, "train"):
+                metrics.pop(key, None)
+        metrics.update(outcome_metrics(trajectories if outcomes is None else outcomes, "train"))
         adam = adam_params(self.cfg.optim, step, run.steps)
         if grouped.groups:
             batch = pack(grouped.trajectories, compute_advantages(algo, grouped.groups), self.tokenizer.pad_token_id)

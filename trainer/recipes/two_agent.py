@@ -7,7 +7,10 @@ Per step, between phase barriers (:class:`PhaseBarrier`):
    the other at O (which one alternates from opening to opening); the engine drives both seats
    concurrently, each seat sampled from its own agent's policy, and the env's coordinator keeps
    the moves in turn. Each seat's trajectory holds its own tokens and the rewards its own moves
-   earned (zero-sum for decisive games).
+   earned (zero-sum for decisive games). With ``match.reference_groups = k`` the last k openings are
+   played by each agent against a scripted random player instead (the validation reference), which
+   keeps showing each agent boards the other's narrow play never reaches; their outcomes are logged
+   as ``train_reference/...``, the head-to-head's as ``train/...`` and ``match/...``.
 2. **update** (each agent on its own): an agent's trajectories of one opening form its GRPO
    group; groups with an infrastructure end (a disconnected or timed-out opponent, an env outage)
    are left out; then the agent's own loss and optimizer step (:meth:`Player.update`). The two
@@ -51,17 +54,31 @@ def build_pool(cfg: TwoAgentConfig) -> EnvPool:
 
 
 def train_matches(cfg: TwoAgentConfig, names: list[str], step: int, run_id: str) -> list[MatchSpec]:
-    """This step's matches: ``batch_size`` openings x ``group_size`` matches, seats alternating per opening."""
+    """This step's matches: ``batch_size`` openings x ``group_size`` matches, seats alternating per opening. The
+    last ``match.reference_groups`` openings are played by each agent against its reference player
+    (:func:`reference_name`) instead, so each agent still has ``batch_size`` groups."""
     urls = cfg.env.all_urls()
+    head_to_head = cfg.run.batch_size - cfg.match.reference_groups
     specs = []
     for g in range(cfg.run.batch_size):
-        n = step * cfg.run.batch_size + g
-        first, second = names if not (cfg.match.swap_seats and g % 2) else names[::-1]
-        reset = {**cfg.env.train_task, "seed": cfg.run.seed * 1_000_003 + n}
-        specs += [MatchSpec(f"{run_id}-s{step}-g{g}-{k}", {SEATS[0]: first, SEATS[1]: second}, reset,
-                            group_id=g, env_url=urls[g % len(urls)] if urls else None)
-                  for k in range(cfg.run.group_size)]
+        pairs = [names] if g < head_to_head else [[n, reference_name(n)] for n in names]
+        for p, pair in enumerate(pairs):
+            first, second = pair if not (cfg.match.swap_seats and (g + p) % 2) else pair[::-1]
+            reset = {**cfg.env.train_task, "seed": cfg.run.seed * 1_000_003 + step * cfg.run.batch_size + g}
+            specs += [MatchSpec(f"{run_id}-s{step}-g{g}-{p}-{k}", {SEATS[0]: first, SEATS[1]: second}, reset,
+                                group_id=g, env_url=urls[g % len(urls)] if urls else None)
+                      for k in range(cfg.run.group_size)]
     return specs
+
+
+def reference_name(agent: str) -> str:
+    """The seat name of ``agent``'s scripted reference player in training matches (``match.reference_groups``)."""
+    return f"{RANDOM_OPPONENT}-{agent}"
+
+
+def is_head_to_head(result: MatchResult, names: list[str]) -> bool:
+    """Whether both seats of ``result`` were agents (not a reference player)."""
+    return set(result.spec.seats.values()) <= set(names)
 
 
 def eval_matches(cfg: TwoAgentConfig, pairs: list[tuple[str, str]], run_id: str, tag: str) -> list[MatchSpec]:
@@ -125,7 +142,11 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
     agents = agents or {name: Player(name, a, cfg, out / name, device=device) for name, a in cfg.agents.items()}
     names = list(agents)
     pool = build_pool(cfg)
-    rollout = _rollout(cfg, pool, {n: (a.sampler, a.tokenizer) for n, a in agents.items()})
+    players: dict[str, tuple[Any, Any]] = {n: (a.sampler, a.tokenizer) for n, a in agents.items()}
+    if cfg.match.reference_groups:  # scripted, rendering with the agent's own tokenizer, as in validation
+        players.update({reference_name(n): (RandomMoveSampler(a.tokenizer, seed=cfg.run.seed + k), a.tokenizer)
+                        for k, (n, a) in enumerate(agents.items())})
+    rollout = _rollout(cfg, pool, players)
     barrier = PhaseBarrier(names, parallel=cfg.match.parallel_updates)
     run_id = uuid.uuid4().hex[:8]  # match ids unique even when several runs share one env server
     first_step = _maybe_resume(cfg, agents, barrier, log)
@@ -140,6 +161,8 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
         results = barrier.joint("rollout", step, lambda: rollout.run_sync(train_matches(cfg, names, step, run_id)))  # noqa: B023
         t1 = time.monotonic()
         trajs = by_agent(results)
+        head_to_head = [r for r in results if is_head_to_head(r, names)]
+        versus, reference = by_agent(head_to_head), by_agent([r for r in results if not is_head_to_head(r, names)])
         try:
             failures = watch.check(step + 1, [t for seats in trajs.values() for t in seats])
         except RolloutFailureError:
@@ -147,9 +170,13 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
                 agent.close()
             raise
         # each() calls these before the loop moves on, so trajs and step are this iteration's
-        updates = barrier.each("update", step, {n: functools.partial(a.update, trajs.get(a.name, []), step)
+        updates = barrier.each("update", step, {n: functools.partial(a.update, trajs.get(a.name, []), step,
+                                                                     outcomes=versus.get(a.name, []))
                                                 for n, a in agents.items()})
-        shared = {**match_metrics(results), **failures, "time/rollout_s": t1 - t0,
+        if cfg.match.reference_groups:
+            for n in names:
+                updates[n].update(outcome_metrics(reference.get(n, []), "train_reference"))
+        shared = {**match_metrics(head_to_head), **failures, "time/rollout_s": t1 - t0,
                   "time/step_s": time.monotonic() - t0}
         waits = barrier.wait_times("update", step)
         if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:

@@ -63,7 +63,10 @@ class MatchConfig:
     (``run.seed * 1_000_003 + n``). ``eval_greedy``: validation moves are greedy (else sampled at
     ``sampling.temperature``: a greedy policy repeats an invalid move until it forfeits).
     ``parallel_updates`` runs the agents' update phases in two threads (they share nothing); the
-    phase barrier waits for both either way.
+    phase barrier waits for both either way. ``reference_groups``: of each agent's ``run.batch_size`` groups a
+    step, how many it plays against the scripted random player (the reference ``eval_opponent = "random"``
+    validates against) instead of the other agent; 0 (the default): every group head-to-head. Their outcomes
+    are logged apart (``train_reference/``), so ``train/`` win rates stay the head-to-head's.
     """
 
     max_matches_in_flight: int = 32
@@ -73,12 +76,15 @@ class MatchConfig:
     eval_greedy: bool = True
     parallel_updates: bool = True
     swap_seats: bool = True  # alternate which agent moves first from one group to the next
+    reference_groups: int = 0
 
     def __post_init__(self) -> None:
         if self.eval_opponent not in EVAL_OPPONENTS:
             raise ValueError(f"Expected match.eval_opponent in {EVAL_OPPONENTS}, got {self.eval_opponent!r}.")
         if self.max_matches_in_flight < 1:
             raise ValueError(f"Expected match.max_matches_in_flight >= 1, got {self.max_matches_in_flight}.")
+        if self.reference_groups < 0:
+            raise ValueError(f"Expected match.reference_groups >= 0, got {self.reference_groups}.")
 
 
 def _default_env() -> EnvConfig:
@@ -116,6 +122,9 @@ class TwoAgentConfig:
         if RANDOM_OPPONENT in names:
             raise ValueError(f"Expected agent names other than {RANDOM_OPPONENT!r} (the scripted validation "
                              f"opponent's name), got {names}.")
+        if self.match.reference_groups >= self.run.batch_size:
+            raise ValueError(f"Expected match.reference_groups < run.batch_size ({self.run.batch_size}: some groups "
+                             f"head-to-head), got {self.match.reference_groups}.")
         check_servers(self)
         if self.sampling.backend == "vllm":  # each agent gets its own engine: head sizes vLLM accepts
             for agent in self.agents.values():
