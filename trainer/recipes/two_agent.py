@@ -169,9 +169,9 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
             for agent in agents.values():
                 agent.close()
             raise
-        # each() calls these before the loop moves on, so trajs and step are this iteration's
         # train/ outcome rates: the head-to-head games (None: every game was one)
         outcomes = {n: versus.get(n, []) for n in names} if cfg.match.reference_groups else {}
+        # each() calls these before the loop moves on, so trajs and step are this iteration's
         updates = barrier.each("update", step, {n: functools.partial(a.update, trajs.get(a.name, []), step,
                                                                      outcomes=outcomes.get(n))
                                                 for n, a in agents.items()})
