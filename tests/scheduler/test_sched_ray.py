@@ -198,8 +198,10 @@ dist.all_gather(gathered, weights)
 same = all(torch.equal(g, gathered[0]) for g in gathered)
 print(f"rank {dist.get_rank()}/{dist.get_world_size()} node_rank {os.environ['GROUP_RANK']} "
       f"step done, weights equal across ranks: {same}", flush=True)
-dist.barrier()  # both ranks done before either tears gloo down (a rank leaving first could abort the other's teardown)
-dist.destroy_process_group()
+# DDP keeps gloo's threads alive past destroy_process_group; a plain exit can abort in interpreter finalization
+# (SIGABRT after a correct step): end the rank as envhub-train does
+from trainer.distributed import exit_rank
+exit_rank(0)
 '''
 
 
