@@ -60,7 +60,7 @@ class _Losses:
         self.until = until
         self.losses: list[float] = []
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
         self.losses.append(metrics["sft/sft_loss"])
 
     def recent(self) -> float:
@@ -124,7 +124,7 @@ def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: st
     for phase in warm_up:
         losses = _Losses(phase.until_loss)
         done = run_sft(model, tok, phase.demos, steps=2 if smoke else phase.steps, batch_size=32, lr=phase.lr,
-                       seed=seed, weight_decay=phase.weight_decay, vision=vision, logger=losses,  # type: ignore[arg-type]
+                       seed=seed, weight_decay=phase.weight_decay, vision=vision, logger=losses,
                        stop_when=losses.reached if phase.until_loss else None)
         print(f"  [geometry] warm-up: {int(done['steps'])} steps, loss of the last 25 batches {losses.recent():.3f}",
               flush=True)

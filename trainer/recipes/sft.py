@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -102,8 +102,14 @@ def sft_step(client: TrainingClient, batch: list[tuple[Any, ...]], adam: AdamPar
             "num_tokens": out.metrics["tokens:sum"], "grad_norm": grad_norm}
 
 
+class StepLogger(Protocol):
+    """Where :func:`run_sft` sends each step's metrics: a :class:`MetricsLogger`, or anything with its ``log``."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None: ...
+
+
 def run_sft(model: Any, tokenizer: Any, demos: list[dict[str, Any]], *, steps: int, batch_size: int, lr: float,
-            seed: int = 0, grad_clip: float = 1.0, weight_decay: float = 0.0, logger: MetricsLogger | None = None,
+            seed: int = 0, grad_clip: float = 1.0, weight_decay: float = 0.0, logger: StepLogger | None = None,
             desc: str = "sft", device: torch.device | str = "cpu", stop_when: Callable[[int], bool] | None = None,
             check_every: int = 25, epochs_limit: int | None = None,
             vision: VisionProcessor | None = None) -> dict[str, float]:
@@ -185,4 +191,4 @@ def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[s
     return summary
 
 
-__all__ = ["encode_demo", "encode_image_demo", "load_demos", "sft_step", "run_sft", "train_sft"]
+__all__ = ["encode_demo", "encode_image_demo", "load_demos", "StepLogger", "sft_step", "run_sft", "train_sft"]
