@@ -121,7 +121,10 @@ class Env:
     # **task: Any`` reads as "any parameters"); the runner passes ``seed`` and the task by keyword.
     def reset(self, seed: int | None = None, *args: Any,
               **task: Any) -> MaybeAwaitable[StepResult | Observation | str]:
-        """Start an episode and return the first observation (the prompt), or a ``StepResult`` holding it."""
+        """Start an episode and return the first observation (the prompt), or a ``StepResult`` holding it:
+        one with ``done`` (or ``truncated``) set ends the episode before any step (the runner then
+        refuses steps), its ``reward`` the episode's, as a match env does for a seat whose opponent
+        ended the game before this seat's first turn."""
         return Observation()
 
     def step(self, action: Any) -> MaybeAwaitable[StepResult | Observation | str]:
@@ -242,7 +245,9 @@ class EnvRunner:
             raise ActionValidationError(f"reset() rejected its arguments: {exc}") from exc
         except Exception as exc:
             raise EnvExecutionError(f"reset() raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(raw, StepResult):
+        if isinstance(raw, StepResult):  # an episode may be over at once (a match the opponent already ended)
+            raw.info.setdefault("episode_id", self.episode_id)
+            self.episode_reward, self.ended = raw.reward, raw.ended
             return raw
         return StepResult(observation=_as_observation(raw), info={"episode_id": self.episode_id})
 

@@ -38,7 +38,9 @@ class GomokuMatchEnv(Env):
     is ``"X"`` (moves first) or ``"O"``, or left out to take the free seat. ``match_id="auto"``
     pairs a session with the next one that asked for ``"auto"``; no ``match_id`` opens a new match
     whose id is in ``state()["match_id"]`` (and every step's ``info``). The O player's
-    reset returns once X has made its first move. Each ``step`` returns after the opponent replied,
+    reset returns once X has made its first move; if that move ended the match (an invalid move
+    that used X's last allowance, or X leaving), the reset's result is already ``done`` (or
+    ``truncated``), with O's end in its reward and ``info``, and O never moves. Each ``step`` returns after the opponent replied,
     so every result shows the opponent's move, and a game the opponent ends (its line, a full board)
     ends this player's episode too, with the loss on its own result: rewards are zero-sum for
     decisive games (``win`` to the winner, ``loss`` to the loser). An invalid move is penalised
@@ -64,8 +66,10 @@ class GomokuMatchEnv(Env):
 
     async def reset(self, seed: int | None = None, match_id: str | None = None, seat: str | None = None,
                     player: str | None = None, board_size: int | None = None, opening: list[list[int]] | None = None,
-                    render_image: bool | None = None) -> Observation:
-        """Join a match (see the class docstring); returns when it is this player's turn."""
+                    render_image: bool | None = None) -> Observation | StepResult:
+        """Join a match (see the class docstring); returns when it is this player's turn, or, when the
+        match ended before it (the first player's invalid move, a disconnect), a ``done`` (or
+        ``truncated``) result with this seat's end: its reward, ``end_reason`` and ``outcome``."""
         await self._leave()
         if seed is not None:
             self.rng = random.Random(seed)
@@ -89,6 +93,9 @@ class GomokuMatchEnv(Env):
             raise ActionValidationError(f"Cannot join the match: {exc}") from None
         self.render_image = config.render_image
         await self.match.wait_turn(self.seat)
+        if self.match.over:  # ended before this seat's first turn: the episode ends here
+            end = self.match.take_end(self.seat) or self.match.ends.get(self.seat)
+            return self._result(Report("match_over", end.reward if end is not None else 0.0, end=end))
         return self._first_observation()
 
     async def step(self, action: Action) -> StepResult:
@@ -153,14 +160,9 @@ class GomokuMatchEnv(Env):
         match, seat = self.match, self.seat
         assert match is not None and seat is not None
         board, cells = match.game.board, match.game.config.cells
-        if match.over:
-            end = match.ends[seat]
-            text = prompts.end_message(end.reason, board, seat, cells=cells) + "\n\nSend any move to receive the result."
-            obs = self._observation(text, board, "match_over")
-        else:
-            obs = self._observation(prompts.first_message(board, seat, match.last_move.get(other(seat)),
-                                                          brief=match.game.config.brief_messages, cells=cells),
-                                    board, "start")
+        obs = self._observation(prompts.first_message(board, seat, match.last_move.get(other(seat)),
+                                                      brief=match.game.config.brief_messages, cells=cells),
+                                board, "start")
         obs.metadata["system_prompt"] = prompts.system_prompt(board.size, seat, first=seat == match.game.players[0],
                                                               win_length=board.win_length, cells=cells)
         return obs

@@ -9,7 +9,7 @@ import pytest
 from env_servers.gomoku_env import GomokuMatchEnv
 from env_servers.gomoku_env.coordinator import REGISTRY
 from envhub import EnvRunner
-from envhub.errors import ActionValidationError
+from envhub.errors import ActionValidationError, EpisodeStateError
 
 _ids = itertools.count()
 
@@ -152,7 +152,7 @@ async def test_disconnect_ends_the_match_for_the_other_player_as_truncated():
     assert mid not in REGISTRY._matches
 
 
-async def test_a_match_that_ends_during_reset_reports_on_the_first_step():
+async def test_a_match_that_ends_during_reset_ends_the_episode_at_reset():
     mid = new_id()
     x, o = EnvRunner(GomokuMatchEnv()), EnvRunner(GomokuMatchEnv())
     await x.reset(match_id=mid, seat="X", opening=[])
@@ -160,9 +160,27 @@ async def test_a_match_that_ends_during_reset_reports_on_the_first_step():
     await asyncio.sleep(0.01)
     await x.close()
     first = await o_reset
-    assert first.observation.metadata["event"] == "match_over" and "disconnected" in first.observation.text
-    result = await o.step(mv(4, 4))
-    assert result.truncated and result.reward == 0.0 and result.info["end_reason"] == "opponent_disconnected"
+    assert first.truncated and not first.done and first.reward == 0.0
+    assert first.info["end_reason"] == "opponent_disconnected" and "disconnected" in first.observation.text
+    with pytest.raises(EpisodeStateError):  # nothing left to play
+        await o.step(mv(4, 4))
+    assert (await o.state())["done"]
+
+
+async def test_a_forfeit_on_the_first_move_ends_the_other_seat_at_reset():
+    mid = new_id()
+    x = EnvRunner(GomokuMatchEnv(board_size=3, win_length=3, max_invalid_moves=1))
+    o = EnvRunner(GomokuMatchEnv(board_size=3, win_length=3, max_invalid_moves=1))
+    await x.reset(match_id=mid, seat="X", opening=[[0, 0], [1, 1]])
+    o_reset = asyncio.create_task(o.reset(match_id=mid, seat="O"))
+    await asyncio.sleep(0.01)
+    lost = await x.step(mv(1, 1))  # occupied: X's one allowance, the match is over
+    assert lost.done and lost.info["outcome"] == "loss"
+    first = await o_reset
+    assert first.done and first.info["outcome"] == "win" and first.info["end_reason"] == "opponent_forfeit"
+    assert first.reward == 10.0 and (await o.state())["episode_reward"] == 10.0
+    with pytest.raises(EpisodeStateError):
+        await o.step(mv(2, 2))
 
 
 async def test_a_slow_opponent_times_out():

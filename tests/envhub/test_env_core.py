@@ -362,3 +362,33 @@ def test_error_frame_and_error_for_code():
 def test_ws_url(base, expected):
     assert _wire.ws_url(base) == expected
     assert _wire.http_url(expected, "/health").endswith("/health")
+
+
+class OverAtOnce(Env):
+    """An episode that may be over before any step (a match the other seat already ended)."""
+
+    def reset(self, seed=None, over: bool = False):
+        if over:
+            return StepResult(observation=Observation(text="already decided"), reward=2.0, done=True,
+                              info={"outcome": "win"})
+        return "play"
+
+    def on_text(self, text: str):
+        return StepResult(observation=Observation(text="ok"), reward=1.0, done=True)
+
+
+def test_a_reset_that_returns_done_ends_the_episode_before_any_step():
+    async def go():
+        r = EnvRunner(OverAtOnce())
+        first = await r.reset(over=True)
+        state = await r.state()
+        with pytest.raises(EpisodeStateError) as refused:
+            await r.step({"text": "move"})
+        again = await r.reset()  # a new episode is playable as usual
+        played = await r.step({"text": "move"})
+        return first, state, refused.value.code, again, played, await r.state()
+    first, state, code, again, played, after = run(go())
+    assert first.done and first.reward == 2.0 and first.info["outcome"] == "win" and first.info["episode_id"]
+    assert state["done"] and state["episode_reward"] == 2.0 and state["step_count"] == 0
+    assert code == ErrorCode.EPISODE_ENDED
+    assert not again.ended and played.done and after["episode_reward"] == 1.0

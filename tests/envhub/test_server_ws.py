@@ -342,3 +342,29 @@ async def test_client_leaving_during_env_construction_frees_the_slot(serve_env):
         assert "envhub_sessions_active 0" in (await http.get(srv.url + "/metrics")).text
     async with websockets.connect(srv.ws_url) as ws:  # the only slot is free again
         assert (await ask(ws, {"type": "reset"}))["type"] == "observation"
+
+
+class DecidedEnv(Env):
+    """``reset(over=True)`` is an episode that is over before its first step."""
+
+    def reset(self, seed=None, over: bool = False):
+        if over:
+            return StepResult(observation=Observation(text="decided"), reward=3.0, done=True, info={"outcome": "win"})
+        return Observation(text="go")
+
+    def on_text(self, text: str):
+        return StepResult(observation=Observation(text="moved"), reward=1.0, done=True)
+
+
+async def test_a_done_reset_travels_as_done_and_refuses_steps(serve_env):
+    srv = serve_env(DecidedEnv)
+    async with websockets.connect(srv.ws_url) as ws:
+        reply = await ask(ws, {"type": "reset", "data": {"over": True}})
+        assert reply["type"] == "observation"
+        data = reply["data"]
+        assert data["done"] is True and data["reward"] == 3.0 and data["observation"]["text"] == "decided"
+        assert (await ask(ws, {"type": "step", "data": {"text": "x"}}))["data"]["code"] == "EPISODE_ENDED"
+        state = await ask(ws, {"type": "state"})
+        assert state["data"]["done"] is True and state["data"]["episode_reward"] == 3.0
+        assert (await ask(ws, {"type": "reset"}))["data"]["done"] is False
+        assert (await ask(ws, {"type": "step", "data": {"text": "x"}}))["data"]["reward"] == 1.0

@@ -77,7 +77,7 @@ def turn_advantages(traj, advantages: list[float], turn: int) -> list[float]:
 
 
 @pytest.mark.parametrize(("game", "mover", "other", "other_last"), [
-    ("x_occupied", "alice", "bob", 1.0), ("x_occupied_late", "alice", "bob", 1.0), ("x_garbage", "alice", "bob", 0.0),
+    ("x_occupied", "alice", "bob", 1.0), ("x_occupied_late", "alice", "bob", 1.0), ("x_garbage", "alice", "bob", None),
     ("o_occupied", "bob", "alice", 1.0), ("o_garbage", "bob", "alice", 1.0)])
 def test_an_invalid_move_is_the_movers_last_turn_with_a_negative_advantage(played, game, mover, other,
                                                                           other_last) -> None:
@@ -86,11 +86,16 @@ def test_an_invalid_move_is_the_movers_last_turn_with_a_negative_advantage(playe
     assert traj.info["agent"] == mover and traj.info["end_reason"] == "too_many_invalid"
     assert traj.turn_rewards[-1] == -20.0 and all(r == 1.0 for r in traj.turn_rewards[:-1])
     assert max(turn_advantages(traj, advs[game], len(traj.turn_ends) - 1)) < 0
-    # the other seat's datum ends on its own last move (a legal one, +1; the forfeit itself is worth 0 here),
-    # or, when X failed at once, on the reply O sends to learn the result
+    # the other seat's datum ends on its own last move (a legal one, +1; the forfeit itself is worth 0 here);
+    # when X failed at once, O's episode ended at its reset: no turn, nothing trained, the win still counted
     theirs = played[other][0][game]
-    assert theirs.info["end_reason"] == "opponent_forfeit" and theirs.turn_rewards[-1] == other_last
+    assert theirs.info["end_reason"] == "opponent_forfeit" and theirs.info["outcome"] == "win"
     assert -20.0 not in theirs.turn_rewards
+    if other_last is None:
+        assert theirs.num_turns == 0 and theirs.turn_rewards == [] and theirs.num_policy_tokens == 0
+        assert not any(played[other][1][game])
+    else:
+        assert theirs.turn_rewards[-1] == other_last
 
 
 @pytest.mark.parametrize(("game", "winner", "loser"), [("x_line", "alice", "bob"), ("o_line", "bob", "alice")])

@@ -283,8 +283,10 @@ class RolloutEngine:
         ids, images = self.renderer.prompt(messages, tools)
         traj.append(ids, policy=False, images=images)
         traj.prompt_len = len(traj.tokens)
+        traj.reward += first.reward  # the reset's reward: an episode over before its first turn has its end here
+        traj.note_step(first.info or {})
         if first.ended:
-            return StopReason.DONE
+            return StopReason.TURN_LIMIT if first.truncated and not first.done else StopReason.DONE
         while True:
             if traj.num_turns >= cfg.max_turns:
                 return StopReason.TURN_LIMIT

@@ -23,7 +23,10 @@ def compute_advantages(algo: AlgoConfig, groups: list[list[Trajectory]]) -> list
     flat = [t for g in groups for t in g]
     w = algo.negative_weight
     if algo.name == "grpo_per_turn":
-        per_turn = algos.grpo_per_turn_advantages([t.turn_rewards or [0.0] for t in flat],
+        # one reward per generated turn (a turn whose step failed earned 0); an episode the env ended at
+        # reset has no turn, trains nothing and stays out of its group's per-turn statistics
+        turn_rewards = [t.turn_rewards + [0.0] * (len(t.turn_ends) - len(t.turn_rewards)) for t in flat]
+        per_turn = algos.grpo_per_turn_advantages(turn_rewards,
                                                   [t.group_id for t in flat], gamma=algo.gamma,
                                                   normalize_std=algo.normalize_std)
         return [token_advantages(t, algos.weight_negatives(torch.tensor(a), w).tolist())
