@@ -40,10 +40,11 @@ class GomokuMatchEnv(Env):
     whose id is in ``state()["match_id"]`` (and every step's ``info``). The O player's
     reset returns once X has made its first move; if that move ended the match (an invalid move
     that used X's last allowance, or X leaving), the reset's result is already ``done`` (or
-    ``truncated``), with O's end in its reward and ``info``, and O never moves. Each ``step`` returns after the opponent replied,
-    so every result shows the opponent's move, and a game the opponent ends (its line, a full board)
-    ends this player's episode too, with the loss on its own result: rewards are zero-sum for
-    decisive games (``win`` to the winner, ``loss`` to the loser). An invalid move is penalised
+    ``truncated``), with O's end in its reward and ``info``, and O never moves. Each ``step``
+    returns after the opponent replied, so every result shows the opponent's move, and a game the
+    opponent ends (its line, a full board) ends this player's episode too, with the loss on its own
+    result: rewards are zero-sum for decisive games (``win`` to the winner, ``loss`` to the loser).
+    An invalid move is penalised
     at once and the turn stays. If the opponent disconnects, or does not move within
     ``turn_timeout_s``, the episode ends with ``truncated=True``, reward 0 and
     ``info["end_reason"]`` ``"opponent_disconnected"`` / ``"opponent_timeout"``. Clients must wait

@@ -235,6 +235,31 @@ def test_negative_weight_reaches_every_algorithm_and_is_validated() -> None:
         load_config(None, ["algo.negative_weight=2.0"])
 
 
+def test_per_turn_grpo_pads_a_failed_turn_and_leaves_turnless_episodes_out() -> None:
+    from trainer.config import AlgoConfig
+    from trainer.rollout.types import Task, Trajectory
+    from trainer.update import compute_advantages
+
+    def traj(turn_rewards: list[float], turns: int) -> Trajectory:
+        # a prompt token, then one policy token per generated turn
+        n = 1 + turns
+        return Trajectory(task=Task(reset_kwargs={}, group_id=0), tokens=list(range(n)), mask=[0] + [1] * turns,
+                          logprobs=[0.0] * n, reward=sum(turn_rewards), turn_rewards=turn_rewards,
+                          turn_ends=list(range(1, n)))
+
+    algo = AlgoConfig(name="grpo_per_turn", normalize_std=False)
+    played = [traj([1.0, 3.0], 2), traj([1.0, 1.0], 2)]
+    # the second turn's step failed: it earned nothing and is compared at turn 1 on its own, not given turn 0's
+    failed = traj([2.0], 2)
+    advs = compute_advantages(algo, [[*played, failed]])
+    # returns-to-go [4, 3], [2, 1], [2, 0]: turn 0 against the mean 8/3, turn 1 against 4/3
+    assert advs[2] == pytest.approx([0.0, 2.0 - 8.0 / 3, 0.0 - 4.0 / 3])
+    # an episode the env ended at its reset (no turn) trains nothing and leaves the others' advantages as they were
+    over_at_reset = traj([], 0)
+    with_it = compute_advantages(algo, [[*played, over_at_reset]])
+    assert with_it[:2] == compute_advantages(algo, [played]) and with_it[2] == [0.0]
+
+
 def test_lr_schedules_warm_up_then_decay_to_the_floor() -> None:
     from trainer.config import OptimConfig
 
