@@ -91,9 +91,9 @@ class Player:
         algo, run = self.cfg.algo, self.shared.run
         grouped = build_groups(trajectories, run.group_size, filter_zero_variance=algo.filter_zero_variance)
         metrics = rollout_metrics(trajectories, grouped)
-        if outcomes is not None:  # no outcome rate of the other games stays (an end reason theirs alone)
-            for key in outcome_metrics(trajectories, "train"):
-                metrics.pop(key, None)
+        if outcomes is not None:  # every train/ outcome rate is the head-to-head's: the rates below replace all
+            # but an end reason of the other games alone, so those go first
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("train/end/")}
         metrics.update(outcome_metrics(trajectories if outcomes is None else outcomes, "train"))
         adam = adam_params(self.cfg.optim, step, run.steps)
         if grouped.groups:
