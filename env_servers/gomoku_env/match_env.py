@@ -44,9 +44,8 @@ class GomokuMatchEnv(Env):
     returns after the opponent replied, so every result shows the opponent's move, and a game the
     opponent ends (its line, a full board) ends this player's episode too, with the loss on its own
     result: rewards are zero-sum for decisive games (``win`` to the winner, ``loss`` to the loser).
-    An invalid move is penalised
-    at once and the turn stays. If the opponent disconnects, or does not move within
-    ``turn_timeout_s``, the episode ends with ``truncated=True``, reward 0 and
+    An invalid move is penalised at once and the turn stays. If the opponent disconnects, or does
+    not move within ``turn_timeout_s``, the episode ends with ``truncated=True``, reward 0 and
     ``info["end_reason"]`` ``"opponent_disconnected"`` / ``"opponent_timeout"``. Clients must wait
     longer than ``turn_timeout_s`` for a step reply (e.g. ``message_timeout_s``).
 
