@@ -34,7 +34,9 @@ from benchmarks._scenarios.common import RunResult  # noqa: E402
 from benchmarks._scenarios.geometry import run_geometry_tools, run_geometry_vision  # noqa: E402
 from benchmarks._scenarios.gomoku import run_gomoku  # noqa: E402
 from benchmarks._scenarios.math import run_math  # noqa: E402
-from benchmarks._scenarios.two_agent import run_two_agent  # noqa: E402
+from benchmarks._scenarios.two_agent import run_two_agent, two_agent_facts  # noqa: E402
+
+SMOOTH_STEPS = 5  # the per-seed panels' running mean
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,11 @@ class Scenario:
     """A named training run from ``config``, its validation ``metric`` and the ``target`` rise it must reach.
 
     ``command``: the ``envhub-train`` command that runs the config alone (``rl`` or ``two-agent``);
-    ``policies``: how many policies one run trains (two agents, or a policy and the twin plotted beside it).
+    ``policies``: how many policies one run trains (two agents, or a policy and the twin plotted beside it);
+    ``own_panel``: the curves of ``RunResult.extra`` whose name holds it get a panel of their own, one line per
+    seed (not a mean over seeds: the two-agent head-to-head, whose winner differs from seed to seed);
+    ``facts``: what the summary reports per seed beside the rise (the two-agent scenario's rise at first and
+    zero-sum check), read from a run's curves so that ``--replot`` computes them for runs kept earlier.
     """
 
     name: str
@@ -52,6 +58,8 @@ class Scenario:
     run: Callable[[str, int, Path, bool], RunResult]
     command: str = "rl"
     policies: int = 1
+    own_panel: str | None = None
+    facts: Callable[[RunResult], dict[str, float]] | None = None
 
 
 SCENARIOS = [
@@ -70,7 +78,7 @@ SCENARIOS = [
     Scenario("gomoku-two-agent", "scenario_gomoku_two_agent.toml",
              "weaker agent's win rate vs a random player (greedy, held-out games)", 0.2,
              lambda cfg, seed, out, smoke: run_two_agent(cfg, seed, out, smoke=smoke), command="two-agent",
-             policies=2),
+             policies=2, own_panel="head-to-head", facts=two_agent_facts),
 ]
 
 
@@ -89,53 +97,93 @@ def pick(only: str | None) -> list[Scenario]:
 def summarise(scenario: Scenario, runs: list[RunResult]) -> dict[str, Any]:
     """The summary entry: means over seeds, and how many seeds reached the target rise."""
     rises = [r.after - r.before for r in runs]
+    facts = {"facts_per_seed": [{k: round(v, 4) for k, v in scenario.facts(r).items()} for r in runs]} \
+        if scenario.facts else {}
     return {"name": scenario.name, "metric": scenario.metric, "config": f"examples/configs/{scenario.config}",
             "before": round(statistics.mean(r.before for r in runs), 4),
             "after": round(statistics.mean(r.after for r in runs), 4),
             "rise": round(statistics.mean(rises), 4), "target": scenario.target,
             "seeds": len(runs), "seeds_met": sum(rise >= scenario.target for rise in rises),
             "rise_per_seed": [round(x, 4) for x in rises], "steps": runs[0].curve[-1][0],
-            "seconds": round(sum(r.seconds for r in runs), 1)}
+            "seconds": round(sum(r.seconds for r in runs), 1), **facts}
 
 
 def plot(results: list[tuple[Scenario, list[RunResult]]], path: Path) -> Path:
-    """One panel per scenario (rows of three): the mean validation curve over seeds, the min-max band, the before level dashed,
-    and the scenario's curves plotted beside it (``RunResult.extra``, dotted)."""
+    """One panel per scenario (rows of three, four past six panels): the mean validation curve over seeds, the
+    min-max band, the before level dashed, and the scenario's curves plotted beside it (``RunResult.extra``,
+    dotted, a mean over seeds); a scenario's ``own_panel`` curves in a panel of their own after it, per seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ncols = min(3, len(results))  # rows of three panels
-    nrows = -(-len(results) // ncols)
+    panels: list[tuple[Scenario, list[RunResult], bool]] = []
+    for scenario, runs in results:
+        panels.append((scenario, runs, False))
+        if scenario.own_panel and any(scenario.own_panel in name for r in runs for name in r.extra):
+            panels.append((scenario, runs, True))
+    ncols = min(3 if len(panels) <= 6 else 4, len(panels))
+    nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False)
-    for ax in axes.ravel()[len(results):]:
+    for ax in axes.ravel()[len(panels):]:
         ax.axis("off")
-    for ax, (scenario, runs) in zip(axes.ravel(), results):
-        steps = [s for s, _ in runs[0].curve]
-        columns = [[dict(r.curve).get(s, r.curve[-1][1]) for r in runs] for s in steps]
-        mean = [statistics.mean(c) for c in columns]
-        ax.plot(steps, mean, marker="o", label="validation")
-        if len(runs) > 1:
-            ax.fill_between(steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.25)
-        for name in runs[0].extra:  # plotted beside the metric (e.g. gomoku's invalid-move rate), seed mean
-            curves = [dict(r.extra[name]) for r in runs if name in r.extra]
-            beside = sorted(set().union(*curves))
-            ax.plot(beside, [statistics.mean(c[s] for c in curves if s in c) for s in beside], linestyle=":",
-                    marker=".", label=name)
-        ax.axhline(mean[0], linestyle="--", color="grey", label="before training")
-        rise = mean[-1] - mean[0]
-        ax.set_title(f"{scenario.name}: {mean[0]:.2f} -> {mean[-1]:.2f} ({rise:+.2f}, target +{scenario.target})",
-                     fontsize=9)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(scenario.metric, fontsize=8)
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=7)
+    for ax, (scenario, runs, own) in zip(axes.ravel(), panels):
+        if own:
+            _plot_per_seed(ax, scenario, runs)
+        else:
+            _plot_validation(ax, scenario, runs)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _plot_validation(ax: Any, scenario: Scenario, runs: list[RunResult]) -> None:
+    steps = [s for s, _ in runs[0].curve]
+    columns = [[dict(r.curve).get(s, r.curve[-1][1]) for r in runs] for s in steps]
+    mean = [statistics.mean(c) for c in columns]
+    ax.plot(steps, mean, marker="o", label="validation")
+    if len(runs) > 1:
+        ax.fill_between(steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.25)
+    for name in runs[0].extra:  # plotted beside the metric (e.g. gomoku's invalid-move rate), seed mean
+        if scenario.own_panel and scenario.own_panel in name:
+            continue
+        curves = [dict(r.extra[name]) for r in runs if name in r.extra]
+        beside = sorted(set().union(*curves))
+        ax.plot(beside, [statistics.mean(c[s] for c in curves if s in c) for s in beside], linestyle=":",
+                marker=".", label=name)
+    ax.axhline(mean[0], linestyle="--", color="grey", label="before training")
+    rise = mean[-1] - mean[0]
+    ax.set_title(f"{scenario.name}: {mean[0]:.2f} -> {mean[-1]:.2f} ({rise:+.2f}, target +{scenario.target})",
+                 fontsize=9)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(scenario.metric, fontsize=8)
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7)
+
+
+def _plot_per_seed(ax: Any, scenario: Scenario, runs: list[RunResult], window: int = SMOOTH_STEPS) -> None:
+    """The ``own_panel`` curves, one colour per seed and one line style per curve, each a running mean over
+    ``window`` steps (a step's training matches are 64 games: its rate alone moves by 0.06 a game or so)."""
+    for seed, run in enumerate(runs):
+        names = [n for n in run.extra if scenario.own_panel and scenario.own_panel in n]
+        for k, name in enumerate(names):
+            steps, values = zip(*run.extra[name])
+            ax.plot(steps, running_mean(list(values), window), color=f"C{seed}",
+                    linestyle=("-", "--", ":", "-.")[k % 4],
+                    label=f"seed {seed}: {name.replace(f'({scenario.own_panel})', '').strip()}")
+    ax.axhline(0.5, linestyle="--", color="grey", linewidth=0.8)
+    ax.set_title(f"{scenario.name}: {scenario.own_panel} per seed ({window}-step mean)", fontsize=9)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"win rate in the step's training matches ({scenario.own_panel})", fontsize=8)
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=6, ncol=3, loc="lower center")
+
+
+def running_mean(values: list[float], window: int) -> list[float]:
+    """The mean of each value with up to ``window - 1`` values before it (the first ones over fewer)."""
+    return [statistics.mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
 
 
 def run_one(scenario: Scenario, seed: int, out: Path, smoke: bool) -> RunResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -93,6 +94,45 @@ def test_the_figure_has_one_panel_per_scenario(tmp_path: Path) -> None:
 
     width, height = Image.open(path).size
     assert width > 1.8 * height  # two panels side by side
+
+
+def _two_agent_run(alice_h2h: list[float], bob_h2h: list[float]) -> RunResult:
+    return RunResult([(0, 0.3), (10, 0.4), (20, 0.35)], 1.0, extra={
+        "alice vs random": [(0, 0.4), (10, 0.6), (20, 0.5)], "bob vs random": [(0, 0.3), (10, 0.4), (20, 0.35)],
+        "alice vs bob (head-to-head)": list(enumerate(alice_h2h, start=1)),
+        "bob vs alice (head-to-head)": list(enumerate(bob_h2h, start=1))})
+
+
+def test_two_agent_facts_read_the_rise_at_first_and_the_zero_sum_head_to_head() -> None:
+    from benchmarks._scenarios.two_agent import two_agent_facts
+
+    facts = two_agent_facts(_two_agent_run([0.5, 0.6, 0.4, 0.7], [0.5, 0.4, 0.6, 0.3]))
+    assert facts["alice_first_rise"] == pytest.approx(0.2) and facts["bob_first_rise"] == pytest.approx(0.1)
+    assert facts["alice_rise"] == pytest.approx(0.1) and facts["bob_rise"] == pytest.approx(0.05)
+    assert facts["head_to_head_change_corr"] == pytest.approx(-1.0)
+    assert facts["head_to_head_draw_rate"] == pytest.approx(0.0, abs=1e-9)
+    drawn = two_agent_facts(_two_agent_run([0.5, 0.6, 0.3, 0.5], [0.5, 0.3, 0.5, 0.4]))  # draws break the mirror
+    assert -1.0 < drawn["head_to_head_change_corr"] < 0 and drawn["head_to_head_draw_rate"] == pytest.approx(0.1)
+    flat = two_agent_facts(_two_agent_run([0.5, 0.5], [0.5, 0.5]))  # no change to correlate: left out
+    assert "head_to_head_change_corr" not in flat and flat["head_to_head_draw_rate"] == pytest.approx(0.0, abs=1e-9)
+    assert two_agent_facts(RunResult([(0, 0.1), (5, 0.2)], 1.0)) == {}
+
+
+def test_the_two_agent_summary_and_figure_show_the_head_to_head_per_seed(tmp_path: Path) -> None:
+    [scenario] = scenarios.pick("gomoku-two-agent")
+    runs = [_two_agent_run([0.5, 0.6, 0.4, 0.7], [0.5, 0.4, 0.6, 0.3]),
+            _two_agent_run([0.4, 0.3, 0.5, 0.2], [0.6, 0.7, 0.5, 0.8])]
+    entry = scenarios.summarise(scenario, runs)
+    assert [f["alice_first_rise"] for f in entry["facts_per_seed"]] == [0.2, 0.2]
+    assert all(f["head_to_head_change_corr"] == -1.0 for f in entry["facts_per_seed"])
+    alone = scenarios.plot([(scenario, runs)], tmp_path / "own.png")  # the head-to-head gets a panel of its own
+    without = scenarios.plot([(dataclasses.replace(scenario, own_panel=None), runs)], tmp_path / "one.png")
+    from PIL import Image
+
+    (w_own, h_own), (w_one, h_one) = Image.open(alone).size, Image.open(without).size
+    assert w_own > 1.8 * h_own and w_one < 1.5 * h_one
+    assert scenarios.running_mean([0.0, 1.0, 0.5, 0.5], 2) == [0.0, 0.5, 0.75, 0.5]
+    assert "facts_per_seed" not in scenarios.summarise(scenarios.pick("gomoku")[0], [RunResult([(0, 0.0)], 1.0)])
 
 
 def test_replot_builds_figure_and_summary_from_runs_kept_at_different_times(tmp_path: Path) -> None:

@@ -7,13 +7,18 @@ is the weaker agent's win rate against the scripted random player at each valida
 agents' ``eval/win_rate`` in their ``metrics.jsonl``: greedy, held-out seeds), so the scenario meets its
 target only when both agents rise; plotted beside it, each agent's own validation win rate and
 the head-to-head, each agent's win rate in the step's training matches against the other
-(``train/win_rate``): what one agent gains there the other loses.
+(``train/win_rate``): what one agent gains there the other loses. :func:`two_agent_facts` reads the
+issue's two checks from a run's curves: how each agent's validation moved at the first validation after
+training began (both rise at first), and how the head-to-head moved from step to step (zero-sum: the
+changes of the two agents' rates are opposite, as far as draws allow).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +104,27 @@ def _result(out: Path, names: list[str], seconds: float) -> RunResult:
         extra[f"{n} vs {'/'.join(m for m in names if m != n)} (head-to-head)"] = metric_curve(
             out / n / "metrics.jsonl", "train/win_rate")
     return RunResult(curve, seconds, extra=extra)
+
+
+def two_agent_facts(result: RunResult) -> dict[str, float]:
+    """Per agent, ``<name>_first_rise`` (its validation at the first validation after step 0, less its level
+    before) and ``<name>_rise`` (at the last); ``head_to_head_change_corr``, the correlation of the two agents'
+    step-to-step changes in their head-to-head win rates (-1 when one's gain is exactly the other's loss), and
+    ``head_to_head_draw_rate``, the mean share of training matches drawn (what keeps it from -1)."""
+    facts: dict[str, float] = {}
+    for name, curve in result.extra.items():
+        if name.endswith(" vs random") and len(curve) > 1:
+            agent = name.removesuffix(" vs random")
+            facts[f"{agent}_first_rise"] = curve[1][1] - curve[0][1]
+            facts[f"{agent}_rise"] = curve[-1][1] - curve[0][1]
+    h2h = [dict(c) for n, c in result.extra.items() if n.endswith("(head-to-head)")]
+    if len(h2h) == 2:
+        steps = sorted(set(h2h[0]) & set(h2h[1]))
+        facts["head_to_head_draw_rate"] = statistics.mean(1.0 - h2h[0][s] - h2h[1][s] for s in steps)
+        changes = [[c[b] - c[a] for a, b in itertools.pairwise(steps)] for c in h2h]
+        if len(changes[0]) > 1 and min(statistics.pstdev(c) for c in changes) > 0:
+            facts["head_to_head_change_corr"] = statistics.correlation(*changes)
+    return facts
 
 
 def _quiet(message: str) -> None:
