@@ -229,6 +229,7 @@ def test_sampler_server_settings_read_the_servers_file_and_refuse_bad_input(tmp_
     listed.write_text("# sampler servers\nhttp://h:1/\n\nhttp://h:2  # the second\n")
     settings = ServiceSettings(state_dir=tmp_path, sampler_servers=("http://h:1",), sampler_servers_file=listed)
     assert settings.sampler_servers == ("http://h:1", "http://h:2")
+    assert settings.listed_servers == ("http://h:1", "http://h:2")  # the file read once: the service starts from these
     listed.write_text("h:3\n")
     with pytest.raises(ValueError, match=r"Expected URLs like http://host:8100 in .*servers.txt, got \['h:3'\]"):
         ServiceSettings(state_dir=tmp_path, sampler_servers_file=listed)

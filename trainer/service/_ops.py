@@ -70,6 +70,7 @@ class Ops:
         self.remote = (RemoteSampling(settings.sampler_servers, token=settings.sampler_token,
                                       max_loaded=settings.sampler_slots, weight_group=settings.sampler_weight_group,
                                       servers_file=settings.sampler_servers_file,
+                                      listed=settings.listed_servers,
                                       base_fingerprint=None if settings.full_parameter else base_fingerprint(host.base))
                        if settings.sampler_servers else None)
         self.generation: dict[str, int] = {}  # bumped whenever a run's weights change

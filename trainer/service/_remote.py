@@ -42,7 +42,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -118,12 +118,12 @@ class RemoteSampling:
 
     def __init__(self, urls: Sequence[str], *, token: str | None = None, max_loaded: int = 4,
                  probe_s: float = 2.0, request_timeout_s: float = 600.0, weight_group: str = "off",
-                 servers_file: Path | None = None, base_fingerprint: str | None = None):
+                 servers_file: Path | None = None, listed: Collection[str] = (), base_fingerprint: str | None = None):
         self.servers_file = servers_file
         self._problems: set[str] = set()  # of servers_file (bad lines, unreadable), each logged once
-        # the servers the file lists (as last read): those that leave it are removed, those named on the command
-        # line (``urls`` and not in the file at the start) never are
-        self._listed = set(read_server_list(servers_file)[0]) if servers_file is not None else set()
+        # the servers the file lists (as last read; at the start ``listed``, what the settings read): those that
+        # leave it are removed, those named on the command line (``urls`` and not in the file at the start) never are
+        self._listed = {u.rstrip("/") for u in listed}
         self._pinned = {u.rstrip("/") for u in urls} - self._listed
         self.pool = SamplerPool(urls, token=token, request_timeout_s=request_timeout_s, log=log.warning,
                                 weight_group=weight_group, base_fingerprint=base_fingerprint)

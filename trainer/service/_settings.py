@@ -41,6 +41,7 @@ class ServiceSettings:
     sampler_token: str | None = None  # their bearer token
     sampler_weight_group: str = "off"  # "gloo": pushes to the servers go through a torch.distributed group
     sampler_servers_file: Path | None = None  # more servers, one URL a line; re-read while the service runs
+    listed_servers: tuple[str, ...] = field(default=(), init=False)  # of sampler_servers, those the file listed
     # -- limits ----------------------------------------------------------------------------------------
     max_batch_tokens: int = 32768  # tokens in one forward_backward
     max_batch_datums: int = 1024  # datums in one forward_backward
@@ -100,6 +101,7 @@ class ServiceSettings:
             raise ValueError(f"Expected --sampler-servers-file to name a readable file, got {path} ({exc}).") from exc
         if bad_urls:
             raise ValueError(f"Expected URLs like http://host:8100 in {path}, got {bad_urls}.")
+        self.listed_servers = tuple(listed)
         self.sampler_servers += tuple(u for u in listed if u not in self.sampler_servers)
         if not self.sampler_servers:
             raise ValueError(f"Expected at least one sampler server URL in --sampler-servers or {path}, got none.")
