@@ -257,6 +257,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for entry in summary:
         print(f"[scenarios] {entry['name']:<16} {entry['before']:.3f} -> {entry['after']:.3f}  rise {entry['rise']:+.3f} "
               f"(target +{entry['target']}, {entry['seeds_met']}/{entry['seeds']} seeds met)  {entry['seconds']:.0f} s")
+        for seed, facts in enumerate(entry.get("facts_per_seed", [])):
+            print(f"[scenarios]   seed {seed}: " + ", ".join(f"{k} {v:+.2f}" if k.endswith("rise") else f"{k} {v:.2f}"
+                                                         for k, v in facts.items()))
     print(f"[scenarios] wrote {out / 'summary.json'} and {figure}", flush=True)
     return summary
 
