@@ -34,7 +34,7 @@ from benchmarks._scenarios.common import RunResult  # noqa: E402
 from benchmarks._scenarios.geometry import run_geometry_tools, run_geometry_vision  # noqa: E402
 from benchmarks._scenarios.gomoku import run_gomoku  # noqa: E402
 from benchmarks._scenarios.math import run_math  # noqa: E402
-from benchmarks._scenarios.two_agent import run_two_agent, two_agent_facts  # noqa: E402
+from benchmarks._scenarios.two_agent import HEAD_TO_HEAD, run_two_agent, two_agent_facts  # noqa: E402
 
 SMOOTH_STEPS = 5  # the per-seed panels' running mean
 
@@ -78,7 +78,7 @@ SCENARIOS = [
     Scenario("gomoku-two-agent", "scenario_gomoku_two_agent.toml",
              "weaker agent's win rate vs a random player (greedy, held-out games)", 0.2,
              lambda cfg, seed, out, smoke: run_two_agent(cfg, seed, out, smoke=smoke), command="two-agent",
-             policies=2, own_panel="head-to-head", facts=two_agent_facts),
+             policies=2, own_panel=HEAD_TO_HEAD, facts=two_agent_facts),
 ]
 
 
@@ -166,13 +166,14 @@ def _plot_validation(ax: Any, scenario: Scenario, runs: list[RunResult]) -> None
 def _plot_per_seed(ax: Any, scenario: Scenario, runs: list[RunResult], window: int = SMOOTH_STEPS) -> None:
     """The ``own_panel`` curves, one colour per seed and one line style per curve, each a running mean over
     ``window`` steps (a step's training matches are 64 games: its rate alone moves by 0.06 a game or so)."""
+    own = scenario.own_panel or ""
     for seed, run in enumerate(runs):
-        names = [n for n in run.extra if scenario.own_panel and scenario.own_panel in n]
+        names = [n for n in run.extra if own and own in n]
         for k, name in enumerate(names):
             steps, values = zip(*run.extra[name])
             ax.plot(steps, running_mean(list(values), window), color=f"C{seed}",
                     linestyle=("-", "--", ":", "-.")[k % 4],
-                    label=f"seed {seed}: {name.replace(f'({scenario.own_panel})', '').strip()}")
+                    label=f"seed {seed}: {name.replace(f'({own})', '').strip()}")
     ax.axhline(0.5, linestyle="--", color="grey", linewidth=0.8)
     ax.set_title(f"{scenario.name}: {scenario.own_panel} per seed ({window}-step mean)", fontsize=9)
     ax.set_xlabel("training step")

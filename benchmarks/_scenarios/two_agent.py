@@ -31,6 +31,8 @@ WARMUP_STEPS = 1500        # at most; it stops once the last 25 batches put WARM
 WARMUP_MASS = 0.98         # greedy play starts legal near it: capped at 600 steps (0.90-0.93) one agent lost 1/3 on occupied cells
 WARMUP_LEGAL_WEIGHT = 3.0
 WARMUP_LR = 3e-3
+VS_RANDOM = " vs random"        # each agent's validation curve in RunResult.extra: "<name> vs random"
+HEAD_TO_HEAD = "head-to-head"  # each agent's training-match curve: "<name> vs <other> (head-to-head)"
 
 
 def run_two_agent(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
@@ -99,9 +101,9 @@ def _result(out: Path, names: list[str], seconds: float) -> RunResult:
     curve = [(s, min(evals[n][s] for n in names)) for s in steps]
     extra: dict[str, list[tuple[int, float]]] = {}
     for n in names:
-        extra[f"{n} vs random"] = sorted(evals[n].items())
+        extra[f"{n}{VS_RANDOM}"] = sorted(evals[n].items())
     for n in names:
-        extra[f"{n} vs {'/'.join(m for m in names if m != n)} (head-to-head)"] = metric_curve(
+        extra[f"{n} vs {'/'.join(m for m in names if m != n)} ({HEAD_TO_HEAD})"] = metric_curve(
             out / n / "metrics.jsonl", "train/win_rate")
     return RunResult(curve, seconds, extra=extra)
 
@@ -113,11 +115,11 @@ def two_agent_facts(result: RunResult) -> dict[str, float]:
     ``head_to_head_draw_rate``, the mean share of training matches drawn (what keeps it from -1)."""
     facts: dict[str, float] = {}
     for name, curve in result.extra.items():
-        if name.endswith(" vs random") and len(curve) > 1:
-            agent = name.removesuffix(" vs random")
+        if name.endswith(VS_RANDOM) and len(curve) > 1:
+            agent = name.removesuffix(VS_RANDOM)
             facts[f"{agent}_first_rise"] = curve[1][1] - curve[0][1]
             facts[f"{agent}_rise"] = curve[-1][1] - curve[0][1]
-    h2h = [dict(c) for n, c in result.extra.items() if n.endswith("(head-to-head)")]
+    h2h = [dict(c) for n, c in result.extra.items() if n.endswith(f"({HEAD_TO_HEAD})")]
     if len(h2h) == 2:
         steps = sorted(set(h2h[0]) & set(h2h[1]))
         facts["head_to_head_draw_rate"] = statistics.mean(1.0 - h2h[0][s] - h2h[1][s] for s in steps)
