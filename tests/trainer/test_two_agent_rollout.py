@@ -196,6 +196,9 @@ def test_outcome_metrics_count_the_envs_outcome_not_its_end_reasons() -> None:
     m = outcome_metrics(trajs, "a")
     assert (m["a/win_rate"], m["a/loss_rate"], m["a/draw_rate"]) == (2 / 5, 1 / 5, 1 / 5)
     assert m["a/episodes"] == 5 and m["a/infra_failures"] == 1
+    assert m["a/end/win_rate"] == 1 / 5 and m["a/penalised_turn_frac"] == 0.0  # episode_metrics' own rule
+    empty = outcome_metrics([played(None)], "b")  # no result named: the three rates are still reported
+    assert (empty["b/win_rate"], empty["b/loss_rate"], empty["b/draw_rate"]) == (0.0, 0.0, 0.0)
 
 
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from envhub.types import Outcome
 from trainer import algos
 from trainer.core import TrainingClient, has_checkpoint, load_checkpoint, save_checkpoint
 from trainer.metrics import MetricsLogger
@@ -26,9 +25,10 @@ from trainer.recipes.two_agent_config import PlayerConfig, TwoAgentConfig
 from trainer.rollout import Trajectory, build_groups
 from trainer.sampling import RemoteSampler, make_sampler
 from trainer.update import (
+    RESULTS,
     adam_params,
     compute_advantages,
-    end_reason_rates,
+    episode_metrics,
     frozen_reference,
     gae_advantages,
     pack,
@@ -91,9 +91,9 @@ class Player:
         algo, run = self.cfg.algo, self.shared.run
         grouped = build_groups(trajectories, run.group_size, filter_zero_variance=algo.filter_zero_variance)
         metrics = rollout_metrics(trajectories, grouped)
-        if outcomes is not None:  # every train/ outcome rate is the head-to-head's: the rates below replace all
-            # but an end reason of the other games alone, so those go first
-            metrics = {k: v for k, v in metrics.items() if not k.startswith("train/end/")}
+        if outcomes is not None:  # every train/ outcome is the head-to-head's: the metrics below replace all but
+            # an end reason or reward component of the other games alone, so those go first
+            metrics = {k: v for k, v in metrics.items() if not k.startswith(("train/end/", "train/rewards/"))}
         metrics.update(outcome_metrics(trajectories if outcomes is None else outcomes, "train"))
         adam = adam_params(self.cfg.optim, step, run.steps)
         if grouped.groups:
@@ -131,21 +131,20 @@ class Player:
 
 
 def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
-    """Reward, win/loss/draw rates and infra failures of one agent's episodes (rates over non-infra episodes).
+    """One agent's episodes as :func:`~trainer.update.episode_metrics` reports them (win/loss/draw rates
+    from the env's ``info["outcome"]``, whatever its end reasons; ``<prefix>/end/<reason>_rate`` apart:
+    gomoku's ``too_many_invalid`` is the share of games lost on an invalid move; penalised turns, tool
+    calls, named reward components), plus the mean reward, the episode count and the infra failures.
 
-    Results are the env's ``info["outcome"]`` (:class:`envhub.types.Outcome`), whatever its end reasons;
-    the end reasons are counted apart (``<prefix>/end/<reason>_rate``: gomoku's ``too_many_invalid`` is
-    the share of games lost on an invalid move).
+    Rates are over the episodes without an infra failure; the three results are always reported (0.0
+    when no episode names one), so every step's metrics have the same win/loss/draw keys.
     """
     ok = [t for t in trajectories if not t.infra_failed]
-    n = max(len(ok), 1)
-    outcomes = [Outcome.of(t.info) for t in ok]
-    return {f"{prefix}/reward_mean": sum(t.reward for t in ok) / n,
-            f"{prefix}/win_rate": outcomes.count(Outcome.WIN) / n,
-            f"{prefix}/loss_rate": outcomes.count(Outcome.LOSS) / n,
-            f"{prefix}/draw_rate": outcomes.count(Outcome.DRAW) / n,
+    return {f"{prefix}/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),
+            **{f"{prefix}/{o.value}_rate": 0.0 for o in RESULTS},
+            **episode_metrics(ok, prefix),
             f"{prefix}/episodes": float(len(ok)),
-            f"{prefix}/infra_failures": float(len(trajectories) - len(ok)), **end_reason_rates(ok, prefix)}
+            f"{prefix}/infra_failures": float(len(trajectories) - len(ok))}
 
 
 __all__ = ["Player", "outcome_metrics"]

@@ -10,8 +10,8 @@ from trainer.update.batch import PackedBatch, pack, padding_row, token_advantage
 from trainer.update.datums import datums, forward_values
 from trainer.update.policy import METRIC_NAMES, adam_params, loss_config, policy_update
 from trainer.update.reference import frozen_reference
-from trainer.update.stats import end_reason_rates, episode_metrics, rollout_metrics
+from trainer.update.stats import RESULTS, episode_metrics, rollout_metrics
 
-__all__ = ["METRIC_NAMES", "PackedBatch", "adam_params", "compute_advantages", "datums", "forward_values",
-           "end_reason_rates", "episode_metrics", "frozen_reference", "gae_advantages", "loss_config", "pack",
+__all__ = ["METRIC_NAMES", "RESULTS", "PackedBatch", "adam_params", "compute_advantages", "datums", "forward_values",
+           "episode_metrics", "frozen_reference", "gae_advantages", "loss_config", "pack",
            "padding_row", "policy_update", "rollout_metrics", "token_advantages"]
