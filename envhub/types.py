@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -205,3 +206,25 @@ class Outcome(str, Enum):
         except ValueError:
             return None
 
+
+
+def add_named_numbers(into: dict[str, float], numbers: object, *, limit: int = 32, name_chars: int = 100) -> None:
+    """Sum one step's named numbers (``info["rewards"]``: reward components; ``info["stats"]``: statistics an
+    env reports for the logs) into an episode's ``into``. At most ``limit`` names and ``name_chars`` characters
+    of each are kept, so an env sending unbounded names cannot grow a client's records without end; a value
+    that is not a finite number (a string, a bool, NaN) is skipped, as is ``numbers`` when it is not a dict.
+
+    >>> totals = {}
+    >>> add_named_numbers(totals, {"win_chances": 1, "note": "x", "nan": float("nan")})
+    >>> add_named_numbers(totals, {"win_chances": 1, "wins_missed": 1}, limit=2)
+    >>> totals
+    {'win_chances': 2.0, 'wins_missed': 1.0}
+    """
+    if not isinstance(numbers, dict):
+        return
+    for name, value in numbers.items():
+        key = str(name)[:name_chars]
+        if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+                or (key not in into and len(into) >= limit)):
+            continue
+        into[key] = into.get(key, 0.0) + float(value)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from env_servers.gomoku_env.game import Ruling, SeatEnd, TwoPlayerGame
@@ -62,6 +62,8 @@ class Report:
     move: Any = None
     opponent_move: Any = None
     end: SeatEnd | None = None
+    #: the game's statistics of this player's move (gomoku: :func:`~env_servers.gomoku_env.game.tactics`)
+    stats: dict[str, int] = field(default_factory=dict)
 
 
 class Match(Generic[G]):
@@ -132,17 +134,18 @@ class Match(Generic[G]):
                 if ruling.legal:
                     self.last_move[player] = move
                 self._end(ruling.ends)
-                return self._final_report(player, ruling.event, 0.0, move)
+                return self._final_report(player, ruling.event, 0.0, move, ruling.stats)
             if not ruling.legal:
-                return Report(ruling.event, ruling.reward, move=move)
+                return Report(ruling.event, ruling.reward, move=move, stats=ruling.stats)
             self.last_move[player] = move
             self.turn = self.other(player)
             self._refresh_status()
             self._cond.notify_all()
             await self._wait_locked(player)
             if self.ends:  # the match ended during the wait
-                return self._final_report(player, ruling.event, ruling.reward, move)
-            return Report(ruling.event, ruling.reward, move=move, opponent_move=self.last_move.get(self.other(player)))
+                return self._final_report(player, ruling.event, ruling.reward, move, ruling.stats)
+            return Report(ruling.event, ruling.reward, move=move, opponent_move=self.last_move.get(self.other(player)),
+                          stats=ruling.stats)
 
     async def leave(self, player: str) -> None:
         """The player's session closed: if the match is still on, it ends for both, truncated."""
@@ -175,11 +178,12 @@ class Match(Generic[G]):
         if self.on_end is not None:
             self.on_end(self)
 
-    def _final_report(self, player: str, event: str, reward: float, move: Any) -> Report:
+    def _final_report(self, player: str, event: str, reward: float, move: Any,
+                      stats: dict[str, int] | None = None) -> Report:
         end = self.take_end(player)
         earned = reward + (end.reward if end is not None else 0.0)
         return Report(event, earned, move=move, opponent_move=self.last_move.get(self.other(player)),
-                      end=end or self.ends.get(player))
+                      end=end or self.ends.get(player), stats=dict(stats or {}))
 
 
 class MatchRegistry(Generic[G]):

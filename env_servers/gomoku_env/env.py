@@ -147,7 +147,8 @@ class GomokuEnv(Env):
         info: dict[str, Any] = {"event": outcome.event, "valid": outcome.event not in (*INVALID_EVENTS, TOO_MANY_INVALID),
                                 "invalid_streak": game.invalid_streak, "agent_moves": game.agent_moves,
                                 "move": list(outcome.move) if outcome.move else None,
-                                "opponent_move": list(outcome.opponent_move) if outcome.opponent_move else None}
+                                "opponent_move": list(outcome.opponent_move) if outcome.opponent_move else None,
+                                "stats": dict(outcome.stats)}
         if outcome.ended:
             info["end_reason"], info["outcome"] = outcome.event, outcome_of(outcome.event)
         return info

@@ -8,7 +8,7 @@ config's table, and whether the game ended.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from env_servers.gomoku_env.board import Board, Move, O, X, board_from_moves
 from env_servers.gomoku_env.config import GomokuConfig
@@ -20,6 +20,8 @@ BAD_FORMAT, OUT_OF_BOUNDS, OCCUPIED = "bad_format", "out_of_bounds", "occupied"
 TOO_MANY_INVALID, STEP_LIMIT = "too_many_invalid", "step_limit"
 OPPONENT_FORFEIT = "opponent_forfeit"  # two-agent: the other seat made too many invalid moves
 INVALID_EVENTS = (BAD_FORMAT, OUT_OF_BOUNDS, OCCUPIED)
+#: what :func:`tactics` counts for each move a player submits (the env's ``info["stats"]``)
+TACTICS = ("win_chances", "wins_missed", "block_chances", "blocks_missed")
 
 
 def judge(board: Board, move: Move | None) -> str:
@@ -33,6 +35,28 @@ def judge(board: Board, move: Move | None) -> str:
     return VALID
 
 
+def tactics(board: Board, stone: str, move: Move | None) -> dict[str, int]:
+    """How ``stone``'s move (None: malformed) met the board's immediate tactics, judged on the board it moved on.
+
+    ``win_chances`` is 1 when ``stone`` could complete a line, ``wins_missed`` 1 when it could and ``move``
+    does not; ``block_chances`` is 1 when only the other side could complete one (next move), ``blocks_missed``
+    1 when ``move`` is not on such a cell. An invalid move misses whatever chance there was. Counted over an
+    episode (the trainer sums ``info["stats"]``), ``1 - wins_missed / win_chances`` is the share of wins taken.
+
+    >>> board = board_from_moves(3, [(0, 0), (1, 1), (0, 1), (2, 2)], win_length=3)  # X to move, (0, 2) wins
+    >>> tactics(board, X, (0, 2))["wins_missed"], tactics(board, X, (2, 0))["wins_missed"]
+    (0, 1)
+    """
+    if board.count(stone) >= board.win_length - 1:
+        wins = board.winning_cells(stone)
+    else:  # too few stones for a line: skip the scan (most moves of a large board's opening)
+        wins = []
+    foe = O if stone == X else X
+    blocks = [] if wins or board.count(foe) < board.win_length - 1 else board.winning_cells(foe)
+    return {"win_chances": int(bool(wins)), "wins_missed": int(bool(wins) and move not in wins),
+            "block_chances": int(bool(blocks)), "blocks_missed": int(bool(blocks) and move not in blocks)}
+
+
 @dataclass
 class Outcome:
     """The result of one agent step. ``move`` is what the agent asked for (even if invalid)."""
@@ -43,6 +67,8 @@ class Outcome:
     truncated: bool = False
     move: Move | None = None
     opponent_move: Move | None = None
+    #: :func:`tactics` of the agent's move
+    stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -76,6 +102,12 @@ class GomokuGame:
         """Apply the agent's move and, if the game goes on, the opponent's reply."""
         if self.over:
             raise RuntimeError(f"The game is over ({self.end_reason}); start a new one.")
+        stats = tactics(self.board, X, move)
+        outcome = self._play(move)
+        outcome.stats = stats
+        return outcome
+
+    def _play(self, move: Move | None) -> Outcome:
         rewards = self.config.rewards
         kind = judge(self.board, move)
         if kind != VALID:
@@ -129,6 +161,8 @@ class Ruling:
     legal: bool
     reward: float = 0.0
     ends: dict[str, SeatEnd] | None = None
+    #: :func:`tactics` of the move
+    stats: dict[str, int] = field(default_factory=dict)
 
 
 class TwoPlayerGame:
@@ -149,6 +183,12 @@ class TwoPlayerGame:
 
     def play(self, stone: str, move: Move | None) -> Ruling:
         """Judge and apply ``stone``'s move (the caller enforces turn order)."""
+        stats = tactics(self.board, stone, move)
+        ruling = self._play(stone, move)
+        ruling.stats = stats
+        return ruling
+
+    def _play(self, stone: str, move: Move | None) -> Ruling:
         rewards = self.config.rewards
         foe = O if stone == X else X
         kind = judge(self.board, move)

@@ -186,7 +186,7 @@ class GomokuMatchEnv(Env):
         info: dict[str, Any] = {"event": report.event, "valid": legal, "seat": seat, "match_id": match.match_id,
                                 "agents": dict(match.status), "invalid_streak": game.invalid_streak[seat],
                                 "move": list(report.move) if report.move else None,
-                                "opponent_move": list(reply) if reply else None}
+                                "opponent_move": list(reply) if reply else None, "stats": dict(report.stats)}
         end = report.end
         if end is not None:
             info["end_reason"], info["outcome"] = end.reason, outcome_of(end.reason)

@@ -33,7 +33,7 @@ from envhub.client import EnvClient
 from envhub.errors import ActionValidationError, EnvHubError
 from envhub.eval import DEFAULT_SYSTEM_PROMPT
 from envhub.remote import observation_text
-from envhub.types import Observation, StepResult
+from envhub.types import Observation, StepResult, add_named_numbers
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class EpisodeRecord:
     tool_calls: int = 0
     reward: float | None = 0.0
     rewards: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
     stop_reason: str = "max_turns"
     failure: dict[str, Any] | None = None
     tokens: dict[str, int] = field(default_factory=lambda: {"prompt": 0, "completion": 0})
@@ -85,8 +86,8 @@ class EpisodeRecord:
 
     def add_step(self, result: StepResult) -> None:
         self.reward = (self.reward or 0.0) + float(result.reward)
-        for name, value in (result.info.get("rewards") or {}).items():
-            self.rewards[name] = self.rewards.get(name, 0.0) + float(value)
+        add_named_numbers(self.rewards, result.info.get("rewards"))
+        add_named_numbers(self.stats, result.info.get("stats"))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

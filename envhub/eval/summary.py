@@ -48,11 +48,12 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def component_means(scored: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean of each named reward component over the scored episodes that report it."""
+def component_means(scored: list[dict[str, Any]], key: str = "rewards") -> dict[str, float]:
+    """Mean of each named reward component (``key="stats"``: each env statistic) over the scored episodes
+    that report it."""
     sums: dict[str, list[float]] = defaultdict(list)
     for rec in scored:
-        for name, value in (rec.get("rewards") or {}).items():
+        for name, value in (rec.get(key) or {}).items():
             sums[name].append(float(value))
     return {name: sum(v) / len(v) for name, v in sorted(sums.items())}
 
@@ -90,6 +91,7 @@ def summarize(records: list[dict[str, Any]], *, episodes: int, samples: int, thr
                      "with at least k scored samples",
         **pass_at_ks(records, samples, threshold),
         "reward_components": component_means(scored),
+        "stats": component_means(scored, "stats"),
         "failures": failure_counts(records),
         "policy_errors": policy_errors(records),
         "stop_reasons": dict(sorted(Counter(str(r.get("stop_reason")) for r in records).items())),

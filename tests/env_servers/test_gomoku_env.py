@@ -285,3 +285,29 @@ async def test_256_concurrent_sessions_in_one_process():
     assert {steps[-1].info["end_reason"] for _, steps in games} <= {"win", "loss", "step_limit"}
     # sessions are independent: different seeds, different games
     assert len({tuple(steps[0].info["opponent_move"]) for _, steps in games}) > 20
+
+
+async def test_each_step_reports_the_moves_tactics():
+    # 3x3, three in a row: X at (0,0) and (0,1), O at (1,1) and (2,2); X to move, (0,2) completes the row
+    opening = [[0, 0], [1, 1], [0, 1], [2, 2]]
+    env = GomokuEnv(board_size=3, win_length=3, opponent="random", max_invalid_moves=3)
+    runner = EnvRunner(env)
+    await runner.reset(seed=0, opening=opening)
+    missed = await runner.step({"text": "<move>2,0</move>"})  # legal, and not the win
+    assert missed.info["stats"] == {"win_chances": 1, "wins_missed": 1, "block_chances": 0, "blocks_missed": 0}
+    await runner.reset(seed=0, opening=opening)
+    assert (await runner.step({"text": "<move>1,1</move>"})).info["stats"]["wins_missed"] == 1  # occupied: missed
+    taken = await runner.step({"text": "<move>0,2</move>"})
+    assert taken.info["end_reason"] == "win" and taken.info["stats"]["wins_missed"] == 0
+
+
+def test_tactics_tell_a_block_from_a_miss_and_skip_boards_without_lines():
+    from env_servers.gomoku_env.board import board_from_moves
+    from env_servers.gomoku_env.game import tactics
+
+    board = board_from_moves(3, [(0, 0), (1, 1), (2, 1), (0, 2)], win_length=3)  # X to move; O threatens (2,0)
+    assert tactics(board, X, (2, 0)) == {"win_chances": 0, "wins_missed": 0, "block_chances": 1, "blocks_missed": 0}
+    assert tactics(board, X, (1, 0))["blocks_missed"] == 1 and tactics(board, X, None)["blocks_missed"] == 1
+    empty = Board(15, 5)
+    assert tactics(empty, X, (7, 7)) == dict.fromkeys(("win_chances", "wins_missed", "block_chances",
+                                                       "blocks_missed"), 0)

@@ -51,6 +51,18 @@ async def test_decisive_game_is_zero_sum_and_turns_alternate():
     assert len(os) == 4 and tuple(os[-1].info["opponent_move"]) == (0, 4)  # the loss shows X's winning move
     assert xs[-1].info["episode_reward"] + os[-1].info["episode_reward"] == 0.0
     assert mid not in list(REGISTRY._matches)  # finished matches are dropped
+    # each seat's tactics: X took the five it could make; O, with no line of its own, left X's open
+    assert tactics_of(xs) == {"win_chances": 1, "wins_missed": 0, "block_chances": 0, "blocks_missed": 0}
+    assert tactics_of(os) == {"win_chances": 0, "wins_missed": 0, "block_chances": 1, "blocks_missed": 1}
+
+
+def tactics_of(results) -> dict[str, int]:
+    """A seat's ``info["stats"]`` summed over its steps, as a client sums them."""
+    totals: dict[str, int] = {}
+    for result in results:
+        for name, value in result.info["stats"].items():
+            totals[name] = totals.get(name, 0) + value
+    return totals
 
 
 async def test_second_player_can_win_and_the_loss_lands_on_the_first_players_result():

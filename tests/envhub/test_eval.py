@@ -368,6 +368,21 @@ def test_pass_at_ks_uses_the_threshold_and_leaves_failed_samples_out() -> None:
     assert pass_at_ks(records, 2, threshold=0.5)["pass_at_k"] == {"1": 1.0, "2": 1.0}
 
 
+def test_an_episode_sums_the_envs_reward_components_and_stats_and_the_summary_averages_them() -> None:
+    from envhub.eval.episode import EpisodeRecord
+    from envhub.eval.summary import summarize
+    from envhub.types import StepResult
+
+    rec = EpisodeRecord(task_index=0, seed=0, sample=0)
+    for info in ({"rewards": {"valid": 1.0}, "stats": {"win_chances": 1, "wins_missed": 1}},
+                 {"rewards": {"valid": 1.0, "bad": "x"}, "stats": {"win_chances": 1, "wins_missed": 0}}):
+        rec.add_step(StepResult(observation=Observation(text=""), reward=1.0, info=info))
+    assert rec.rewards == {"valid": 2.0} and rec.stats == {"win_chances": 2.0, "wins_missed": 1.0}
+    other = {**rec.to_json(), "stats": {"win_chances": 0.0, "wins_missed": 0.0}}
+    summary = summarize([rec.to_json(), other], episodes=2, samples=1, threshold=1.0, wall_s=1.0, args={})
+    assert summary["stats"] == {"win_chances": 1.0, "wins_missed": 0.5}
+
+
 def test_picture_env_is_a_valid_env() -> None:
     from envhub.testing import check_env
 

@@ -11,7 +11,7 @@ from envhub.server import create_app
 from envhub.server.run import ServerThread
 from examples.guess_env import GuessEnv
 from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, Task, Trajectory, make_tasks
-from trainer.rollout.types import MAX_REWARD_COMPONENTS
+from trainer.rollout.types import MAX_REWARD_COMPONENTS, MAX_STATS
 from trainer.tokenizer import build_tiny_tokenizer
 from trainer.update import episode_metrics
 
@@ -72,6 +72,21 @@ def test_an_env_cannot_grow_the_components_without_bound() -> None:
     assert len(traj.info["end_reason"]) == 100
 
 
+def test_env_stats_sum_over_steps_and_are_bounded() -> None:
+    moves = [{"win_chances": 1, "wins_missed": 1}, {"win_chances": 1, "wins_missed": 0, "odd name": 2}]
+    a, b = Trajectory(task=Task({})), Trajectory(task=Task({}))
+    for stats in moves:
+        a.note_step({"stats": stats})
+    b.note_step({"stats": {"win_chances": "one", "wins_missed": float("inf")}})  # not finite numbers: skipped
+    assert a.stats == {"win_chances": 2.0, "wins_missed": 1.0, "odd name": 2.0} and b.stats == {}
+    m = episode_metrics([a, b], "eval")
+    assert (m["eval/stats/win_chances_mean"], m["eval/stats/wins_missed_mean"]) == (1.0, 0.5)
+    assert m["eval/stats/odd_name_mean"] == 1.0 and "eval/rewards/win_chances_mean" not in m
+    flood = Trajectory(task=Task({}))
+    flood.note_step({"stats": {f"s{i}": 1 for i in range(10 * MAX_STATS)}})
+    assert len(flood.stats) == MAX_STATS and flood.to_record()["stats"] == flood.stats
+
+
 @pytest.mark.live
 async def test_gomoku_server_outcomes_reach_the_metrics(tok) -> None:
     # a policy that never writes a move loses every game once its invalid moves run out
@@ -84,6 +99,7 @@ async def test_gomoku_server_outcomes_reach_the_metrics(tok) -> None:
     m = episode_metrics(trajs, "eval")
     assert (m["eval/win_rate"], m["eval/loss_rate"], m["eval/draw_rate"]) == (0.0, 1.0, 0.0)
     assert m["eval/penalised_turn_frac"] == 1.0 and m["eval/tool_call_rate"] == 0.0
+    assert m["eval/stats/win_chances_mean"] == 0.0 and m["eval/stats/wins_missed_mean"] == 0.0  # no line to make
 
 
 @pytest.mark.live

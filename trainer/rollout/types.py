@@ -6,7 +6,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from envhub.types import add_named_numbers
+
 MAX_REWARD_COMPONENTS = 32  # named reward components kept per episode
+MAX_STATS = 32              # named env statistics (``info["stats"]``) kept per episode
 MAX_INFO_TEXT = 100         # characters kept of an env's ``outcome``, ``end_reason`` and component names
 
 
@@ -79,6 +82,7 @@ class Trajectory:
     failure_message: str | None = None  # ... and what it said
     failed_turns: int = 0               # turns whose reply was malformed or refused by the env
     reward_components: dict[str, float] = field(default_factory=dict)  # the env's named rewards, summed over steps
+    stats: dict[str, float] = field(default_factory=dict)  # the env's ``info["stats"]``, summed over steps
 
     @property
     def group_id(self) -> int:
@@ -106,16 +110,12 @@ class Trajectory:
 
     def note_step(self, info: dict[str, Any]) -> None:
         """Keep what one env step's ``info`` says about the episode: its named reward components
-        (``info["rewards"]``, summed over the steps; a non-numeric value is skipped) and, once the episode
-        ends, ``outcome`` / ``end_reason`` (:class:`envhub.types.Outcome`)."""
-        rewards = info.get("rewards")
-        if isinstance(rewards, dict):
-            for name, value in rewards.items():
-                key = str(name)[:MAX_INFO_TEXT]
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or (
-                        key not in self.reward_components and len(self.reward_components) >= MAX_REWARD_COMPONENTS):
-                    continue  # an env sending unbounded names cannot grow the trajectory (or the metrics) without end
-                self.reward_components[key] = self.reward_components.get(key, 0.0) + float(value)
+        (``info["rewards"]``) and statistics (``info["stats"]``, numbers the env reports for the logs, such as
+        gomoku's missed wins), each summed over the steps (a non-numeric value is skipped), and, once the
+        episode ends, ``outcome`` / ``end_reason`` (:class:`envhub.types.Outcome`)."""
+        add_named_numbers(self.reward_components, info.get("rewards"), limit=MAX_REWARD_COMPONENTS,
+                          name_chars=MAX_INFO_TEXT)
+        add_named_numbers(self.stats, info.get("stats"), limit=MAX_STATS, name_chars=MAX_INFO_TEXT)
         for key in ("outcome", "end_reason"):
             if isinstance(info.get(key), str):
                 self.info[key] = info[key][:MAX_INFO_TEXT]
@@ -156,7 +156,7 @@ class Trajectory:
                "failure_message": self.failure_message, "tokens": self.tokens, "mask": self.mask,
                "logprobs": [round(x, 5) for x in self.logprobs],
                "images": [list(f.grid_thw) for f in self.images], "reward_components": self.reward_components,
-               "outcome": self.info.get("outcome")}
+               "stats": self.stats, "outcome": self.info.get("outcome")}
         if tokenizer is not None:
             rec["text"] = tokenizer.decode(self.tokens)
             rec["completion"] = tokenizer.decode([t for t, m in zip(self.tokens, self.mask) if m])
@@ -173,6 +173,7 @@ class Trajectory:
                 segments.append([tokenizer.decode(self.tokens[start:end]), self.mask[start], end - start])
                 start = end
         return segments
+
 
 
 __all__ = ["EpisodeState", "StopReason", "Task", "Trajectory"]

@@ -39,7 +39,9 @@ def episode_metrics(episodes: list[Trajectory], prefix: str) -> dict[str, float]
       ``too_many_invalid``: games lost on invalid moves, which ``penalised_turn_frac`` cannot tell apart
       from a legal move answered by the opponent's winning line, rewarded below zero too);
     - ``<prefix>/rewards/<name>_mean``: each named reward component (an env's ``@reward``, its
-      ``info["rewards"]``), summed over the episode, mean over episodes (0 for one that never reported it).
+      ``info["rewards"]``), summed over the episode, mean over episodes (0 for one that never reported it);
+    - ``<prefix>/stats/<name>_mean``: each statistic the env reports in ``info["stats"]`` (gomoku's
+      ``win_chances`` and ``wins_missed``...), summed over the episode, mean over episodes (0 likewise).
 
     Pass the episodes to count: those without an infrastructure failure.
     """
@@ -55,6 +57,9 @@ def episode_metrics(episodes: list[Trajectory], prefix: str) -> dict[str, float]
     names = sorted({name for t in episodes for name in t.reward_components})
     metrics.update({f"{prefix}/rewards/{name}_mean": sum(t.reward_components.get(name, 0.0) for t in episodes) / n
                     for name in names})
+    stats = sorted({name for t in episodes for name in t.stats})
+    metrics.update({f"{prefix}/stats/{_UNSAFE.sub('_', name)}_mean": sum(t.stats.get(name, 0.0) for t in episodes) / n
+                    for name in stats})
     return metrics
 
 
