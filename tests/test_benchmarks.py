@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -58,3 +59,18 @@ def test_benchmark_smoke_run(smoke_runs: dict[str, Future[tuple[int, str]]], pat
     code, output = smoke_runs[path.name].result()
     assert code == 0, f"{path.name} --smoke exited with {code}:\n{output[-3000:]}"
     assert any(ch.isdigit() for ch in output), f"{path.name} --smoke printed no figures:\n{output}"
+
+
+def test_gomoku_levels_rank_the_scripted_players_by_their_tactics() -> None:
+    from benchmarks.gomoku_levels import levels, takes_wins, takes_wins_and_blocks
+    from env_servers.gomoku_env.board import X, board_from_moves
+    from env_servers.gomoku_env.config import GomokuConfig
+
+    board = board_from_moves(3, [(0, 0), (1, 1), (0, 1), (2, 0)], win_length=3)  # X: (0,2) wins; O threatens (0,2) too
+    rng = random.Random(0)
+    assert takes_wins(board, X, rng) == (0, 2) and takes_wins_and_blocks(board, X, rng) == (0, 2)
+    blocked = board_from_moves(3, [(0, 0), (1, 1), (2, 2), (0, 2)], win_length=3)  # no X line; O threatens (2,0)
+    assert takes_wins_and_blocks(blocked, X, rng) == (2, 0)
+    rows = levels(GomokuConfig(board_size=3, win_length=3), games=400, seed=0)
+    assert rows["random"]["win"] + 0.1 < rows["wins"]["win"] < rows["wins+blocks"]["win"]
+    assert all(abs(r["win"] + r["loss"] + r["draw"] - 1.0) < 1e-9 for r in rows.values())
