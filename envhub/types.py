@@ -207,7 +207,6 @@ class Outcome(str, Enum):
             return None
 
 
-
 def add_named_numbers(into: dict[str, float], numbers: object, *, limit: int = 32, name_chars: int = 100) -> None:
     """Sum one step's named numbers (``info["rewards"]``: reward components; ``info["stats"]``: statistics an
     env reports for the logs) into an episode's ``into``. At most ``limit`` names and ``name_chars`` characters

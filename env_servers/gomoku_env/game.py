@@ -20,8 +20,6 @@ BAD_FORMAT, OUT_OF_BOUNDS, OCCUPIED = "bad_format", "out_of_bounds", "occupied"
 TOO_MANY_INVALID, STEP_LIMIT = "too_many_invalid", "step_limit"
 OPPONENT_FORFEIT = "opponent_forfeit"  # two-agent: the other seat made too many invalid moves
 INVALID_EVENTS = (BAD_FORMAT, OUT_OF_BOUNDS, OCCUPIED)
-#: what :func:`tactics` counts for each move a player submits (the env's ``info["stats"]``)
-TACTICS = ("win_chances", "wins_missed", "block_chances", "blocks_missed")
 
 
 def judge(board: Board, move: Move | None) -> str:

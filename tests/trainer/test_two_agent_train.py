@@ -256,3 +256,4 @@ def test_reference_groups_put_each_agent_against_a_scripted_player_in_the_last_o
         assert step["train_reference/episodes"] == cfg.run.group_size  # its games against the reference player
         assert step["train/episodes"] == 2 * cfg.run.group_size  # train/ outcomes: the head-to-head's
         assert {"train/win_rate", "train_reference/win_rate"} <= set(step)
+        assert {"train/stats/win_chances_mean", "train_reference/stats/win_chances_mean"} <= set(step)  # tactics

@@ -92,8 +92,9 @@ class Player:
         grouped = build_groups(trajectories, run.group_size, filter_zero_variance=algo.filter_zero_variance)
         metrics = rollout_metrics(trajectories, grouped)
         if outcomes is not None:  # every train/ outcome is the head-to-head's: the metrics below replace all but
-            # an end reason or reward component of the other games alone, so those go first
-            metrics = {k: v for k, v in metrics.items() if not k.startswith(("train/end/", "train/rewards/"))}
+            # an end reason, reward component or env statistic of the other games alone, so those go first
+            metrics = {k: v for k, v in metrics.items()
+                       if not k.startswith(("train/end/", "train/rewards/", "train/stats/"))}
         metrics.update(outcome_metrics(trajectories if outcomes is None else outcomes, "train"))
         adam = adam_params(self.cfg.optim, step, run.steps)
         if grouped.groups:
