@@ -90,8 +90,18 @@ class Board:
         return any(self.run_length(row, col, stone, dr, dc) >= self.win_length for dr, dc in DIRECTIONS)
 
     def winning_cells(self, stone: str) -> list[Move]:
-        """Empty cells where ``stone`` would complete a winning line right now."""
-        return [(r, c) for r, c in self.empty_cells() if self.makes_line(r, c, stone)]
+        """Empty cells where ``stone`` would complete a winning line right now, in row-major order.
+
+        Only the empty neighbours of ``stone``'s own stones are looked at (a cell that completes a line
+        extends a run of them), and none with fewer stones than a line less one: an env asks this on every
+        move (its ``tactics`` statistics), where a scan of the whole board would cost more than the move.
+        """
+        own = [(r, c) for r, c, s in self.moves if s == stone]
+        if len(own) < self.win_length - 1:
+            return []
+        near = {(r + dr, c + dc) for r, c in own for dr in (-1, 0, 1) for dc in (-1, 0, 1)}
+        return sorted((r, c) for r, c in near
+                      if self.in_bounds(r, c) and self.cells[r][c] == EMPTY and self.makes_line(r, c, stone))
 
     def line(self, row: int, col: int, dr: int, dc: int, reach: int = 5) -> str:
         """The cells within ``reach`` of (row, col) along a direction, centre at index ``reach``.

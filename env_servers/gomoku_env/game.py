@@ -45,12 +45,8 @@ def tactics(board: Board, stone: str, move: Move | None) -> dict[str, int]:
     >>> tactics(board, X, (0, 2))["wins_missed"], tactics(board, X, (2, 0))["wins_missed"]
     (0, 1)
     """
-    if board.count(stone) >= board.win_length - 1:
-        wins = board.winning_cells(stone)
-    else:  # too few stones for a line: skip the scan (most moves of a large board's opening)
-        wins = []
-    foe = O if stone == X else X
-    blocks = [] if wins or board.count(foe) < board.win_length - 1 else board.winning_cells(foe)
+    wins = board.winning_cells(stone)
+    blocks = [] if wins else board.winning_cells(O if stone == X else X)
     return {"win_chances": int(bool(wins)), "wins_missed": int(bool(wins) and move not in wins),
             "block_chances": int(bool(blocks)), "blocks_missed": int(bool(blocks) and move not in blocks)}
 
