@@ -90,12 +90,9 @@ class Player:
                              f"{sorted(map(str, foreign))}: each agent trains on its own seats only.")
         algo, run = self.cfg.algo, self.shared.run
         grouped = build_groups(trajectories, run.group_size, filter_zero_variance=algo.filter_zero_variance)
-        metrics = rollout_metrics(trajectories, grouped)
-        if outcomes is not None:  # every train/ outcome is the head-to-head's: the metrics below replace all but
-            # an end reason, reward component or env statistic of the other games alone, so those go first
-            metrics = {k: v for k, v in metrics.items()
-                       if not k.startswith(("train/end/", "train/rewards/", "train/stats/"))}
-        metrics.update(outcome_metrics(trajectories if outcomes is None else outcomes, "train"))
+        shown = trajectories if outcomes is None else outcomes  # every train/ outcome is the head-to-head's
+        metrics = rollout_metrics(trajectories, grouped, episodes=shown)
+        metrics.update(outcome_metrics(shown, "train"))
         adam = adam_params(self.cfg.optim, step, run.steps)
         if grouped.groups:
             batch = pack(grouped.trajectories, compute_advantages(algo, grouped.groups), self.tokenizer.pad_token_id)

@@ -14,16 +14,19 @@ MAX_END_REASONS = 16
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def rollout_metrics(trajs: list[Trajectory], grouped: GroupedBatch) -> dict[str, float]:
+def rollout_metrics(trajs: list[Trajectory], grouped: GroupedBatch,
+                    episodes: list[Trajectory] | None = None) -> dict[str, float]:
     """Reward, length and failure statistics of one step's rollouts (means over those without an infra failure),
-    with the step's :func:`episode_metrics` under ``train/``."""
+    with :func:`episode_metrics` under ``train/`` of ``episodes`` (default: ``trajs``; a two-agent step
+    reports its head-to-head games there, not those against a reference player)."""
     ok = [t for t in trajs if not t.infra_failed]
     n = max(len(ok), 1)
+    shown = ok if episodes is None else [t for t in episodes if not t.infra_failed]
     return {"train/reward_mean": sum(t.reward for t in ok) / n,
             "train/policy_tokens_mean": sum(t.num_policy_tokens for t in ok) / n,
             "train/turns_mean": sum(t.num_turns for t in ok) / n,
             "train/parse_errors": float(sum(t.parse_errors for t in ok)),
-            **episode_metrics(ok, "train"),
+            **episode_metrics(shown, "train"),
             **{f"rollout/{k}": v for k, v in grouped.metrics().items()}}
 
 
