@@ -9,9 +9,12 @@ one process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 from typing import Any
 
 from env_servers.gomoku_env.board import MOVE_FORMATS
+from env_servers.gomoku_env.config import GomokuRewards
 from env_servers.gomoku_env.opponents import OPPONENTS
 
 
@@ -37,7 +40,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     game.add_argument("--move-format", choices=MOVE_FORMATS, default=None,
                       help="coords: <move>row,col</move> (default); cell: empty cells shown as numbers, <move>n</move>")
     game.add_argument("--turn-timeout-s", type=float, default=None)
+    names = ", ".join(f.name for f in dataclasses.fields(GomokuRewards))
+    game.add_argument("--reward", action="append", default=[], metavar="NAME=VALUE", type=_reward,
+                      help=f"change one reward of the table (repeatable), e.g. --reward missed_win=-5; names: {names}")
     return parser.parse_args(argv)
+
+
+def _reward(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    names = {f.name for f in dataclasses.fields(GomokuRewards)}
+    if not sep or name.strip() not in names:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {sorted(names)}, got {text!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number after {name.strip()}=, got {value!r}")
+    return name.strip(), number
 
 
 def env_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -45,7 +65,10 @@ def env_config(args: argparse.Namespace) -> dict[str, Any]:
     names = ("board_size", "win_length", "opponent", "opponent_random_prob", "max_invalid_moves", "max_moves",
              "opening_max_stones", "empty_board_prob", "render_image", "brief_messages", "move_format",
              "turn_timeout_s")
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    config: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.reward:
+        config["rewards"] = dict(args.reward)
+    return config
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,6 +7,7 @@ keyword; ``rewards`` may be a ``GomokuRewards`` or a dict of the values to chang
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,12 @@ class GomokuRewards:
     with the offender. ``opponent_forfeit`` (two-agent matches): what a seat earns when the other
     seat's invalid moves end the game; None gives it ``win``. A lower value keeps the opponent's
     mistakes out of a seat's reward (the outcome is still a win).
+
+    ``missed_win`` and ``missed_block`` are shaping, 0 (off) by default: added to a legal move's reward when
+    the mover could have completed a line and did not, or left the other side's line open (the move's
+    :func:`~env_servers.gomoku_env.game.tactics`); each step names them in ``info["rewards"]``. Against
+    a player who rarely punishes them (self-play between weak policies), these are the mistakes the
+    outcome alone does not teach.
     """
 
     valid: float = 0.0
@@ -35,6 +42,8 @@ class GomokuRewards:
     too_many_invalid: float = -20.0
     step_limit: float = -20.0
     opponent_forfeit: float | None = None
+    missed_win: float = 0.0
+    missed_block: float = 0.0
 
     @property
     def forfeit_win(self) -> float:
@@ -54,9 +63,10 @@ class GomokuRewards:
         unknown = sorted(set(value) - names)
         if unknown:
             raise ValueError(f"Unknown reward name(s) {unknown}; expected some of {sorted(names)}.")
-        bad = {k: v for k, v in value.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+        bad = {k: v for k, v in value.items()
+               if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)}
         if bad:
-            raise ValueError(f"Expected numeric rewards, got {bad}.")
+            raise ValueError(f"Expected finite numeric rewards, got {bad}.")
         return cls(**{k: float(v) for k, v in value.items()})
 
 

@@ -64,6 +64,8 @@ class Report:
     end: SeatEnd | None = None
     #: the game's statistics of this player's move (gomoku: :func:`~env_servers.gomoku_env.game.tactics`)
     stats: dict[str, int] = field(default_factory=dict)
+    #: the shaping components included in ``reward`` (gomoku: :func:`~env_servers.gomoku_env.game.shaping`)
+    shaping: dict[str, float] = field(default_factory=dict)
 
 
 class Match(Generic[G]):
@@ -134,18 +136,18 @@ class Match(Generic[G]):
                 if ruling.legal:
                     self.last_move[player] = move
                 self._end(ruling.ends)
-                return self._final_report(player, ruling.event, 0.0, move, ruling.stats)
+                return self._final_report(player, ruling.event, 0.0, move, ruling)
             if not ruling.legal:
-                return Report(ruling.event, ruling.reward, move=move, stats=ruling.stats)
+                return Report(ruling.event, ruling.reward, move=move, stats=ruling.stats, shaping=ruling.shaping)
             self.last_move[player] = move
             self.turn = self.other(player)
             self._refresh_status()
             self._cond.notify_all()
             await self._wait_locked(player)
             if self.ends:  # the match ended during the wait
-                return self._final_report(player, ruling.event, ruling.reward, move, ruling.stats)
+                return self._final_report(player, ruling.event, ruling.reward, move, ruling)
             return Report(ruling.event, ruling.reward, move=move, opponent_move=self.last_move.get(self.other(player)),
-                          stats=ruling.stats)
+                          stats=ruling.stats, shaping=ruling.shaping)
 
     async def leave(self, player: str) -> None:
         """The player's session closed: if the match is still on, it ends for both, truncated."""
@@ -179,11 +181,12 @@ class Match(Generic[G]):
             self.on_end(self)
 
     def _final_report(self, player: str, event: str, reward: float, move: Any,
-                      stats: dict[str, int] | None = None) -> Report:
+                      ruling: Ruling | None = None) -> Report:
         end = self.take_end(player)
         earned = reward + (end.reward if end is not None else 0.0)
         return Report(event, earned, move=move, opponent_move=self.last_move.get(self.other(player)),
-                      end=end or self.ends.get(player), stats=dict(stats or {}))
+                      end=end or self.ends.get(player), stats=dict(ruling.stats) if ruling else {},
+                      shaping=dict(ruling.shaping) if ruling else {})
 
 
 class MatchRegistry(Generic[G]):

@@ -149,6 +149,8 @@ class GomokuEnv(Env):
                                 "move": list(outcome.move) if outcome.move else None,
                                 "opponent_move": list(outcome.opponent_move) if outcome.opponent_move else None,
                                 "stats": dict(outcome.stats)}
+        if outcome.shaping:
+            info["rewards"] = dict(outcome.shaping)
         if outcome.ended:
             info["end_reason"], info["outcome"] = outcome.event, outcome_of(outcome.event)
         return info

@@ -8,10 +8,10 @@ config's table, and whether the game ended.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from env_servers.gomoku_env.board import Board, Move, O, X, board_from_moves
-from env_servers.gomoku_env.config import GomokuConfig
+from env_servers.gomoku_env.config import GomokuConfig, GomokuRewards
 from env_servers.gomoku_env.opponents import make_opponent
 
 # Events an agent's step can produce; each names a field of GomokuRewards.
@@ -51,6 +51,21 @@ def tactics(board: Board, stone: str, move: Move | None) -> dict[str, int]:
             "block_chances": int(bool(blocks)), "blocks_missed": int(bool(blocks) and move not in blocks)}
 
 
+def shaping(rewards: GomokuRewards, stats: dict[str, int], legal: bool) -> dict[str, float]:
+    """The shaping components a move earns from its :func:`tactics` (``GomokuRewards.missed_win`` /
+    ``missed_block``; those left at 0 are not named). Only a legal move earns them: an invalid one has its own
+    penalty.
+
+    >>> shaping(GomokuRewards(missed_win=-5.0), {"wins_missed": 1, "blocks_missed": 0}, legal=True)
+    {'missed_win': -5.0}
+    """
+    if not legal:
+        return {}
+    terms = {"missed_win": (rewards.missed_win, stats.get("wins_missed", 0)),
+             "missed_block": (rewards.missed_block, stats.get("blocks_missed", 0))}
+    return {name: value * count for name, (value, count) in terms.items() if value and count}
+
+
 @dataclass
 class Outcome:
     """The result of one agent step. ``move`` is what the agent asked for (even if invalid)."""
@@ -63,6 +78,8 @@ class Outcome:
     opponent_move: Move | None = None
     #: :func:`tactics` of the agent's move
     stats: dict[str, int] = field(default_factory=dict)
+    #: the shaping components included in ``reward`` (:func:`shaping`)
+    shaping: dict[str, float] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -99,6 +116,8 @@ class GomokuGame:
         stats = tactics(self.board, X, move)
         outcome = self._play(move)
         outcome.stats = stats
+        outcome.shaping = shaping(self.config.rewards, stats, outcome.event not in (*INVALID_EVENTS, TOO_MANY_INVALID))
+        outcome.reward += sum(outcome.shaping.values())
         return outcome
 
     def _play(self, move: Move | None) -> Outcome:
@@ -157,6 +176,9 @@ class Ruling:
     ends: dict[str, SeatEnd] | None = None
     #: :func:`tactics` of the move
     stats: dict[str, int] = field(default_factory=dict)
+    #: the mover's shaping components (:func:`shaping`), included in ``reward``, or in its end's when the move ended
+    #: the game
+    shaping: dict[str, float] = field(default_factory=dict)
 
 
 class TwoPlayerGame:
@@ -180,6 +202,12 @@ class TwoPlayerGame:
         stats = tactics(self.board, stone, move)
         ruling = self._play(stone, move)
         ruling.stats = stats
+        ruling.shaping = shaping(self.config.rewards, stats, ruling.legal)
+        extra = sum(ruling.shaping.values())
+        if ruling.ends is not None and extra:
+            ruling.ends[stone] = replace(ruling.ends[stone], reward=ruling.ends[stone].reward + extra)
+        else:
+            ruling.reward += extra
         return ruling
 
     def _play(self, stone: str, move: Move | None) -> Ruling:

@@ -187,6 +187,8 @@ class GomokuMatchEnv(Env):
                                 "agents": dict(match.status), "invalid_streak": game.invalid_streak[seat],
                                 "move": list(report.move) if report.move else None,
                                 "opponent_move": list(reply) if reply else None, "stats": dict(report.stats)}
+        if report.shaping:
+            info["rewards"] = dict(report.shaping)
         end = report.end
         if end is not None:
             info["end_reason"], info["outcome"] = end.reason, outcome_of(end.reason)

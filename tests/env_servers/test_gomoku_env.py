@@ -226,6 +226,11 @@ async def test_reset_options_and_validation():
         await EnvRunner(GomokuEnv(board_size=5, win_length=5)).reset(seed=0, board_size=4)
     with pytest.raises(TypeError, match="board_size"):
         GomokuEnv(boardsize=9)
+    for rewards in ({"win": float("nan")}, {"valid": "1"}, {"missed_win": True}):
+        with pytest.raises(ValueError, match="Expected finite numeric rewards"):
+            GomokuEnv(rewards=rewards)
+    with pytest.raises(ValueError, match="Unknown reward name"):
+        GomokuEnv(rewards={"missed_wins": -1.0})
 
 
 async def test_png_render_on_request():
@@ -299,6 +304,26 @@ async def test_each_step_reports_the_moves_tactics():
     assert (await runner.step({"text": "<move>1,1</move>"})).info["stats"]["wins_missed"] == 1  # occupied: missed
     taken = await runner.step({"text": "<move>0,2</move>"})
     assert taken.info["end_reason"] == "win" and taken.info["stats"]["wins_missed"] == 0
+
+
+async def test_missed_win_shaping_lands_on_the_legal_move_that_missed_and_is_named():
+    opening = [[0, 0], [1, 1], [0, 1], [2, 2]]  # X to move, (0, 2) completes the top row
+    env = GomokuEnv(board_size=3, win_length=3, opponent="random", max_invalid_moves=3,
+                    rewards={"valid": 1.0, "missed_win": -5.0})
+    runner = EnvRunner(env)
+    await runner.reset(seed=0, opening=opening)
+    missed = await runner.step({"text": "<move>2,0</move>"})  # legal, not the win; O cannot win in reply
+    assert missed.reward == 1.0 - 5.0 and missed.info["rewards"] == {"missed_win": -5.0}
+    await runner.reset(seed=0, opening=opening)
+    occupied = await runner.step({"text": "<move>1,1</move>"})  # invalid: its own penalty, no shaping
+    assert occupied.reward == -1.0 and "rewards" not in occupied.info
+    taken = await runner.step({"text": "<move>0,2</move>"})
+    assert taken.reward == 10.0 and "rewards" not in taken.info
+    # off by default: the same miss earns the legal move's reward alone
+    plain = EnvRunner(GomokuEnv(board_size=3, win_length=3, opponent="random", rewards={"valid": 1.0}))
+    await plain.reset(seed=0, opening=opening)
+    result = await plain.step({"text": "<move>2,0</move>"})
+    assert result.reward == 1.0 and "rewards" not in result.info
 
 
 def test_tactics_tell_a_block_from_a_miss_and_skip_boards_without_lines():

@@ -65,6 +65,23 @@ def tactics_of(results) -> dict[str, int]:
     return totals
 
 
+async def test_shaping_goes_to_the_seat_whose_move_missed_and_keeps_the_outcome_zero_sum():
+    mid = new_id()
+    kwargs = {"board_size": 3, "win_length": 3, "rewards": {"missed_win": -3.0, "missed_block": -2.0}}
+    x, o = EnvRunner(GomokuMatchEnv(**kwargs)), EnvRunner(GomokuMatchEnv(**kwargs))
+    # X (0,0), O (1,1), X (0,1): X threatens (0,2); O (2,2) leaves it open (missed block);
+    # X (2,0) misses the row (missed win); O (0,2) blocks it, but X's column (1,0) stays open; X takes it
+    x_moves = [mv(0, 0), mv(0, 1), mv(2, 0), mv(1, 0)]
+    o_moves = [mv(1, 1), mv(2, 2), mv(0, 2)]
+    (_, xs), (_, os) = await asyncio.gather(play_seat(x, mid, "X", x_moves), play_seat(o, mid, "O", o_moves))
+    assert [r.info.get("rewards") for r in xs] == [None, None, {"missed_win": -3.0}, None]
+    assert [r.reward for r in xs] == [0.0, 0.0, -3.0, 10.0]
+    # O's block of (0,2) left (1,0) open: every cell that stops a line counts, so it is no miss
+    assert [r.info.get("rewards") for r in os] == [None, {"missed_block": -2.0}, None]
+    assert [r.reward for r in os] == [0.0, -2.0, -10.0]
+    assert xs[-1].info["outcome"] == "win" and os[-1].info["outcome"] == "loss"
+
+
 async def test_second_player_can_win_and_the_loss_lands_on_the_first_players_result():
     mid = new_id()
     x, o = EnvRunner(GomokuMatchEnv()), EnvRunner(GomokuMatchEnv())

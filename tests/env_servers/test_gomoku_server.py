@@ -137,14 +137,26 @@ def test_openenv_wrapper_and_envtool_play_a_game(gomoku_server):
 @pytest.mark.slow
 def test_python_dash_m_serves_on_the_given_port(serve_process):
     server = serve_process([sys.executable, "-m", "env_servers.gomoku_env", "--host", "127.0.0.1",
-                            "--board-size", "7", "--max-sessions", "4"])
+                            "--board-size", "7", "--max-sessions", "4", "--opponent", "random",
+                            "--reward", "valid=2", "--reward", "occupied=-3"])
 
     async def play():
         async with EnvClient(server.url) as env:
-            first = await env.reset(seed=0)
-            return first.observation.metadata["board_size"]
+            first = await env.reset(seed=0, opening=[])
+            legal = await env.step({"text": "<move>3,3</move>"})
+            occupied = await env.step({"text": "<move>3,3</move>"})
+            return first.observation.metadata["board_size"], legal.reward, occupied.reward
 
-    assert asyncio.run(play()) == 7
+    assert asyncio.run(play()) == (7, 2.0, -3.0)  # the reward table from --reward
+
+
+@pytest.mark.parametrize("bad", ["bogus=1", "win", "win=x", "win=nan", "valid=inf"])
+def test_the_reward_flag_refuses_unknown_names_and_non_finite_values(bad, capsys):
+    from env_servers.gomoku_env.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--reward", bad])
+    assert "--reward" in capsys.readouterr().err
 
 
 @pytest.mark.slow
