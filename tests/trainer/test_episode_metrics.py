@@ -47,6 +47,23 @@ def test_no_outcome_means_no_game_rates_and_components_sum_over_steps() -> None:
     assert episode_metrics([], "eval")["eval/penalised_turn_frac"] == 0.0
 
 
+def test_sampled_nll_is_the_mean_minus_logprob_of_the_sampled_tokens_only() -> None:
+    from trainer.rollout.groups import GroupedBatch
+    from trainer.rollout.types import StopReason
+    from trainer.update import rollout_metrics
+
+    def sampled(logprobs: list[float], stop: StopReason | None = None) -> Trajectory:
+        traj = Trajectory(task=Task({}), stop_reason=stop)
+        traj.append([1, 2], policy=False)  # the prompt: no log-probs, not counted
+        traj.append([3] * len(logprobs), policy=True, logprobs=logprobs)
+        return traj
+
+    trajs = [sampled([-0.5, -1.5]), sampled([-1.0]), sampled([-9.0], StopReason.ENV_ERROR)]
+    assert rollout_metrics(trajs, GroupedBatch())["train/sampled_nll"] == pytest.approx(1.0)  # 3 tokens, 3.0
+    assert rollout_metrics([sampled([0.0, 0.0])], GroupedBatch())["train/sampled_nll"] == 0.0  # deterministic
+    assert rollout_metrics([], GroupedBatch())["train/sampled_nll"] == 0.0
+
+
 def test_end_reasons_are_counted_apart_from_outcomes_and_bounded() -> None:
     from trainer.update.stats import MAX_END_REASONS
 

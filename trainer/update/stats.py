@@ -18,12 +18,19 @@ def rollout_metrics(trajs: list[Trajectory], grouped: GroupedBatch,
                     episodes: list[Trajectory] | None = None) -> dict[str, float]:
     """Reward, length and failure statistics of one step's rollouts (means over those without an infra failure),
     with :func:`episode_metrics` under ``train/`` of ``episodes`` (default: ``trajs``; a two-agent step
-    reports its head-to-head games there, not those against a reference player)."""
+    reports its head-to-head games there, not those against a reference player).
+
+    ``train/sampled_nll``: the mean negative log-probability of the sampled policy tokens under the
+    temperature-scaled distribution they were sampled from, an estimate of its entropy per token; near 0 the
+    policy has become deterministic (the same reply to the same context), which no reward metric shows."""
     ok = [t for t in trajs if not t.infra_failed]
     n = max(len(ok), 1)
     shown = ok if episodes is None else [t for t in episodes if not t.infra_failed]
+    tokens = sum(t.num_policy_tokens for t in ok)
+    nll = -sum(lp for t in ok for lp, m in zip(t.logprobs, t.mask) if m)
     return {"train/reward_mean": sum(t.reward for t in ok) / n,
-            "train/policy_tokens_mean": sum(t.num_policy_tokens for t in ok) / n,
+            "train/policy_tokens_mean": tokens / n,
+            "train/sampled_nll": nll / max(tokens, 1),
             "train/turns_mean": sum(t.num_turns for t in ok) / n,
             "train/parse_errors": float(sum(t.parse_errors for t in ok)),
             **episode_metrics(shown, "train"),
