@@ -79,6 +79,7 @@ class AlgoConfig:
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     kl_coef: float = 0.0
+    entropy_coef: float = 0.0  # entropy bonus, estimated on the sampled tokens (trainer.core.losses)
     normalize_std: bool = True
     filter_zero_variance: bool = True
     aggregation: str = "token_mean"  # one of trainer.core.losses.AGGREGATIONS
@@ -99,6 +100,8 @@ class AlgoConfig:
             raise ValueError(f"Expected algo.aggregation in {AGGREGATIONS}, got {self.aggregation!r}.")
         if self.epochs < 1 or self.minibatches < 1:
             raise ValueError(f"Expected algo.epochs and algo.minibatches >= 1, got {self.epochs}, {self.minibatches}.")
+        if not (math.isfinite(self.entropy_coef) and self.entropy_coef >= 0):
+            raise ValueError(f"Expected algo.entropy_coef >= 0, got {self.entropy_coef}.")
 
 
 @dataclass

@@ -37,6 +37,32 @@ def test_value_loss_is_clipped_around_the_old_values():
     assert float(metrics["value:mean"]) == pytest.approx(0.5)
 
 
+def test_entropy_bonus_on_sampled_tokens_raises_the_entropy_and_only_when_asked():
+    torch.manual_seed(0)
+    logits_V = torch.tensor([3.0, 0.0, -1.0, -2.0], requires_grad=True)
+
+    def entropy() -> float:
+        p = torch.softmax(logits_V.detach(), -1)
+        return float(-(p * p.log()).sum())
+
+    start = entropy()
+    optimizer = torch.optim.SGD([logits_V], lr=0.5)
+    for _ in range(20):  # sampled tokens, zero advantages: only the bonus moves the logits
+        tokens_BT = torch.multinomial(torch.softmax(logits_V.detach(), -1), 4096, replacement=True).view(1, -1)
+        lp_BT = token_logprobs(logits_V.expand(1, tokens_BT.shape[1], 4), tokens_BT)
+        inputs = {"target_tokens": tokens_BT, "advantages": torch.zeros_like(lp_BT),
+                  "weights": torch.full_like(lp_BT, 1 / tokens_BT.shape[1])}
+        loss, _, metrics = weighted_loss("ppo", lp_BT, inputs, {"entropy_coef": 1.0})
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert entropy() > start + 0.3  # 0.48 nats -> toward ln 4 = 1.39
+    assert float(metrics["entropy:mean"]) == pytest.approx(entropy(), abs=0.1)  # the sampled estimate
+    lp_BT = torch.tensor([[-0.5, -1.0]])
+    _, _, plain = weighted_loss("ppo", lp_BT, {"target_tokens": torch.zeros(1, 2), "advantages": torch.ones(1, 2)}, {})
+    assert "entropy:mean" not in plain
+
+
 def test_sft_loss_is_token_mean_cross_entropy_on_demonstration_tokens():
     logits_BTV = torch.tensor([[[0.0, LN(3)], [LN(3), 0.0], [50.0, -50.0]]])
     labels_BT = torch.tensor([[0, 0, 1]])

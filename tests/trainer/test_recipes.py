@@ -235,6 +235,17 @@ def test_negative_weight_reaches_every_algorithm_and_is_validated() -> None:
         load_config(None, ["algo.negative_weight=2.0"])
 
 
+def test_entropy_coef_reaches_the_loss_config_and_is_checked() -> None:
+    from trainer.config import AlgoConfig, load_config
+    from trainer.update.policy import loss_config
+
+    assert "entropy_coef" not in loss_config(AlgoConfig(), 1.0, kl=False, value=False)  # off by default
+    assert loss_config(AlgoConfig(entropy_coef=0.05), 1.0, kl=False, value=False)["entropy_coef"] == 0.05
+    for bad in ("-0.1", "nan"):
+        with pytest.raises(ValueError, match="entropy_coef"):
+            load_config(None, [f"algo.entropy_coef={bad}"])
+
+
 def test_per_turn_grpo_pads_a_failed_turn_and_leaves_turnless_episodes_out() -> None:
     from trainer.config import AlgoConfig
     from trainer.rollout.types import Task, Trajectory

@@ -17,7 +17,9 @@ cispo                ``-sg(clip(r, lo, hi)) * lp * A``         clip_low_threshol
 
 Extensions every policy loss accepts (absent in Tinker's wire, so its semantics are unchanged):
 ``logprobs`` omitted means on-policy (``r = 1``, gradient ``-A * grad lp``); ``kl_coef`` (config) with
-input ``ref_logprobs`` adds ``kl_coef * k3(lp, ref)``; ``temperature`` (config) scores ``logits / T``;
+input ``ref_logprobs`` adds ``kl_coef * k3(lp, ref)``; ``entropy_coef`` (config) adds ``entropy_coef * sg(lp) * lp``,
+whose gradient on sampled tokens is, in expectation, that of ``-entropy_coef * H`` (an entropy bonus from
+the sampled tokens alone, no full-vocabulary softmax); ``temperature`` (config) scores ``logits / T``;
 on a client with a value head, inputs ``returns`` and ``old_values`` add ``value_coef`` (0.5) times the
 clipped value loss ``0.5 * max((v - R)^2, (v_clip - R)^2)`` (``value_clip_eps`` 0.2).
 """
@@ -40,7 +42,8 @@ LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 #: loss_fn_inputs each loss needs besides target_tokens
 REQUIRED_INPUTS = {"cross_entropy": ("weights",), "importance_sampling": ("advantages",),
                    "ppo": ("advantages",), "cispo": ("advantages",)}
-CONFIG_KEYS = {"clip_low_threshold", "clip_high_threshold", "kl_coef", "temperature", "value_coef", "value_clip_eps"}
+CONFIG_KEYS = {"clip_low_threshold", "clip_high_threshold", "kl_coef", "entropy_coef", "temperature", "value_coef",
+               "value_clip_eps"}
 AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
 
 
@@ -104,6 +107,10 @@ def weighted_loss(loss_fn: str, lp_BT: Tensor, inputs: dict[str, Tensor], config
         kl_BT = k3_kl(lp_BT, inputs["ref_logprobs"])
         loss_BT = loss_BT + config["kl_coef"] * kl_BT
         metrics["kl:mean"] = masked_mean(kl_BT.detach(), active_BT)
+    if config.get("entropy_coef", 0.0) and loss_fn != "cross_entropy":
+        # E[sg(lp) grad lp] = -grad H over the sampled tokens: minimising it raises the policy's entropy
+        loss_BT = loss_BT + config["entropy_coef"] * lp_BT.detach() * lp_BT
+        metrics["entropy:mean"] = masked_mean(-lp_BT.detach(), active_BT)
     if values_BT is not None and "returns" in inputs:
         vloss_BT, vmetrics = _value_loss(values_BT, inputs, config, active_BT)
         loss_BT = loss_BT + config.get("value_coef", 0.5) * vloss_BT

@@ -25,7 +25,8 @@ from trainer.update.datums import datums, forward_values
 
 #: the logged names of the core's metrics
 METRIC_NAMES = {"clip_frac:mean": "clip_frac", "approx_kl:mean": "approx_kl", "ratio:mean": "ratio_mean",
-                "kl:mean": "kl", "value_loss:mean": "value_loss", "vf_clip_frac:mean": "vf_clip_frac",
+                "kl:mean": "kl", "entropy:mean": "entropy", "value_loss:mean": "value_loss",
+                "vf_clip_frac:mean": "vf_clip_frac",
                 "value:mean": "value_mean"}
 
 
@@ -42,6 +43,8 @@ def loss_config(algo: AlgoConfig, temperature: float, *, kl: bool, value: bool) 
               "temperature": temperature}
     if kl:
         config["kl_coef"] = algo.kl_coef
+    if algo.entropy_coef:
+        config["entropy_coef"] = algo.entropy_coef
     if value:
         config.update(value_coef=algo.value_coef, value_clip_eps=algo.value_clip_eps)
     return config
