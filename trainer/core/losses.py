@@ -110,7 +110,6 @@ def weighted_loss(loss_fn: str, lp_BT: Tensor, inputs: dict[str, Tensor], config
     if config.get("entropy_coef", 0.0) and loss_fn != "cross_entropy":
         # E[sg(lp) grad lp] = -grad H over the sampled tokens: minimising it raises the policy's entropy
         loss_BT = loss_BT + config["entropy_coef"] * lp_BT.detach() * lp_BT
-        metrics["entropy:mean"] = masked_mean(-lp_BT.detach(), active_BT)
     if values_BT is not None and "returns" in inputs:
         vloss_BT, vmetrics = _value_loss(values_BT, inputs, config, active_BT)
         loss_BT = loss_BT + config.get("value_coef", 0.5) * vloss_BT

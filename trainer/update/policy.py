@@ -25,8 +25,7 @@ from trainer.update.datums import datums, forward_values
 
 #: the logged names of the core's metrics
 METRIC_NAMES = {"clip_frac:mean": "clip_frac", "approx_kl:mean": "approx_kl", "ratio:mean": "ratio_mean",
-                "kl:mean": "kl", "entropy:mean": "entropy", "value_loss:mean": "value_loss",
-                "vf_clip_frac:mean": "vf_clip_frac",
+                "kl:mean": "kl", "value_loss:mean": "value_loss", "vf_clip_frac:mean": "vf_clip_frac",
                 "value:mean": "value_mean"}
 
 
