@@ -88,8 +88,9 @@ def test_torchrun_wrapping_only_for_training_kinds():
 @pytest.mark.slow
 async def test_torchrun_job_starts_one_worker_per_gpu(sched, tmp_path):
     script = tmp_path / "worker.py"
-    script.write_text("import os\nprint(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT'],"
-                      " os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n")
+    # one write(2) per worker: the two ranks share the log (O_APPEND), and print's pieces could interleave
+    script.write_text("import os\nos.write(1, ' '.join(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'MASTER_PORT',"
+                      " 'CUDA_VISIBLE_DEVICES')).encode() + b'\\n')\n")
     job = await sched.submit(ME, JobRequest(command=[PY, str(script)], gpus=2, kind="sft", torchrun=True))
     await sched.wait(job.id, timeout_s=60)
     assert job.state == "succeeded", Path(job.log_path).read_text()
