@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from typing import Any
 
 from env_servers.gomoku_env.board import MOVE_FORMATS
@@ -47,17 +46,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _reward(text: str) -> tuple[str, float]:
+    """``NAME=VALUE`` as one entry of the reward table, checked by :meth:`GomokuRewards.coerce` (names, finiteness)."""
     name, sep, value = text.partition("=")
-    names = {f.name for f in dataclasses.fields(GomokuRewards)}
-    if not sep or name.strip() not in names:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {sorted(names)}, got {text!r}")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     try:
-        number = float(value)
+        number: float | str = float(value)
     except ValueError:
-        number = math.nan
-    if not math.isfinite(number):
-        raise argparse.ArgumentTypeError(f"expected a finite number after {name.strip()}=, got {value!r}")
-    return name.strip(), number
+        number = value  # coerce names it as not a number
+    try:
+        table = GomokuRewards.coerce({name.strip(): number})  # type: ignore[dict-item]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name.strip(), float(getattr(table, name.strip()))
 
 
 def env_config(args: argparse.Namespace) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from env_servers.gomoku_env.board import (
     random_opening,
 )
 from env_servers.gomoku_env.config import GomokuConfig
-from env_servers.gomoku_env.game import INVALID_EVENTS, TOO_MANY_INVALID, VALID, GomokuGame, Outcome
+from env_servers.gomoku_env.game import INVALID_EVENTS, VALID, GomokuGame, Outcome
 from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
 from envhub import Action, Env, Observation, StepResult, tool
@@ -144,7 +144,7 @@ class GomokuEnv(Env):
     def _info(self, outcome: Outcome) -> dict[str, Any]:
         game = self.game
         assert game is not None
-        info: dict[str, Any] = {"event": outcome.event, "valid": outcome.event not in (*INVALID_EVENTS, TOO_MANY_INVALID),
+        info: dict[str, Any] = {"event": outcome.event, "valid": outcome.legal,
                                 "invalid_streak": game.invalid_streak, "agent_moves": game.agent_moves,
                                 "move": list(outcome.move) if outcome.move else None,
                                 "opponent_move": list(outcome.opponent_move) if outcome.opponent_move else None,

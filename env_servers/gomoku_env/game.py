@@ -82,6 +82,11 @@ class Outcome:
     shaping: dict[str, float] = field(default_factory=dict)
 
     @property
+    def legal(self) -> bool:
+        """Whether the agent's move was on the board (valid, or a legal move that ended the game)."""
+        return self.event not in (*INVALID_EVENTS, TOO_MANY_INVALID)
+
+    @property
     def ended(self) -> bool:
         return self.done or self.truncated
 
@@ -116,7 +121,7 @@ class GomokuGame:
         stats = tactics(self.board, X, move)
         outcome = self._play(move)
         outcome.stats = stats
-        outcome.shaping = shaping(self.config.rewards, stats, outcome.event not in (*INVALID_EVENTS, TOO_MANY_INVALID))
+        outcome.shaping = shaping(self.config.rewards, stats, outcome.legal)
         outcome.reward += sum(outcome.shaping.values())
         return outcome
 
