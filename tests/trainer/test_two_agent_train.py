@@ -245,7 +245,8 @@ def test_reference_groups_put_each_agent_against_a_scripted_player_in_the_last_o
     with pytest.raises(ValueError, match="reference_groups >= 0"):
         tiny_config(tmp_path, *env, "match.reference_groups=-1")
 
-    cfg = tiny_config(tmp_path, *env, "run.batch_size=3", "match.reference_groups=1", "run.steps=1")
+    cfg = tiny_config(tmp_path, *env, "run.batch_size=3", "match.reference_groups=1", "run.steps=1",
+                      "run.log_trajectories=100")
     agents = {n: Player(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
     initial = {n: snapshot(a.model) for n, a in agents.items()}
     train_two_agents(cfg, agents=agents, log=lambda line: None)
@@ -257,3 +258,7 @@ def test_reference_groups_put_each_agent_against_a_scripted_player_in_the_last_o
         assert step["train/episodes"] == 2 * cfg.run.group_size  # train/ outcomes: the head-to-head's
         assert {"train/win_rate", "train_reference/win_rate"} <= set(step)
         assert {"train/stats/win_chances_mean", "train_reference/stats/win_chances_mean"} <= set(step)  # tactics
+        trained = [json.loads(line) for line in (tmp_path / name / "trajectories.jsonl").read_text().splitlines()]
+        assert len(trained) == 3 * cfg.run.group_size  # both kinds of games are trained on
+        # train/reward_mean: every game trained on, as in single-agent training (not the head-to-head's alone)
+        assert step["train/reward_mean"] == pytest.approx(sum(t["reward"] for t in trained) / len(trained))

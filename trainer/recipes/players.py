@@ -91,8 +91,8 @@ class Player:
         algo, run = self.cfg.algo, self.shared.run
         grouped = build_groups(trajectories, run.group_size, filter_zero_variance=algo.filter_zero_variance)
         shown = trajectories if outcomes is None else outcomes  # every train/ outcome is the head-to-head's
-        metrics = rollout_metrics(trajectories, grouped, episodes=shown)
-        metrics.update(outcome_metrics(shown, "train"))
+        # train/reward_mean: every game trained on; train/ outcomes: those of `shown`
+        metrics = with_counts(rollout_metrics(trajectories, grouped, episodes=shown), shown, "train")
         adam = adam_params(self.cfg.optim, step, run.steps)
         if grouped.groups:
             batch = pack(grouped.trajectories, compute_advantages(algo, grouped.groups), self.tokenizer.pad_token_id)
@@ -132,17 +132,23 @@ def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, fl
     """One agent's episodes as :func:`~trainer.update.episode_metrics` reports them (win/loss/draw rates
     from the env's ``info["outcome"]``, whatever its end reasons; ``<prefix>/end/<reason>_rate`` apart:
     gomoku's ``too_many_invalid`` is the share of games lost on an invalid move; penalised turns, tool
-    calls, named reward components), plus the mean reward, the episode count and the infra failures.
+    calls, named reward components), plus the mean reward and, as :func:`with_counts` adds them, the three
+    results, the episode count and the infra failures.
 
-    Rates are over the episodes without an infra failure; the three results are always reported (0.0
-    when no episode names one), so every step's metrics have the same win/loss/draw keys.
+    Rates are over the episodes without an infra failure.
     """
     ok = [t for t in trajectories if not t.infra_failed]
-    return {f"{prefix}/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),
-            **{f"{prefix}/{o.value}_rate": 0.0 for o in RESULTS},
-            **episode_metrics(ok, prefix),
-            f"{prefix}/episodes": float(len(ok)),
-            f"{prefix}/infra_failures": float(len(trajectories) - len(ok))}
+    return with_counts({f"{prefix}/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),
+                        **episode_metrics(ok, prefix)}, trajectories, prefix)
 
 
-__all__ = ["Player", "outcome_metrics"]
+def with_counts(metrics: dict[str, float], trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
+    """``metrics`` (holding :func:`~trainer.update.episode_metrics` of ``trajectories`` under ``prefix``) with
+    the three results always reported (0.0 when no episode names one, so every step's metrics have the same
+    win/loss/draw keys), ``<prefix>/episodes`` (those without an infra failure) and ``<prefix>/infra_failures``."""
+    ok = sum(not t.infra_failed for t in trajectories)
+    return {**{f"{prefix}/{o.value}_rate": 0.0 for o in RESULTS}, **metrics,
+            f"{prefix}/episodes": float(ok), f"{prefix}/infra_failures": float(len(trajectories) - ok)}
+
+
+__all__ = ["Player", "outcome_metrics", "with_counts"]
