@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from env_servers.gomoku_env.board import MOVE_FORMATS
-from env_servers.gomoku_env.config import GomokuRewards
+from env_servers.gomoku_env.config import GomokuConfig, GomokuRewards
 from env_servers.gomoku_env.opponents import OPPONENTS
 
 
@@ -62,10 +62,8 @@ def _reward(text: str) -> tuple[str, float]:
 
 
 def env_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The GomokuConfig fields set on the command line."""
-    names = ("board_size", "win_length", "opponent", "opponent_random_prob", "max_invalid_moves", "max_moves",
-             "opening_max_stones", "empty_board_prob", "render_image", "brief_messages", "move_format",
-             "turn_timeout_s")
+    """The GomokuConfig fields set on the command line (each field has its flag: ``--reward`` fills ``rewards``)."""
+    names = [f.name for f in dataclasses.fields(GomokuConfig) if f.name != "rewards"]
     config: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.reward:
         config["rewards"] = dict(args.reward)

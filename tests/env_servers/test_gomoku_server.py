@@ -159,6 +159,23 @@ def test_the_reward_flag_refuses_unknown_names_and_non_finite_values(bad, capsys
     assert "--reward" in capsys.readouterr().err
 
 
+def test_every_gomoku_config_field_has_a_flag():
+    import dataclasses
+
+    from env_servers.gomoku_env.__main__ import env_config, parse_args
+    from env_servers.gomoku_env.config import GomokuConfig
+
+    assert env_config(parse_args([])) == {}  # unset flags leave the defaults to GomokuConfig
+    argv = ["--board-size", "7", "--win-length", "4", "--opponent", "random", "--opponent-random-prob", "0.5",
+            "--max-invalid-moves", "2", "--max-moves", "30", "--opening-max-stones", "0", "--empty-board-prob", "1",
+            "--render-image", "--brief-messages", "--move-format", "cell", "--turn-timeout-s", "9",
+            "--reward", "missed_win=-5"]
+    config = env_config(parse_args(argv))
+    assert set(config) == {f.name for f in dataclasses.fields(GomokuConfig)}  # a new field needs its flag
+    built = GomokuConfig(**config)
+    assert (built.board_size, built.move_format, built.render_image, built.rewards.missed_win) == (7, "cell", True, -5.0)
+
+
 @pytest.mark.slow
 def test_example_agent_runs():
     out = subprocess.run([sys.executable, "examples/gomoku_agent.py"], capture_output=True, text=True, timeout=120)
