@@ -27,6 +27,19 @@ class RunResult:
         return self.curve[-1][1]
 
 
+def fresh_run(out: Path, seed: int, *, smoke: bool, smoke_overrides: list[str]) -> list[str]:
+    """Start one seed's single-policy run in ``out``: torch seeded, ``out`` made, an earlier run's
+    ``metrics.jsonl`` there removed; returns the config overrides every scenario passes (the run's seed, the
+    model's initialisation seed, the output dir), with ``smoke_overrides`` added under ``--smoke``."""
+    import torch
+
+    torch.manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    overrides = [f"run.seed={seed}", f"model.init_seed={seed}", f"run.output_dir='{out}'"]
+    return overrides + smoke_overrides if smoke else overrides
+
+
 def metric_curve(metrics_path: Path, key: str, *, absent: float | None = None) -> list[tuple[int, float]]:
     """``(step, value)`` for every record of ``metrics.jsonl`` holding ``key``, one value per step (the last).
 

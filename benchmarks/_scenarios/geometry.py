@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .common import CONFIGS, RunResult, metric_curve
+from .common import CONFIGS, RunResult, fresh_run, metric_curve
 
 DEMO_SEED_BASE = 10**9  # warm-up problems: train-split seeds far from the ones the RL steps draw (0, 1, ...)
 # warm-up diagrams (each answered by all three letters: 258 demonstrations), steps and lr as examples/vision_train.py's
@@ -98,7 +98,6 @@ def run_geometry_tools(config: str, seed: int, out: Path, *, smoke: bool = False
 def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: str | None,
                   phases: Callable[[Any, int, int], list[Phase]] | None = None,
                   probe: Callable[..., str] | None = None) -> None:
-    import torch
 
     from trainer.config import load_config
     from trainer.model import load_policy
@@ -106,14 +105,10 @@ def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: st
     from trainer.recipes.sft import run_sft
     from trainer.vision import load_vision_processor
 
-    torch.manual_seed(seed)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    overrides = [f"run.seed={seed}", f"model.init_seed={seed}", f"run.output_dir='{out}'"]
+    overrides = fresh_run(out, seed, smoke=smoke, smoke_overrides=[
+        "run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=3", "run.eval_every=0"])
     if model_name is not None:
         overrides.append(f"model.name='{model_name}'")
-    if smoke:
-        overrides += ["run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=3", "run.eval_every=0"]
     cfg = load_config(CONFIGS / config, overrides)
     model, tok = load_policy(cfg.model)
     vision = load_vision_processor(cfg.model, tok)

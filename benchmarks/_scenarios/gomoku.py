@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import CONFIGS, RunResult, metric_curve
+from .common import CONFIGS, RunResult, fresh_run, metric_curve
 
 DEMO_GAMES = 256      # warm-up games of random legal moves (the train split, seeds the RL run never draws)
 DEMO_SEED_BASE = 10**9
@@ -29,7 +29,6 @@ WARMUP_LR = 3e-3
 
 def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
     """Warm up on the move format, then GRPO from ``config``; the curve is ``eval/win_rate``."""
-    import torch
 
     from trainer.config import load_config
     from trainer.model import load_policy
@@ -40,13 +39,9 @@ def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False) -> Run
     from .cell_warmup import legal_cell_warmup
 
     start = time.monotonic()
-    torch.manual_seed(seed)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    overrides = [f"run.seed={seed}", f"model.init_seed={seed}", f"run.output_dir='{out}'"]
-    if smoke:
-        overrides += ["run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=2",
-                      "run.eval_every=0", "rollout.max_turns=2"]
+    overrides = fresh_run(out, seed, smoke=smoke, smoke_overrides=[
+        "run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=2", "run.eval_every=0",
+        "rollout.max_turns=2"])
     cfg = load_config(CONFIGS / config, overrides)
     env_cls = in_process_env(cfg.env)
     if env_cls is None:

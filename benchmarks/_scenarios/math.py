@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import CONFIGS, RunResult, metric_curve
+from .common import CONFIGS, RunResult, fresh_run, metric_curve
 
 SFT_TARGET = 0.5  # stop the warm-up at this greedy accuracy on *train* problems, as the quick start does
 SFT_LR = 3e-3
@@ -20,7 +20,6 @@ SFT_LR = 3e-3
 
 def run_math(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
     """Warm up, then GRPO from ``config``; the curve is ``eval/reward_mean`` on the validation split."""
-    import torch
 
     from trainer.config import load_config
     from trainer.model import apply_lora, load_policy
@@ -28,12 +27,8 @@ def run_math(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunRe
     from trainer.recipes.rl import train
 
     start = time.monotonic()
-    torch.manual_seed(seed)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    overrides = [f"run.seed={seed}", f"model.init_seed={seed}", f"run.output_dir='{out}'"]
-    if smoke:
-        overrides += ["run.steps=1", "run.batch_size=4", "run.group_size=2", "run.eval_problems=4", "run.eval_every=0"]
+    overrides = fresh_run(out, seed, smoke=smoke, smoke_overrides=[
+        "run.steps=1", "run.batch_size=4", "run.group_size=2", "run.eval_problems=4", "run.eval_every=0"])
     with math_server(free_port(), out / "math_server.log") as url:
         cfg = load_config(CONFIGS / config, [*overrides, f"env.url='{url}'"])
         task = {k: v for k, v in cfg.env.train_task.items() if k != "split"}
