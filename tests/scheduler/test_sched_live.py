@@ -32,6 +32,15 @@ def test_client_follows_logs_until_the_job_ends(live):
             client.cancel("j00000000")
 
 
+def test_followed_logs_decode_a_character_split_across_chunks(live):
+    script = ("import sys, time\nsys.stdout.buffer.write(b'caf\\xc3'); sys.stdout.flush(); time.sleep(0.5)\n"
+              "sys.stdout.buffer.write(b'\\xa9\\n'); sys.stdout.flush()")
+    with SchedulerClient(live.url) as client:
+        job = client.submit([PY, "-u", "-c", script])
+        assert "".join(client.logs(job["id"], follow=True)) == "caf\u00e9\n"  # not two replacement characters
+        assert b"".join(client.follow_bytes(job["id"])) == "caf\u00e9\n".encode()
+
+
 def test_job_context_cancels_on_keyboard_interrupt(live):
     with SchedulerClient(live.url) as client:
         with pytest.raises(KeyboardInterrupt):

@@ -145,22 +145,20 @@ class SchedulerClient:
         return self._follow(job_id, params)
 
     def _follow(self, job_id: str, params: dict[str, Any]) -> Iterator[str]:
-        timeout = httpx.Timeout(self._http.timeout.connect, read=None)  # a quiet job is not an error
-        try:
-            with self._http.stream("GET", f"/jobs/{job_id}/logs", params=params, timeout=timeout) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise _ERRORS.get(response.status_code, SchedulerError)(_detail(response))
-                yield from response.iter_text()
-        except httpx.TransportError as exc:
-            raise SchedulerUnavailableError(f"Lost the scheduler at {self.url} while following job {job_id}: "
-                                            f"{exc}") from exc
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character split across chunks
+        for chunk in self._stream_log(job_id, params):
+            if text := decoder.decode(chunk):
+                yield text
+        if tail := decoder.decode(b"", final=True):
+            yield tail
 
     def follow_bytes(self, job_id: str, offset_bytes: int = 0) -> Iterator[bytes]:
         """The job's log as raw bytes from byte ``offset_bytes`` until the job ends (a follower that
         resumes after losing the scheduler passes how many bytes it has already had)."""
-        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        params: dict[str, str | int] = {"follow": "true", "offset": offset_bytes}
+        return self._stream_log(job_id, {"follow": "true", "offset": offset_bytes})
+
+    def _stream_log(self, job_id: str, params: dict[str, Any]) -> Iterator[bytes]:
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)  # a quiet job is not an error
         try:
             with self._http.stream("GET", f"/jobs/{job_id}/logs", params=params, timeout=timeout) as response:
                 if response.status_code >= 400:
