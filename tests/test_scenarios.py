@@ -151,6 +151,18 @@ def test_replot_builds_figure_and_summary_from_runs_kept_at_different_times(tmp_
         scenarios.main(["--replot", "--out", str(tmp_path / "empty")])
 
 
+def test_the_documented_figure_replots_from_the_runs_kept_beside_it(tmp_path: Path) -> None:
+    """docs/scenarios/ holds each run's result.json: --replot there gives back the committed summary."""
+    import shutil
+
+    kept = ROOT / "docs" / "scenarios"
+    shutil.copytree(kept, tmp_path / "scenarios")
+    summary = scenarios.main(["--replot", "--out", str(tmp_path / "scenarios")])
+    assert summary == json.loads((kept / "summary.json").read_text())
+    assert [entry["name"] for entry in summary] == [s.name for s in scenarios.SCENARIOS]  # every scenario, in order
+    assert all(entry["seeds"] == 3 for entry in summary)
+
+
 def test_keep_done_trains_only_the_seeds_not_yet_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trained: list[int] = []
 
