@@ -258,6 +258,10 @@ async def test_worker_node_killed_fails_its_job_moves_its_replica_and_the_queue_
     assert job.state == "failed" and "lost" in job.reason and victim.node_id[:12] in job.reason, job.reason
     await _until(lambda: not processes_with_marker(job.id + "."), "the lost job's processes (grandchildren too) "
                  "to be gone on every node", 30)
+    # the lost node's replica processes run on this same machine and may still answer until the scheduler
+    # has placed their replicas again: wait for the move itself, then for three healthy replicas
+    await _until(lambda: all(p["node_id"] != victim.node_id for p in rsched.jobs[service.id].placement),
+                 "the lost node's replicas to be placed on the others", 120)
     await _live_endpoints(rsched, service.id, 3, timeout_s=120)
     assert all(p["node_id"] != victim.node_id for p in service.placement)
     assert all(service.placement[i]["restarts"] == 1 for i in on_victim)

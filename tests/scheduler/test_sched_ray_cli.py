@@ -178,7 +178,9 @@ def test_cli_places_by_node_survives_a_scheduler_crash_and_cancels_on_every_node
                       and all(_healthy(u) for u in client.endpoints(service_id)), 90, "replica 1 placed again")
         assert urls[0] in client.endpoints(service_id)  # replica 0 kept running through the restart
         urls = client.endpoints(service_id)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in old_replica)
+    # the old replica's processes go (killed with their dead actor's process group; a zombie does not count)
+    wait_for_sync(lambda: not set(old_replica) & set(processes_with_marker(f"{service_id}.1.")), 30,
+                  "the old replica's processes to be gone")
     ticks = sched_cli(second.url, "logs", job_id).count("tick")
     wait_for_sync(lambda: sched_cli(second.url, "logs", job_id).count("tick") > ticks + 2, 30, "the log to go on")
     assert {n["gpus_free"] for n in json.loads(sched_cli(second.url, "nodes", "--json"))} == {1}

@@ -19,6 +19,8 @@ from trainer.tokenizer import build_tiny_tokenizer
 from trainer.update import compute_advantages, episode_metrics, pack
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "scenario_gomoku_two_agent.toml"
+#: the scenario's shaping for a legal move that leaves the mover's own line open
+MISSED_WIN = load_two_agent_config(CONFIG, []).env.env_kwargs["rewards"]["missed_win"]
 
 
 def moves(*cells: int | str) -> list[str]:
@@ -102,7 +104,9 @@ def test_an_invalid_move_is_the_movers_last_turn_with_a_negative_advantage(playe
 def test_a_winning_line_is_positive_for_the_winner_and_the_answered_move_negative_for_the_loser(
         played, game, winner, loser) -> None:
     won, lost = played[winner][0][game], played[loser][0][game]
-    assert won.turn_rewards[-1] == 10.0 and lost.turn_rewards[-1] == 1.0 - 10.0
+    # in o_line alice's last move (9) left her own 1-2-3 open: the scenario's missed_win shaping lands on it too
+    shaping = MISSED_WIN if game == "o_line" else 0.0
+    assert won.turn_rewards[-1] == 10.0 and lost.turn_rewards[-1] == 1.0 - 10.0 + shaping
     assert min(turn_advantages(won, played[winner][1][game], len(won.turn_ends) - 1)) > 0
     assert max(turn_advantages(lost, played[loser][1][game], len(lost.turn_ends) - 1)) < 0
 
@@ -110,7 +114,9 @@ def test_a_winning_line_is_positive_for_the_winner_and_the_answered_move_negativ
 def test_the_metrics_tell_invalid_moves_from_lost_lines(played) -> None:
     own = played["alice"][2]
     train, outcomes = episode_metrics(own, "train"), outcome_metrics(own, "train")
-    # penalised turns count every loss (the lost line's last move is rewarded -9 too): 4 of alice's 20 turns
-    assert train["train/loss_rate"] == 4 / 8 and train["train/penalised_turn_frac"] == 4 / 20
+    # penalised turns count every loss (the lost line's last move is rewarded below zero too) and a legal move
+    # that missed a win (the draw: alice's 8 left 1-4-7 open): 5 of alice's 20 turns
+    assert train["train/loss_rate"] == 4 / 8 and train["train/penalised_turn_frac"] == 5 / 20
+    assert train["train/rewards/missed_win_mean"] == 2 * MISSED_WIN / 8  # o_line and the draw, on her own moves
     assert train["train/end/too_many_invalid_rate"] == outcomes["train/end/too_many_invalid_rate"] == 3 / 8
     assert train["train/end/loss_rate"] == 1 / 8 and train["train/end/opponent_forfeit_rate"] == 2 / 8
