@@ -98,7 +98,6 @@ def run_geometry_tools(config: str, seed: int, out: Path, *, smoke: bool = False
 def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: str | None,
                   phases: Callable[[Any, int, int], list[Phase]] | None = None,
                   probe: Callable[..., str] | None = None) -> None:
-
     from trainer.config import load_config
     from trainer.model import load_policy
     from trainer.recipes.rl import train

@@ -29,7 +29,6 @@ WARMUP_LR = 3e-3
 
 def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
     """Warm up on the move format, then GRPO from ``config``; the curve is ``eval/win_rate``."""
-
     from trainer.config import load_config
     from trainer.model import load_policy
     from trainer.recipes.rl import train
