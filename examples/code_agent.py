@@ -5,43 +5,20 @@
 
 The "policy" is scripted (it looks up reference solutions) so that the example runs anywhere
 without a model; swap ``scripted_policy`` for an LLM that emits tool calls. The server runs in a
-subprocess exactly as in production: ``python -m env_servers.code_env --port P``. Needs a
-working sandbox (``apt-get install -y bubblewrap``, run as root).
+subprocess exactly as in production: ``python -m env_servers.code_env --port P`` (its output in
+``--server-log``). Needs a working sandbox (``apt-get install -y bubblewrap``, run as root).
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
-import sys
-import time
+from pathlib import Path
 
 import httpx
 
 from env_servers.code_env.tasks import reference_solutions
 from envhub import EnvTool, OpenEnv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "env_servers.code_env", "--host", "127.0.0.1", "--port", str(port)])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            raise SystemExit(f"the code env server exited with status {proc.returncode}")
-    proc.kill()
-    raise SystemExit("the code env server did not become healthy within 60 s")
+from trainer.quickstart import env_server
 
 
 def scripted_policy(task_id: str, step: int) -> tuple[str, dict]:
@@ -68,17 +45,14 @@ def run_episode(env: OpenEnv, index: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=3, help="how many test-split tasks to solve")
+    parser.add_argument("--server-log", type=Path, default=Path("runs/code_agent/code_env.log"),
+                        help="where the code env server's output goes")
     args = parser.parse_args(argv)
-    port = free_port()
-    server = start_server(port)
-    try:
-        print("sandbox:", httpx.get(f"http://127.0.0.1:{port}/metadata").json()["sandbox"])
-        with OpenEnv(f"http://127.0.0.1:{port}") as env:
+    with env_server("env_servers.code_env", [], args.server_log) as url:  # stopped on the way out, however it ends
+        print("sandbox:", httpx.get(f"{url}/metadata").json()["sandbox"])
+        with OpenEnv(url) as env:
             rewards = [run_episode(env, i) for i in range(args.tasks)]
         print(f"\nmean reward over {len(rewards)} tasks: {sum(rewards) / len(rewards):.2f}")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":

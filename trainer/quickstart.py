@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -55,13 +57,15 @@ def free_port() -> int:
 @contextmanager
 def env_server(module: str, args: list[str], log_path: Path, *, port: int | None = None,
                cwd: str | Path | None = None) -> Iterator[str]:
-    """Run ``python -m <module> --host 127.0.0.1 --port <port> <args>`` until the block ends (whatever ends it).
+    """Run ``python -m <module> --host 127.0.0.1 --port <port> <args>`` until the block ends (whatever ends it)
+    or this process does (a SIGKILL too: the server gets SIGTERM, on Linux).
 
     Yields the server's ``http://`` URL once ``/health`` answers; output goes to ``log_path``.
     """
     port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
+    argv = [sys.executable, "-m", "trainer._while_parent", str(os.getpid()), module,  # ends with this process
+            "--host", "127.0.0.1", "--port", str(port), *args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         try:
@@ -293,8 +297,6 @@ def _quiet_log(message: str) -> None:
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into KeyboardInterrupt, so a script's env server is stopped on the way out."""
     # `kill` / a CI timeout sends SIGTERM: raise so that env_server's `finally` stops the server.
-    import signal
-
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 

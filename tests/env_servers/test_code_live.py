@@ -65,7 +65,7 @@ def test_openenv_and_envtool_drive_the_env(url):
 
 
 @pytest.mark.slow
-def test_example_code_agent_solves_tasks_against_its_own_server(capsys):
+def test_example_code_agent_solves_tasks_against_its_own_server(capsys, tmp_path):
     import importlib.util
     from pathlib import Path
 
@@ -73,6 +73,7 @@ def test_example_code_agent_solves_tasks_against_its_own_server(capsys):
     spec = importlib.util.spec_from_file_location("code_agent_example", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--tasks", "2"])
+    module.main(["--tasks", "2", "--server-log", str(tmp_path / "code_env.log")])
     out = capsys.readouterr().out
     assert "mean reward over 2 tasks: 1.00" in out and "'backend': 'local-zygote'" in out
+    assert "envhub serving env_servers.code_env.env.CodeEnv" in (tmp_path / "code_env.log").read_text()

@@ -4,11 +4,17 @@ and the server stopped afterwards."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from trainer import quickstart
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -34,3 +40,39 @@ def test_quickstart_plumbing_end_to_end(tmp_path, monkeypatch) -> None:
     # The server is gone once the quick start returns.
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/health", timeout=1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_an_env_server_ends_with_the_script_that_started_it_even_when_killed(tmp_path) -> None:
+    # A SIGKILL skips env_server's `finally`: the server must still not outlive the script.
+    script = ("import sys, time\nfrom pathlib import Path\nfrom trainer.quickstart import math_server, free_port\n"
+              "with math_server(free_port(), Path(sys.argv[1])) as url:\n    print(url, flush=True)\n    time.sleep(600)\n")
+    script_proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "server.log")],
+                                   stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        url = script_proc.stdout.readline().strip()
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+            assert resp.status == 200  # it serves ...
+        script_proc.kill()
+        script_proc.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=1).close()
+            except OSError:
+                break  # ... and it is gone with the script
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"The env server at {url} outlived the script that started it.")
+    finally:
+        script_proc.kill()
+        script_proc.wait()
+
+
+def test_while_parent_refuses_bad_arguments_and_a_parent_already_gone() -> None:
+    run = [sys.executable, "-m", "trainer._while_parent"]
+    usage = subprocess.run([*run, "json.tool"], capture_output=True, text=True, cwd=ROOT)
+    assert usage.returncode == 1 and "usage: python -m trainer._while_parent PID MODULE" in usage.stderr
+    if sys.platform.startswith("linux"):  # pid 1 did not start it: its real parent is taken to have ended
+        gone = subprocess.run([*run, "1", "json.tool"], capture_output=True, text=True, cwd=ROOT)
+        assert gone.returncode == 1 and "Process 1, which started json.tool, has already ended." in gone.stderr
