@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -41,13 +40,15 @@ def shape_05b(layers: int) -> dict[str, int]:
 def start_server(shape: dict[str, int], log_dir: Path, timeout_s: float = 300.0,
                  threads: int | None = None, channel: bool = True) -> tuple[subprocess.Popen, str]:
     """``python -m trainer.sampler_server`` with ``shape`` (fp32) on a free port, once healthy."""
+    from trainer import while_parent
     from trainer.quickstart import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "trainer.sampler_server", "--port", str(port), "--device", "cpu",
-            *(["--threads", str(threads)] if threads else []), *([] if channel else ["--weight-port", "-1"]),
-            "model.dtype=fp32", *(f"model.{k}={v}" for k, v in shape.items())]
+    argv = while_parent.argv("trainer.sampler_server", "--port", str(port), "--device", "cpu",  # ends with this run
+                             *(["--threads", str(threads)] if threads else []),
+                             *([] if channel else ["--weight-port", "-1"]),
+                             "model.dtype=fp32", *(f"model.{k}={v}" for k, v in shape.items()))
     log = open(log_dir / f"sampler-{port}.log", "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout_s

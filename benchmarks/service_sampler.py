@@ -25,13 +25,13 @@ import importlib.util
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainer import while_parent
 from trainer.quickstart import free_port
 from trainer.service.serve import local_service
 
@@ -48,8 +48,8 @@ def sampler_servers(count: int, workdir: Path) -> Iterator[list[str]]:
         for i in range(count):
             port = free_port()
             with open(workdir / f"sampler-{i}.log", "w") as log:
-                procs.append(subprocess.Popen([sys.executable, "-m", "trainer.sampler_server", "--port", str(port),
-                                               *model], stdout=log, stderr=subprocess.STDOUT,
+                procs.append(subprocess.Popen(while_parent.argv("trainer.sampler_server", "--port", str(port), *model),
+                                              stdout=log, stderr=subprocess.STDOUT,
                                               env={**os.environ, "OMP_NUM_THREADS": "1"}))
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:

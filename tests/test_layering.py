@@ -141,7 +141,7 @@ TRAINER_RANKS: dict[str, int] = {
     #    export to Hugging Face format, the GPU scheduler (which imports nothing else of trainer: see below),
     #    and running a module that ends with its parent (env servers the scripts start)
     "trainer": 0, "trainer.model": 0, "trainer.vision": 0, "trainer.tokenizer": 0, "trainer.distributed": 0,
-    "trainer.metrics": 0, "trainer.export": 0, "trainer.scheduler": 0, "trainer._while_parent": 0,
+    "trainer.metrics": 0, "trainer.export": 0, "trainer.scheduler": 0, "trainer.while_parent": 0,
     "trainer.sampling": 1,                      # decode loop, HF and vLLM samplers, the one result type
     "trainer.algos": 2,                         # advantages, value head: pure tensors
     "trainer.core": 3,                          # the training core: forward_backward, optim_step, sample

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -37,6 +36,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from trainer import while_parent
 
 if TYPE_CHECKING:
     from torch import nn
@@ -64,8 +65,7 @@ def env_server(module: str, args: list[str], log_path: Path, *, port: int | None
     """
     port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "trainer._while_parent", str(os.getpid()), module,  # ends with this process
-            "--host", "127.0.0.1", "--port", str(port), *args]
+    argv = while_parent.argv(module, "--host", "127.0.0.1", "--port", str(port), *args)  # ends with this process
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         try:

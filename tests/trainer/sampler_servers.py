@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from typing import Any
 
 import torch
 
+from trainer import while_parent
 from trainer.core import AdamParams, Datum, TrainingClient
 from trainer.core.forward import run_model, target_logprobs
 from trainer.quickstart import free_port
@@ -90,8 +90,8 @@ class ServerProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"sampler-{self.port}-{time.monotonic_ns()}.log"
-        argv = [sys.executable, "-m", "trainer.sampler_server", "--host", "127.0.0.1", "--port", str(self.port),
-                *(args or TINY)]
+        argv = while_parent.argv("trainer.sampler_server", "--host", "127.0.0.1", "--port", str(self.port),
+                                 *(args or TINY))  # ends with the test session, however it ends
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

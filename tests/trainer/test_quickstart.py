@@ -70,9 +70,9 @@ def test_an_env_server_ends_with_the_script_that_started_it_even_when_killed(tmp
 
 
 def test_while_parent_refuses_bad_arguments_and_a_parent_already_gone() -> None:
-    run = [sys.executable, "-m", "trainer._while_parent"]
+    run = [sys.executable, "-m", "trainer.while_parent"]
     usage = subprocess.run([*run, "json.tool"], capture_output=True, text=True, cwd=ROOT)
-    assert usage.returncode == 1 and "usage: python -m trainer._while_parent PID MODULE" in usage.stderr
+    assert usage.returncode == 1 and "usage: python -m trainer.while_parent PID MODULE" in usage.stderr
     if sys.platform.startswith("linux"):  # pid 1 did not start it: its real parent is taken to have ended
         gone = subprocess.run([*run, "1", "json.tool"], capture_output=True, text=True, cwd=ROOT)
         assert gone.returncode == 1 and "Process 1, which started json.tool, has already ended." in gone.stderr

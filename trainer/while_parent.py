@@ -1,0 +1,41 @@
+"""``python -m trainer.while_parent PID MODULE ARGS...``: run ``python -m MODULE ARGS...`` in this process,
+ended by SIGTERM when process ``PID`` (the one that started it) ends, however it ends.
+
+A SIGKILL or a crash of a script skips the ``finally`` that stops the servers it started, and a server
+must not outlive its script: :func:`argv` is the command line that starts one this way
+(:func:`trainer.quickstart.env_server` starts its env servers so, the benchmarks their sampler servers).
+On Linux it is ``PR_SET_PDEATHSIG``, set here, after exec (a fork hook is unsafe in a threaded parent);
+elsewhere the module just runs.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def argv(module: str, *args: str) -> list[str]:
+    """The command line of ``python -m module args...`` that ends when this process does."""
+    return [sys.executable, "-m", "trainer.while_parent", str(os.getpid()), module, *args]
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or not argv[0].isdigit():
+        raise SystemExit("usage: python -m trainer.while_parent PID MODULE [ARGS...]")
+    parent, module = int(argv[0]), argv[1]
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it ended before the signal was armed
+            raise SystemExit(f"Process {parent}, which started {module}, has already ended.")
+    sys.argv = [module, *argv[2:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
