@@ -25,6 +25,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer import while_parent
 from trainer.service._settings import ServiceSettings
 
 if TYPE_CHECKING:
@@ -37,12 +38,12 @@ log = logging.getLogger("envhub.service")
 def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 180.0,
                   cwd: str | Path | None = None) -> Iterator[str]:
     """Run ``envhub-train serve --port 0 <args>`` as a subprocess for the block (in ``cwd``: a source tree there
-    is imported first); yields its URL.
+    is imported first; it ends with this process too, however that ends); yields its URL.
 
     >>> with local_service(["--full-parameter"], "serve.log") as url:     # doctest: +SKIP
     ...     service = tinker.ServiceClient(base_url=url, api_key="tml-local")
     """
-    argv = [sys.executable, "-m", "trainer.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    argv = while_parent.argv("trainer.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args)  # ends with this process
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd)
