@@ -118,5 +118,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"created {root}/ ({plan.kind.replace('_', ' ')} env {plan.package}.env:{plan.class_name})\n"
           f"next:\n  pip install -e {root}\n  envhub list\n  envhub check {plan.env_name}\n"
           f"  envhub serve {plan.env_name} --port 8000\n"
-          f"  envhub eval --env {plan.env_name} --model tiny --episodes 4 --samples 2")
+          f"  envhub eval --env {plan.env_name} --model tiny --episodes 4 --samples 2 --max-tokens 64"
+          "   # a random tiny model writes to the limit")
     return 0

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (
         "examples:\n"
-        "  envhub eval --env math --model tiny --episodes 4 --samples 2 --out runs/eval-math\n"
+        "  envhub eval --env math --model tiny --episodes 4 --samples 2 --max-tokens 64 --out runs/eval-math\n"
         "  envhub eval --env ws://localhost:8002 --model http://localhost:8000/v1 --model-name Qwen/Qwen2.5-7B-Instruct\n"
         "  envhub eval ... --resume      # after Ctrl-C or a crash: play only what results.jsonl lacks\n\n"
         "Writes DIR/run.json (arguments), DIR/results.jsonl (one episode per line, transcript included) and\n"
