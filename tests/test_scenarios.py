@@ -280,11 +280,14 @@ def test_two_agent_warm_up_targets_the_empty_cells_and_moves_probability_onto_th
 def test_two_agent_kl_reference_is_each_agents_warmed_up_policy(tmp_path: Path) -> None:
     import torch
 
-    from benchmarks._scenarios.two_agent import warmed_up_players
+    from benchmarks._scenarios.two_agent import warm_up_agent, warmed_up_players
     from trainer.model import load_policy
 
     cfg, agents = warmed_up_players(scenarios.pick("gomoku-two-agent")[0].config, 0, tmp_path, smoke=True)
-    for name, agent in agents.items():
+    for k, (name, agent) in enumerate(agents.items()):
+        # each agent warmed up in its own process: the weights a warm-up here gives
+        here, _ = warm_up_agent(cfg, name, k, 0, games=4, steps=2)
+        assert all(torch.equal(here[key], p) for key, p in agent.model.state_dict().items())
         assert cfg.agents[name].algo.kl_coef > 0 and agent.reference is not None
         fresh = dict(load_policy(cfg.agents[name].model)[0].named_parameters())
         reference = dict(agent.reference.model.named_parameters())

@@ -31,6 +31,7 @@ WARMUP_STEPS = 1500        # at most; it stops once the last 25 batches put WARM
 WARMUP_MASS = 0.98         # greedy play starts legal near it: capped at 600 steps (0.90-0.93) one agent lost 1/3 on occupied cells
 WARMUP_LEGAL_WEIGHT = 3.0
 WARMUP_LR = 3e-3
+WARMUP_BATCH = 16          # games a step: at 8 two agents of seeds 3-5 stopped at the cap short of it (0.80, 0.93)
 VS_RANDOM = " vs random"        # each agent's validation curve in RunResult.extra: "<name> vs random"
 HEAD_TO_HEAD = "head-to-head"  # each agent's training-match curve: "<name> vs <other> (head-to-head)"
 
@@ -76,22 +77,48 @@ def warmed_up_players(config: str, seed: int, out: Path, *, smoke: bool = False)
 
 
 def _warm_up(cfg: Any, policies: dict[str, tuple[Any, Any]], seed: int, *, games: int, steps: int) -> None:
-    """Warm each ``(model, tokenizer)`` in ``policies`` up in place, each on its own scripted games."""
+    """Warm each ``(model, tokenizer)`` in ``policies`` up in place, each on its own scripted games.
+
+    Each agent warms up in its own process (its training uses one core: torch runs on one thread here),
+    so that the two warm-ups take the time of one; the result is the same as warming them up in turn (the
+    warm-up is deterministic: seeded games, batches and initialisation), and each process's weights are
+    loaded into ``policies``."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(policies), mp_context=context) as pool:
+        futures = {name: pool.submit(warm_up_agent, cfg, name, k, seed, games=games, steps=steps)
+                   for k, name in enumerate(policies)}
+        for name, future in futures.items():
+            state, metrics = future.result()
+            policies[name][0].load_state_dict(state)
+            print(f"  [gomoku-two-agent] warm-up {name}: probability on empty cells {metrics['window_mass']:.2f} "
+                  f"(last 25 batches) after {metrics['steps']:.0f} steps", flush=True)
+
+
+def warm_up_agent(cfg: Any, name: str, k: int, seed: int, *, games: int, steps: int,
+                  policy: tuple[Any, Any] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+    """Agent ``name`` (the ``k``-th of ``cfg.agents``) warmed up on its own ``games`` scripted games: its
+    weights after at most ``steps`` warm-up steps and the warm-up's metrics. ``policy`` is the agent's
+    ``(model, tokenizer)``, built from its config (``init_seed`` as the harness sets it) when not given."""
+    import torch
+
+    from trainer.model import load_policy
     from trainer.recipes.two_agent import build_pool
     from trainer.recipes.two_agent_warmup import demos_from, scripted_games
 
     from .cell_warmup import legal_cell_warmup
 
-    pool = build_pool(cfg)
-    for k, (name, (model, tokenizer)) in enumerate(policies.items()):  # each agent from its own initialisation
-        seats = asyncio.run(scripted_games(pool, tokenizer, cfg.rollout, matches=games,
-                                           seed=WARMUP_SEED_BASE + (seed * len(policies) + k) * games,
-                                           reset_kwargs=cfg.env.train_task, prefix=f"warmup-{name}"))
-        metrics = legal_cell_warmup(model, tokenizer, demos_from(seats, max_turns=cfg.rollout.max_turns),
-                                    steps=steps, lr=WARMUP_LR, seed=seed, legal_weight=WARMUP_LEGAL_WEIGHT,
-                                    until_mass=WARMUP_MASS, final_lr=0.1)
-        print(f"  [gomoku-two-agent] warm-up {name}: probability on empty cells {metrics['window_mass']:.2f} "
-              f"(last 25 batches) after {metrics['steps']:.0f} steps", flush=True)
+    torch.set_num_threads(1)
+    model, tokenizer = policy or load_policy(cfg.agents[name].model)
+    seats = asyncio.run(scripted_games(build_pool(cfg), tokenizer, cfg.rollout, matches=games,
+                                       seed=WARMUP_SEED_BASE + (seed * len(cfg.agents) + k) * games,
+                                       reset_kwargs=cfg.env.train_task, prefix=f"warmup-{name}"))
+    metrics = legal_cell_warmup(model, tokenizer, demos_from(seats, max_turns=cfg.rollout.max_turns),
+                                steps=steps, batch_size=WARMUP_BATCH, lr=WARMUP_LR, seed=seed,
+                                legal_weight=WARMUP_LEGAL_WEIGHT, until_mass=WARMUP_MASS, final_lr=0.1)
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}, metrics
 
 
 def _result(out: Path, names: list[str], seconds: float) -> RunResult:
