@@ -5,7 +5,8 @@ A SIGKILL or a crash of a script skips the ``finally`` that stops the servers it
 must not outlive its script: :func:`argv` is the command line that starts one this way
 (:func:`trainer.quickstart.env_server` starts its env servers so, the benchmarks their sampler servers).
 On Linux it is ``PR_SET_PDEATHSIG``, set here, after exec (a fork hook is unsafe in a threaded parent);
-elsewhere the module just runs.
+elsewhere the module just runs. The signal comes when the *thread* that started it ends, so start it from
+the thread that waits for it (a ``with`` block, as those helpers are, always is).
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ def argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "trainer.while_parent", str(os.getpid()), module, *args]
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) < 2 or not argv[0].isdigit():
+def main(args: list[str]) -> None:
+    if len(args) < 2 or not args[0].isdigit():
         raise SystemExit("usage: python -m trainer.while_parent PID MODULE [ARGS...]")
-    parent, module = int(argv[0]), argv[1]
+    parent, module = int(args[0]), args[1]
     if sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # it ended before the signal was armed
             raise SystemExit(f"Process {parent}, which started {module}, has already ended.")
-    sys.argv = [module, *argv[2:]]
+    sys.argv = [module, *args[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -97,11 +97,11 @@ def _warm_up(cfg: Any, policies: dict[str, tuple[Any, Any]], seed: int, *, games
                   f"(last 25 batches) after {metrics['steps']:.0f} steps", flush=True)
 
 
-def warm_up_agent(cfg: Any, name: str, k: int, seed: int, *, games: int, steps: int,
-                  policy: tuple[Any, Any] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
-    """Agent ``name`` (the ``k``-th of ``cfg.agents``) warmed up on its own ``games`` scripted games: its
-    weights after at most ``steps`` warm-up steps and the warm-up's metrics. ``policy`` is the agent's
-    ``(model, tokenizer)``, built from its config (``init_seed`` as the harness sets it) when not given."""
+def warm_up_agent(cfg: Any, name: str, k: int, seed: int, *, games: int,
+                  steps: int) -> tuple[dict[str, Any], dict[str, float]]:
+    """Agent ``name`` (the ``k``-th of ``cfg.agents``, built from its config: ``init_seed`` as the harness
+    sets it) warmed up on its own ``games`` scripted games: its weights after at most ``steps`` warm-up
+    steps and the warm-up's metrics."""
     import torch
 
     from trainer.model import load_policy
@@ -111,7 +111,7 @@ def warm_up_agent(cfg: Any, name: str, k: int, seed: int, *, games: int, steps: 
     from .cell_warmup import legal_cell_warmup
 
     torch.set_num_threads(1)
-    model, tokenizer = policy or load_policy(cfg.agents[name].model)
+    model, tokenizer = load_policy(cfg.agents[name].model)
     seats = asyncio.run(scripted_games(build_pool(cfg), tokenizer, cfg.rollout, matches=games,
                                        seed=WARMUP_SEED_BASE + (seed * len(cfg.agents) + k) * games,
                                        reset_kwargs=cfg.env.train_task, prefix=f"warmup-{name}"))
