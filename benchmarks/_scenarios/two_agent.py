@@ -37,7 +37,10 @@ HEAD_TO_HEAD = "head-to-head"  # each agent's training-match curve: "<name> vs <
 
 
 def run_two_agent(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
-    """Warm both agents up on the move format, then train them against each other from ``config``."""
+    """Warm both agents up on the move format, then train them against each other from ``config``.
+
+    The warm-ups run in spawned processes, which import the calling script again: a script that calls
+    this (or ``benchmarks.scenarios.run_one`` on this scenario) does so under ``if __name__ == "__main__":``."""
     from trainer.recipes.two_agent import train_two_agents
 
     start = time.monotonic()
