@@ -89,8 +89,11 @@ def _warm_up(cfg: Any, policies: dict[str, tuple[Any, Any]], seed: int, *, games
     import concurrent.futures
     import multiprocessing
 
+    import torch
+
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(len(policies), mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(len(policies), mp_context=context, initializer=torch.set_num_threads,
+                                                initargs=(1,)) as pool:
         futures = {name: pool.submit(warm_up_agent, cfg, name, k, seed, games=games, steps=steps)
                    for k, name in enumerate(policies)}
         for name, future in futures.items():
@@ -105,15 +108,12 @@ def warm_up_agent(cfg: Any, name: str, k: int, seed: int, *, games: int,
     """Agent ``name`` (the ``k``-th of ``cfg.agents``, built from its config: ``init_seed`` as the harness
     sets it) warmed up on its own ``games`` scripted games: its weights after at most ``steps`` warm-up
     steps and the warm-up's metrics."""
-    import torch
-
     from trainer.model import load_policy
     from trainer.recipes.two_agent import build_pool
     from trainer.recipes.two_agent_warmup import demos_from, scripted_games
 
     from .cell_warmup import legal_cell_warmup
 
-    torch.set_num_threads(1)
     model, tokenizer = load_policy(cfg.agents[name].model)
     seats = asyncio.run(scripted_games(build_pool(cfg), tokenizer, cfg.rollout, matches=games,
                                        seed=WARMUP_SEED_BASE + (seed * len(cfg.agents) + k) * games,
