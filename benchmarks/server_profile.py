@@ -22,7 +22,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import websockets
@@ -30,21 +29,25 @@ import websockets
 STEP = json.dumps({"type": "step", "data": {"message": "hello world"}})
 RESET = json.dumps({"type": "reset"})
 
-SERVER_CODE = """
-import sys, uvicorn
-from envhub.server.app import create_app
-from envhub.server.run import uvicorn_config
-from envhub.settings import Settings
-from envhub.testing import EchoEnv
-port, ws_impl, inline = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
-env_cls = EchoEnv if inline else type("ThreadedEchoEnv", (EchoEnv,), {"run_inline": False})
-settings = Settings(port=port, max_sessions=1024, log_level="warning")
-uvicorn.Server(uvicorn_config(create_app(env_cls, settings=settings), settings, ws=ws_impl)).run()
-"""
-
 # The openenv-core echo server and the bare-websockets ceiling are ws_throughput's own (one
 # definition of the baseline for both scripts); only the envhub server here has profiling knobs.
 from ws_throughput import cpu_seconds, start_server  # noqa: E402  (sibling script)
+
+from trainer import while_parent  # noqa: E402
+
+
+def serve_envhub(port: int, ws_impl: str, inline: bool) -> None:
+    """The envhub echo server this script profiles (run in its own process: ``--serve PORT``)."""
+    import uvicorn
+
+    from envhub.server.app import create_app
+    from envhub.server.run import uvicorn_config
+    from envhub.settings import Settings
+    from envhub.testing import EchoEnv
+
+    env_cls = EchoEnv if inline else type("ThreadedEchoEnv", (EchoEnv,), {"run_inline": False})
+    settings = Settings(port=port, max_sessions=1024, log_level="warning")
+    uvicorn.Server(uvicorn_config(create_app(env_cls, settings=settings), settings, ws=ws_impl)).run()
 
 
 async def session(url: str, deadline: float, counts: list[int], idx: int, ext: str | None) -> None:
@@ -101,7 +104,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ceiling", action="store_true", help="bare websockets echo server instead of envhub")
     parser.add_argument("--openenv", action="store_true", help="an openenv-core echo server instead of envhub")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that the script still runs (CI does this)")
+    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve_envhub(args.serve, args.ws, not args.no_inline)
+        return
     if args.smoke:
         args.sessions, args.seconds, args.repeat = [1, 4], 0.3, 1
     if args.ceiling or args.openenv:
@@ -109,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         port = int(base.rsplit(":", 1)[1])
     else:
         port = _free_port()
-        argv = [sys.executable, "-c", SERVER_CODE, str(port), args.ws, "0" if args.no_inline else "1"]
+        # through while_parent: the server ends with this run, however it ends
+        argv = while_parent.argv(os.path.abspath(__file__), "--serve", str(port), "--ws", args.ws,
+                                 *(["--no-inline"] if args.no_inline else []))
         server = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         _wait_up(port)

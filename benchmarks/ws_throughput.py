@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainer import while_parent
+
 KINDS = ("envhub", "openenv", "ceiling")
 ACTION = {"message": "hello world"}
 #: a server that is not healthy by then has failed (imports alone can take a while on a loaded machine)
@@ -123,7 +125,8 @@ def start_server(kind: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     # Server logs go to a file: openenv-core logs a harmless traceback for every client that closes first.
     log = open(os.path.join(tempfile.gettempdir(), f"ws_throughput_{kind}.log"), "w")
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", kind, "--port", str(port)],
+    # through while_parent: the server ends with this run, however it ends (a killed run leaves none behind)
+    proc = subprocess.Popen(while_parent.argv(os.path.abspath(__file__), "--serve", kind, "--port", str(port)),
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import quickstart
+from trainer import quickstart, while_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,10 +69,23 @@ def test_an_env_server_ends_with_the_script_that_started_it_even_when_killed(tmp
         script_proc.wait()
 
 
+def test_while_parent_runs_a_script_as_python_would(tmp_path) -> None:
+    # The benchmarks that are scripts start their servers from their own file, and import their siblings.
+    (tmp_path / "sibling.py").write_text("NAME = 'sibling'\n")
+    (tmp_path / "script.py").write_text("import sys\nfrom sibling import NAME\n"
+                                        "print(__name__, NAME, sys.argv[1:], flush=True)\n")
+    done = subprocess.run(while_parent.argv(str(tmp_path / "script.py"), "--serve", "x"), capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "__main__ sibling ['--serve', 'x']\n"
+
+
 def test_while_parent_refuses_bad_arguments_and_a_parent_already_gone() -> None:
     run = [sys.executable, "-m", "trainer.while_parent"]
     usage = subprocess.run([*run, "json.tool"], capture_output=True, text=True, cwd=ROOT)
-    assert usage.returncode == 1 and "usage: python -m trainer.while_parent PID MODULE" in usage.stderr
+    assert usage.returncode == 1 and "usage: python -m trainer.while_parent PID MODULE|SCRIPT.py" in usage.stderr
+    missing = subprocess.run(while_parent.argv("no/such/script.py"), capture_output=True, text=True, cwd=ROOT)
+    assert missing.returncode == 1 and "No script no/such/script.py to run." in missing.stderr
     if sys.platform.startswith("linux"):  # pid 1 did not start it: its real parent is taken to have ended
         gone = subprocess.run([*run, "1", "json.tool"], capture_output=True, text=True, cwd=ROOT)
         assert gone.returncode == 1 and "Process 1, which started json.tool, has already ended." in gone.stderr
