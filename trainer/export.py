@@ -49,8 +49,25 @@ def _merged(model: nn.Module) -> nn.Module:
         return model
     if not isinstance(model, PeftModel):
         return model
-    merged: nn.Module = copy.deepcopy(model).merge_and_unload()
+    copied = copy.deepcopy(model)
+    _untie_lora_output_layer(copied)
+    merged: nn.Module = copied.merge_and_unload()
     return merged
+
+
+def _untie_lora_output_layer(model: Any) -> None:
+    """Give a peft ``model``'s output layer its own copy of the weight it shares with the input embedding when
+    the adapter covers it (``lm_head`` in ``lora_target_modules``): merging writes the adapter into that weight,
+    and through the tie into the input embedding too, which the adapter never changed. The export is then
+    saved untied (``tie_word_embeddings = False``)."""
+    base = model.get_base_model()
+    output, embedding = base.get_output_embeddings(), base.get_input_embeddings()
+    layer = getattr(output, "base_layer", None)  # peft's LoRA layer wraps the output layer
+    if layer is None or embedding is None or layer.weight is not embedding.weight:
+        return
+    layer.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+    for config in (base.config, base.config.get_text_config()):
+        config.tie_word_embeddings = False
 
 
 __all__ = ["export_hf"]

@@ -20,6 +20,8 @@ import dataclasses
 import functools
 import hashlib
 import inspect
+import re
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,8 +86,13 @@ def for_vllm(cfg: ModelConfig) -> ModelConfig:
     """``cfg`` with a tiny-model head size vLLM accepts: the same hidden size in fewer, wider heads.
 
     The default tiny shape (hidden 64 in 4 heads of 16) becomes 2 heads of 32, 2 KV heads; shapes
-    vLLM already accepts, and real models, come back unchanged.
+    vLLM already accepts, and real models, come back unchanged. A LoRA on the output layer is refused:
+    vLLM loads no adapter on ``lm_head``.
     """
+    if cfg.lora_rank > 0 and targets_output_layer(cfg.lora_target_modules):
+        raise ValueError("Expected no LoRA on the output layer with sampling.backend='vllm' (vLLM loads no adapter "
+                         f"on lm_head), got model.lora_target_modules={cfg.lora_target_modules!r}; leave 'lm_head' "
+                         "out, or sample with the hf backend.")
     if cfg.name != TINY or cfg.hidden_size // cfg.num_heads in VLLM_HEAD_SIZES:
         return cfg
     for heads in range(cfg.num_heads, 0, -1):
@@ -94,6 +101,14 @@ def for_vllm(cfg: ModelConfig) -> ModelConfig:
             return dataclasses.replace(cfg, num_heads=heads, num_kv_heads=kv_heads)
     raise ValueError(f"Expected a tiny model vLLM can run: hidden_size {cfg.hidden_size} splits into no head size "
                      f"vLLM accepts ({list(VLLM_HEAD_SIZES)}); use e.g. model.hidden_size=128 model.num_heads=2.")
+
+
+def targets_output_layer(targets: Any) -> bool:
+    """Whether peft ``target_modules`` (a list of names, or one regex; ``"all-linear"`` leaves it out) name the
+    output layer, ``lm_head``."""
+    if isinstance(targets, str):
+        return targets != "all-linear" and re.fullmatch(targets, "lm_head") is not None
+    return "lm_head" in (targets or ())
 
 
 def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
@@ -187,7 +202,12 @@ def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
 
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
-    wrapped: nn.Module = get_peft_model(model, lora)
+    with warnings.catch_warnings():
+        # An adapter on an output layer tied to the input embedding (`lm_head` in the targets of a tied model)
+        # is only a hazard where it is merged: the forward adds it to the output alone, checkpoints and weight
+        # pushes carry the adapter alone, and trainer.export unties the two before it merges.
+        warnings.filterwarnings("ignore", message=r".*tie_word_embeddings=True.* tied layer is part of the adapter")
+        wrapped: nn.Module = get_peft_model(model, lora)
     return wrapped
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -203,6 +204,28 @@ def test_export_hf_lora_reloads_with_same_outputs(tmp_path, merge):
         reloaded = peft.PeftModel.from_pretrained(tiny_qwen2(1), out)
     assert torch.allclose(_logits(reloaded, ids_BT), expected, atol=1e-4)
     assert any("lora_" in n for n, _ in model.named_parameters())  # the training model keeps its adapter
+
+
+def test_export_hf_merges_a_lora_output_layer_without_changing_the_tied_input_embedding(tmp_path):
+    # lm_head tied to embed_tokens (the tiny policies are): folding the lm_head adapter into the shared
+    # weight would change the input embedding too; the export unties them
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=64, tie_word_embeddings=True)
+    base = transformers.Qwen2ForCausalLM(config)
+    embedding = base.get_input_embeddings().weight.detach().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft's note on an adapter over a tied layer: what this test covers
+        model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    expected = _logits(model, DATA[:2])
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(export_hf(model, None, tmp_path / "hf"))
+    assert torch.allclose(_logits(reloaded, DATA[:2]), expected, atol=1e-4)
+    assert torch.equal(reloaded.get_input_embeddings().weight, embedding)
+    assert model.get_base_model().get_output_embeddings().base_layer.weight is model.get_input_embeddings().weight
 
 
 def test_export_hf_full_model_round_trips(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trainer.model import ModelConfig, load_policy, trainable_parameters
@@ -53,3 +54,17 @@ def test_same_init_seed_builds_the_same_weights() -> None:
     a, _ = load_policy(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, init_seed=3))
     b, _ = load_policy(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, init_seed=3))
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_a_lora_on_the_output_layer_is_named_and_refused_where_vllm_samples() -> None:
+    from trainer.config import TrainConfig
+    from trainer.model import targets_output_layer
+    from trainer.sampling.types import SamplingConfig
+
+    assert targets_output_layer(["q_proj", "lm_head"]) and targets_output_layer(".*head")
+    assert not targets_output_layer("all-linear") and not targets_output_layer(["q_proj", "v_proj"])
+    assert not targets_output_layer(None)
+    head = ModelConfig(lora_rank=4, lora_target_modules=["q_proj", "lm_head"])
+    with pytest.raises(ValueError, match="vLLM loads no adapter on lm_head"):
+        TrainConfig(model=head, sampling=SamplingConfig(backend="vllm"))
+    assert TrainConfig(model=head).model == head  # the hf sampler runs it

@@ -31,11 +31,15 @@ from trainer.sampling.remote_push import payload
 pytestmark = pytest.mark.live
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4])
-def test_pushes_after_real_steps_keep_server_logprobs_equal_to_the_trainers(tmp_path, lora_rank) -> None:
+# the LoRA on the output layer too: the tiny model ties it to its input embedding, and a push still
+# carries the adapter alone, not that frozen base layer
+@pytest.mark.parametrize("lora_rank, targets", [(0, None), (4, None), (4, ["q_proj", "v_proj", "lm_head"])],
+                         ids=["full", "lora", "lora-lm_head"])
+def test_pushes_after_real_steps_keep_server_logprobs_equal_to_the_trainers(tmp_path, lora_rank, targets) -> None:
     server = ServerProcess(tmp_path, *TINY)
     try:
-        client = TrainingClient.from_config(ModelConfig(**SHAPE, lora_rank=lora_rank))
+        lora_targets = {"lora_target_modules": targets} if targets else {}
+        client = TrainingClient.from_config(ModelConfig(**SHAPE, lora_rank=lora_rank, **lora_targets))
         sampler = RemoteSampler([server.url], client.model, lora=lora_rank > 0)
         prompt = [11, 12, 13, 14]
         push_real_steps(client, sampler, prompt, tolerance=1e-4)  # fp32 on both sides

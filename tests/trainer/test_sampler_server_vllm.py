@@ -109,6 +109,10 @@ def test_vllm_server_mixes_adapters_and_the_base_in_one_generate_call(tmp_path) 
             for name in ("one", "two"):
                 resp = put_as_body(http, server.url, payload(policies[name], 3, lora=True, adapter_name=name))
                 assert resp.status_code == 200, resp.text
+            head = TrainingClient.from_config(ModelConfig(**SHAPE, dtype="fp32", lora_rank=4,
+                                                          lora_target_modules=["q_proj", "lm_head"])).model
+            refused = put_as_body(http, server.url, payload(head, 1, lora=True, adapter_name="head"))
+            assert refused.status_code == 400 and "vLLM loads no adapter on lm_head" in refused.text
             before = server.metric("batches_total")
             names = ["two", None, "one", "nope", "two", "one"]  # interleaved, an unknown adapter among them
             bodies = [{"prompt_ids": [11 + i, 12, 13], "n": 2, "max_tokens": 6, "stop_ids": [],

@@ -163,7 +163,8 @@ class TrainingClient:
         if _is_peft(model):
             from peft import get_peft_model_state_dict
 
-            state = get_peft_model_state_dict(model, adapter_name=self.adapter or "default")
+            # the adapter alone: a LoRA on the output layer would otherwise bring that frozen base layer along
+            state = get_peft_model_state_dict(model, adapter_name=self.adapter or "default", save_embedding_layers=False)
         else:
             state = model.state_dict()
         return {k: v.detach().cpu().clone() for k, v in state.items()}

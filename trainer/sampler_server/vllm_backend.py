@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trainer.model import ModelConfig, base_fingerprint, load_policy
+from trainer.model import ModelConfig, base_fingerprint, load_policy, targets_output_layer
 from trainer.sampler_server.backends import check_names, lora_settings
 from trainer.sampler_server.protocol import BadRequestError, ImageSpec, NotFoundError, Outcome, Sample, SampleJob
 from trainer.sampling.types import SamplingConfig
@@ -157,6 +157,9 @@ class VLLMBackend:
     def plan_adapter(self, name: str, lora_config: dict[str, Any], header: StreamHeader) -> dict[str, torch.Tensor]:
         """Tensors for adapter ``name``: peft's LoRA keys, each ``r`` wide on one side, floats."""
         config = lora_settings(lora_config, self.max_lora_rank)
+        if targets_output_layer(config["target_modules"]) or any(".lm_head." in key for key in header.specs):
+            raise BadRequestError(f"Expected adapter {name!r} without a LoRA on the output layer: vLLM loads no "
+                                  "adapter on lm_head (serve it from an hf sampler server).")
         with self._guard:
             if name not in self._adapters and len(self._adapters) + len(self._filling) >= self.max_adapters:
                 raise BadRequestError(f"Expected at most {self.max_adapters} adapters; unload one first "

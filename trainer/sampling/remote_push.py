@@ -58,7 +58,8 @@ def payload(model: Any, version: int, *, lora: bool, adapter_name: str) -> Push:
         from peft import get_peft_model_state_dict
 
         cfg = inner.peft_config[inner.active_adapter]
-        return lora_push(adapter_name, dict(get_peft_model_state_dict(inner)), version=version, rank=int(cfg.r),
+        tensors = get_peft_model_state_dict(inner, save_embedding_layers=False)  # not a LoRA'd output layer's base
+        return lora_push(adapter_name, dict(tensors), version=version, rank=int(cfg.r),
                          alpha=cfg.lora_alpha, targets=cfg.target_modules, use_rslora=bool(cfg.use_rslora))
     return full_push(inner, version)
 
