@@ -77,6 +77,16 @@ class ModelConfig:
             raise ValueError(f"Expected model.dtype in auto|bf16|fp16|fp32, got {self.dtype!r}.")
         if self.lora_rank < 0:
             raise ValueError(f"Expected model.lora_rank >= 0 (0 = full parameters), got {self.lora_rank}.")
+        targets = self.lora_target_modules
+        if isinstance(targets, str):  # peft reads one string as a regex over the module names
+            try:
+                re.compile(targets)
+            except re.error as exc:
+                raise ValueError(f"Expected model.lora_target_modules to be a list of module names, \"all-linear\" "
+                                 f"or a valid regex, got {targets!r} ({exc}).") from None
+        elif not (isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) for t in targets)):
+            raise ValueError(f"Expected model.lora_target_modules to be a non-empty list of module names, "
+                             f"\"all-linear\" or a regex, got {targets!r}.")
         if self.name in (TINY, TINY_VL) and self.hidden_size % self.num_heads:
             raise ValueError(f"Expected hidden_size divisible by num_heads, got {self.hidden_size} "
                              f"and {self.num_heads}.")
@@ -107,7 +117,10 @@ def targets_output_layer(targets: Any) -> bool:
     """Whether peft ``target_modules`` (a list of names, or one regex; ``"all-linear"`` leaves it out) name the
     output layer, ``lm_head``."""
     if isinstance(targets, str):
-        return targets != "all-linear" and re.fullmatch(targets, "lm_head") is not None
+        try:
+            return targets != "all-linear" and re.fullmatch(targets, "lm_head") is not None
+        except re.error:  # names nothing (ModelConfig refuses it; a server's check says so on its own)
+            return False
     return "lm_head" in (targets or ())
 
 

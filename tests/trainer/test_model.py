@@ -68,3 +68,10 @@ def test_a_lora_on_the_output_layer_is_named_and_refused_where_vllm_samples() ->
     with pytest.raises(ValueError, match="vLLM loads no adapter on lm_head"):
         TrainConfig(model=head, sampling=SamplingConfig(backend="vllm"))
     assert TrainConfig(model=head).model == head  # the hf sampler runs it
+    assert not targets_output_layer("lm_head(")
+
+
+@pytest.mark.parametrize("targets", ["q_proj(", [], [1], None])
+def test_lora_target_modules_that_name_nothing_are_refused_early(targets) -> None:
+    with pytest.raises(ValueError, match="model.lora_target_modules"):
+        ModelConfig(lora_rank=4, lora_target_modules=targets)
