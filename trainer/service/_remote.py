@@ -83,7 +83,8 @@ def adapter_name(key: str) -> str:
 
 def lora_push(name: str, weights: Mapping[str, torch.Tensor], *, rank: int, targets: Any, version: int) -> Push:
     """Adapter ``name``'s push: its LoRA tensors (peft state-dict names) and its LoRA settings."""
-    # the LoRA tensors alone: peft's state dict also carries a targeted unembedding's (frozen, tied) base weight
+    # the LoRA tensors alone: a state saved before TrainingClient.weights_state left it out may still carry a
+    # targeted unembedding's (frozen, tied) base weight, which peft's state dict used to add
     return remote_push.lora_push(name, {k: v for k, v in weights.items() if ".lora_" in k}, version=version,
                                  rank=rank, alpha=LORA_ALPHA, targets=targets)
 
