@@ -28,7 +28,8 @@ import torch
 from envhub.eval.episode import EpisodeLimits, EpisodeSpec
 from envhub.eval.runner import Progress, play_all
 from trainer.chat_model import LocalChatModel
-from trainer.quickstart import free_port, math_server, parse_args, task_of
+from trainer.local_server import free_port
+from trainer.quickstart import math_server, parse_args, task_of
 from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, make_tasks
 from trainer.sampling import HFSampler
 

@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from env_servers.math_env.env import MathEnv
+from trainer.local_server import free_port
 from trainer.model import ModelConfig, load_policy
-from trainer.quickstart import SYSTEM_PROMPT, free_port, math_server, parse_args, task_of
+from trainer.quickstart import SYSTEM_PROMPT, math_server, parse_args, task_of
 from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, make_tasks
 from trainer.sampling import GenRequest, HFSampler, SampledSequence
 

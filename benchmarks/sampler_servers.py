@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -40,8 +39,8 @@ def shape_05b(layers: int) -> dict[str, int]:
 def start_server(shape: dict[str, int], log_dir: Path, timeout_s: float = 300.0,
                  threads: int | None = None, channel: bool = True) -> tuple[subprocess.Popen, str]:
     """``python -m trainer.sampler_server`` with ``shape`` (fp32) on a free port, once healthy."""
-    from trainer import while_parent
-    from trainer.quickstart import free_port
+    from trainer import local_server, while_parent
+    from trainer.local_server import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -49,30 +48,15 @@ def start_server(shape: dict[str, int], log_dir: Path, timeout_s: float = 300.0,
                              *(["--threads", str(threads)] if threads else []),
                              *([] if channel else ["--weight-port", "-1"]),
                              "model.dtype=fp32", *(f"model.{k}={v}" for k, v in shape.items()))
-    log = open(log_dir / f"sampler-{port}.log", "w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the sampler server exited: {(log_dir / f'sampler-{port}.log').read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1):
-                return proc, url
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.3)
+    return local_server.start(argv, url, log_dir / f"sampler-{port}.log", timeout_s=timeout_s,
+                              what="the sampler server"), url
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
+    from trainer import local_server
+
     for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        local_server.stop(proc)
 
 
 # -- part 1: the quick start through 0, 1 and 2 servers ------------------------------------------

@@ -33,7 +33,8 @@ RESET = json.dumps({"type": "reset"})
 # definition of the baseline for both scripts); only the envhub server here has profiling knobs.
 from ws_throughput import cpu_seconds, start_server  # noqa: E402  (sibling script)
 
-from trainer import while_parent  # noqa: E402
+from trainer import local_server, while_parent  # noqa: E402
+from trainer.local_server import free_port  # noqa: E402
 
 
 def serve_envhub(port: int, ws_impl: str, inline: bool) -> None:
@@ -76,12 +77,6 @@ async def drive(url: str, sessions: int, seconds: float, ext: str | None = None)
     return sum(counts) / (time.perf_counter() - start)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_up(port: int, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -115,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         server, base = start_server("ceiling" if args.ceiling else "openenv")
         port = int(base.rsplit(":", 1)[1])
     else:
-        port = _free_port()
+        port = free_port()
         # through while_parent: the server ends with this run, however it ends
         argv = while_parent.argv(os.path.abspath(__file__), "--serve", str(port), "--ws", args.ws,
                                  *(["--no-inline"] if args.no_inline else []))
@@ -133,8 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             rate, cpu_us = sorted(runs)[len(runs) // 2]  # the median run
             print(f"{label}: {n:4d} session(s): {rate:8.0f} steps/s, server CPU {cpu_us:5.0f} us/step", flush=True)
     finally:
-        server.terminate()
-        server.wait(10)
+        local_server.stop(server)
 
 
 if __name__ == "__main__":

@@ -24,15 +24,13 @@ import contextlib
 import importlib.util
 import os
 import statistics
-import subprocess
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainer import while_parent
-from trainer.quickstart import free_port
+from trainer import local_server, while_parent
+from trainer.local_server import free_port
 from trainer.service.serve import local_service
 
 SHAPE = ["--model-config", "hidden_size=64", "--model-config", "num_heads=2", "--model-config", "num_kv_heads=2"]
@@ -45,28 +43,18 @@ def sampler_servers(count: int, workdir: Path) -> Iterator[list[str]]:
     procs, urls = [], []
     model = [f"model.{arg.split('=')[0]}={arg.split('=')[1]}" for arg in SHAPE[1::2]]
     try:
-        for i in range(count):
+        for i in range(count):  # started side by side, then waited for
             port = free_port()
-            with open(workdir / f"sampler-{i}.log", "w") as log:
-                procs.append(subprocess.Popen(while_parent.argv("trainer.sampler_server", "--port", str(port), *model),
-                                              stdout=log, stderr=subprocess.STDOUT,
-                                              env={**os.environ, "OMP_NUM_THREADS": "1"}))
+            procs.append(local_server.spawn(while_parent.argv("trainer.sampler_server", "--port", str(port), *model),
+                                            workdir / f"sampler-{i}.log", env={**os.environ, "OMP_NUM_THREADS": "1"}))
             urls.append(f"http://127.0.0.1:{port}")
-        for url in urls:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    urllib.request.urlopen(f"{url}/health", timeout=2).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"sampler server {url} did not start; see {workdir}") from None
-                    time.sleep(0.5)
+        for i, (proc, url) in enumerate(zip(procs, urls)):
+            local_server.wait_healthy(url, proc, workdir / f"sampler-{i}.log", timeout_s=300,
+                                      what=f"sampler server {url}")
         yield urls
     finally:
         for proc in procs:
-            proc.terminate()
-            proc.wait(30)
+            local_server.stop(proc, grace_s=30)
 
 
 def rounds(sampler: str, lora: bool, n_rounds: int, tokens: int, workdir: Path, servers: int = 0,

@@ -21,17 +21,17 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trainer import while_parent
+from trainer import local_server, while_parent
+from trainer.local_server import free_port
 
 KINDS = ("envhub", "openenv", "ceiling")
 ACTION = {"message": "hello world"}
@@ -115,31 +115,14 @@ def _serve_ceiling(port: int) -> None:
     asyncio.run(main())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(kind: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    # Server logs go to a file: openenv-core logs a harmless traceback for every client that closes first.
-    log = open(os.path.join(tempfile.gettempdir(), f"ws_throughput_{kind}.log"), "w")
-    # through while_parent: the server ends with this run, however it ends (a killed run leaves none behind)
-    proc = subprocess.Popen(while_parent.argv(os.path.abspath(__file__), "--serve", kind, "--port", str(port)),
-                            stdout=log, stderr=subprocess.STDOUT)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{kind} server exited with code {proc.returncode}; see {log.name}") from None
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"{kind} server did not become healthy in {START_TIMEOUT_S} s; see {log.name}")
+    # Server logs go to a file: openenv-core logs a harmless traceback for every client that closes first.
+    log = Path(tempfile.gettempdir()) / f"ws_throughput_{kind}.log"
+    # through while_parent: the server ends with this run, however it ends (a killed run leaves none behind)
+    argv = while_parent.argv(os.path.abspath(__file__), "--serve", kind, "--port", str(port))
+    return local_server.start(argv, url, log, timeout_s=START_TIMEOUT_S, what=f"the {kind} server"), url
 
 
 def cpu_seconds(pid: int) -> float:
@@ -313,8 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(fig)
     finally:
         for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(10)
+            local_server.stop(proc)
     results = best_runs(runs)
     print(report(results))
     if args.json:

@@ -21,8 +21,9 @@ import torch
 
 from trainer import algos
 from trainer.core import AdamParams, Datum, TrainingClient
+from trainer.local_server import free_port
 from trainer.model import ModelConfig, load_policy
-from trainer.quickstart import collect_demos, free_port, listed_size, math_server
+from trainer.quickstart import collect_demos, listed_size, math_server
 from trainer.recipes.sft import run_sft
 from trainer.rollout import EnvPool, RolloutConfig, RolloutEngine, Trajectory, build_groups, make_tasks
 from trainer.sampling import SamplingConfig, make_sampler

@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import torch
 
-    from trainer.quickstart import env_server, free_port
+    from trainer.local_server import free_port
+    from trainer.quickstart import env_server
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)

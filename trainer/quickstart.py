@@ -27,17 +27,15 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import while_parent
+from trainer import local_server, while_parent
+from trainer.local_server import free_port
 
 if TYPE_CHECKING:
     from torch import nn
@@ -46,13 +44,6 @@ if TYPE_CHECKING:
     from trainer.rollout.engine import RolloutEngine
 
 SYSTEM_PROMPT = "Put the answer in \\boxed{}."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -64,41 +55,19 @@ def env_server(module: str, args: list[str], log_path: Path, *, port: int | None
     Yields the server's ``http://`` URL once ``/health`` answers; output goes to ``log_path``.
     """
     port = port or free_port()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
     argv = while_parent.argv(module, "--host", "127.0.0.1", "--port", str(port), *args)  # ends with this process
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, proc, log_path)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    proc = local_server.start(argv, url, log_path, what=f"The env server ({module})", cwd=cwd)
+    try:
+        yield url
+    finally:
+        local_server.stop(proc)
 
 
 def math_server(port: int, log_path: Path) -> AbstractContextManager[str]:
     """The math env server (the quick start's system prompt, no extra instruction) on ``port``."""
     return env_server("env_servers.math_env", ["--system-prompt", SYSTEM_PROMPT, "--instruction", ""], log_path,
                       port=port)
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"The env server exited with code {proc.returncode}; see {log_path}.")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"The env server did not become healthy within {timeout_s:.0f} s; see {log_path}.")
 
 
 def task_of(args: argparse.Namespace) -> dict[str, Any]:

@@ -21,8 +21,9 @@ SFT_LR = 3e-3
 def run_math(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
     """Warm up, then GRPO from ``config``; the curve is ``eval/reward_mean`` on the validation split."""
     from trainer.config import load_config
+    from trainer.local_server import free_port
     from trainer.model import apply_lora, load_policy
-    from trainer.quickstart import collect_demos, free_port, listed_size, math_server
+    from trainer.quickstart import collect_demos, listed_size, math_server
     from trainer.recipes.rl import train
 
     start = time.monotonic()

@@ -5,7 +5,6 @@ steps pushed to the servers, and what a push carried."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -14,10 +13,10 @@ from typing import Any
 
 import torch
 
-from trainer import while_parent
+from trainer import local_server, while_parent
 from trainer.core import AdamParams, Datum, TrainingClient
 from trainer.core.forward import run_model, target_logprobs
-from trainer.quickstart import free_port
+from trainer.local_server import free_port
 from trainer.sampling import GenRequest, RemoteSampler, SampledSequence
 
 #: the tiny shape the trainer tests use (tests/trainer/test_recipes.py), as server arguments and as ModelConfig fields
@@ -92,20 +91,7 @@ class ServerProcess:
         self.log_path = log_dir / f"sampler-{self.port}-{time.monotonic_ns()}.log"
         argv = while_parent.argv("trainer.sampler_server", "--host", "127.0.0.1", "--port", str(self.port),
                                  *(args or TINY))  # ends with the test session, however it ends
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the sampler server exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1):
-                    return
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the sampler server did not come up: {self.log_path.read_text()[-2000:]}") from exc
-                time.sleep(0.2)
+        self.proc = local_server.start(argv, self.url, self.log_path, timeout_s=timeout_s, what="the sampler server")
 
     def metric(self, name: str, token: str | None = None) -> float:
         request = urllib.request.Request(f"{self.url}/metrics",
@@ -122,9 +108,4 @@ class ServerProcess:
         self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        local_server.stop(self.proc)

@@ -45,7 +45,8 @@ def test_quickstart_plumbing_end_to_end(tmp_path, monkeypatch) -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_an_env_server_ends_with_the_script_that_started_it_even_when_killed(tmp_path) -> None:
     # A SIGKILL skips env_server's `finally`: the server must still not outlive the script.
-    script = ("import sys, time\nfrom pathlib import Path\nfrom trainer.quickstart import math_server, free_port\n"
+    script = ("import sys, time\nfrom pathlib import Path\n"
+              "from trainer.local_server import free_port\nfrom trainer.quickstart import math_server\n"
               "with math_server(free_port(), Path(sys.argv[1])) as url:\n    print(url, flush=True)\n    time.sleep(600)\n")
     script_proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "server.log")],
                                    stdout=subprocess.PIPE, text=True, cwd=ROOT)

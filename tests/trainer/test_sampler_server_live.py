@@ -22,8 +22,8 @@ from tests.trainer.sampler_servers import (
 )
 from tests.trainer.test_recipes import config as recipe_config
 from trainer.core import TrainingClient
+from trainer.local_server import free_port
 from trainer.model import ModelConfig, load_policy
-from trainer.quickstart import free_port
 from trainer.recipes.rl import train
 from trainer.sampling import GenRequest, RemoteSampler, SamplerPool, SamplerServersDownError
 from trainer.sampling.remote_push import payload
