@@ -90,6 +90,7 @@ class AlgoConfig:
     value_coef: float = 0.5
     value_clip_eps: float = 0.2
     negative_weight: float = 1.0  # scale of negative advantages: 1 = unbiased, 0 = better-than-baseline samples only
+    target_kl: float = 0.0     # > 0: a step's update stops at the first minibatch whose approx KL to pi_old passes it
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.negative_weight <= 1.0:
@@ -102,6 +103,8 @@ class AlgoConfig:
             raise ValueError(f"Expected algo.epochs and algo.minibatches >= 1, got {self.epochs}, {self.minibatches}.")
         if not (math.isfinite(self.entropy_coef) and self.entropy_coef >= 0):
             raise ValueError(f"Expected algo.entropy_coef >= 0, got {self.entropy_coef}.")
+        if not (math.isfinite(self.target_kl) and self.target_kl >= 0):
+            raise ValueError(f"Expected algo.target_kl >= 0 (0: no early stop), got {self.target_kl}.")
 
 
 @dataclass

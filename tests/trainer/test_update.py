@@ -52,3 +52,38 @@ def test_a_forward_only_client_has_no_optimizer_to_checkpoint_and_a_trained_one_
     assert meta["step"] == 3 and meta["policy_version"] == 3 and torch.equal(next(model.parameters()), saved)
     with pytest.raises(ValueError, match="forward-only"):
         load_checkpoint(frozen, tmp_path / "ckpt")
+
+
+def _four_step_batch(tok):  # 4 trajectories, 2 epochs x 2 minibatches = 4 optimizer steps without an early stop
+    from trainer.rollout.types import Task, Trajectory
+
+    torch.manual_seed(1)
+    trajs, advs = [], []
+    for k in range(4):
+        tokens = torch.randint(3, 200, (12,)).tolist()
+        mask = [0] * 4 + [1] * 8
+        trajs.append(Trajectory(task=Task({}), tokens=tokens, mask=mask, logprobs=[0.0] * 12, turn_ends=[11],
+                                turn_rewards=[1.0]))
+        advs.append([0.0] * 4 + [(-1.0) ** k * 5.0] * 8)
+    return pack(trajs, advs, tok.pad_token_id)
+
+
+@pytest.mark.parametrize("target_kl, steps", [(0.0, 4), (1e9, 4), (1e-9, 1)])
+def test_target_kl_stops_a_steps_update_at_the_first_minibatch_past_it(target_kl: float, steps: int) -> None:
+    model, tok = load_policy(TINY)
+    client = TrainingClient(model, tok)
+    batch = _four_step_batch(tok)
+    algo = AlgoConfig(name="grpo", epochs=2, minibatches=2, target_kl=target_kl)
+    metrics = policy_update(client, batch, adam_params(OptimConfig(lr=5e-2), 0, 1), algo, temperature=1.0, seed=0)
+    # the first minibatch always steps (pi_old is the policy before it); each later one is checked first
+    assert client.version == steps
+    assert metrics.get("train/update_steps", float(steps)) == float(steps)
+    assert ("train/update_steps" in metrics) == bool(target_kl)
+    if steps == 1:  # the stopping minibatch's forward is logged: the KL that stopped it
+        assert metrics["train/approx_kl"] > 0.0
+
+
+def test_target_kl_is_refused_below_zero_or_not_finite() -> None:
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="algo.target_kl >= 0"):
+            AlgoConfig(target_kl=bad)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 
+import torch
 from torch import Tensor
 
 from trainer.config import AlgoConfig, OptimConfig
@@ -75,8 +76,10 @@ def policy_update(client: TrainingClient, batch: PackedBatch, adam: AdamParams, 
              "returns": batch.rewards_BS if old_values_BS is not None else None, "old_values": old_values_BS}
     shares_BS = aggregation_weights(batch.mask_BS, algo.aggregation)
     sums: dict[str, float] = {}
-    tokens, grad_norms = 0.0, []
+    tokens = 0.0
+    grad_norms: list[float] = []
     rng = random.Random(seed)
+    stopped = False
     for _ in range(algo.epochs):
         for rows in _split(list(range(len(batch))), algo.minibatches, rng):
             units_t = aggregation_units(batch.mask_BS[rows], algo.aggregation).double()
@@ -84,19 +87,40 @@ def policy_update(client: TrainingClient, batch: PackedBatch, adam: AdamParams, 
             # the aggregation's mean over every rank's minibatch together
             units = float(all_reduce_mean(units_t)) if world_size() > 1 else float(units_t)
             out = client.forward_backward(datums(batch, rows, shares_BS / max(units, 1e-6), **extra), "ppo", config)
-            grad_norms.append(client.optim_step(adam)["grad_norm"])
+            stopped = bool(grad_norms) and _past_target_kl(out.metrics, algo.target_kl, units_t.device)
+            if stopped:  # this update has moved the policy far enough: drop this minibatch's gradients
+                client.zero_grad()
+            else:
+                grad_norms.append(client.optim_step(adam)["grad_norm"])
             n = out.metrics["tokens:sum"]
-            if not n:  # padding rows only: their metrics are zeros of nothing, not data
-                continue
-            tokens += n
-            _add(sums, "loss", out.metrics["loss:sum"], n)
-            _add(sums, "logprob_mismatch", _mismatch(batch, rows, out.loss_fn_outputs), n)
-            for key, name in METRIC_NAMES.items():
-                if key in out.metrics or name == "kl":  # kl is logged (as 0) without a reference too
-                    _add(sums, name, out.metrics.get(key, 0.0), n)
+            if n:  # padding rows only: their metrics are zeros of nothing, not data
+                tokens += n
+                _add(sums, "loss", out.metrics["loss:sum"], n)
+                _add(sums, "logprob_mismatch", _mismatch(batch, rows, out.loss_fn_outputs), n)
+                for key, name in METRIC_NAMES.items():
+                    if key in out.metrics or name == "kl":  # kl is logged (as 0) without a reference too
+                        _add(sums, name, out.metrics.get(key, 0.0), n)
+            if stopped:
+                break
+        if stopped:
+            break
     metrics = {f"train/{k}": v / tokens for k, v in sums.items()} if tokens else {}
+    if algo.target_kl:
+        metrics["train/update_steps"] = float(len(grad_norms))
     return {**metrics, "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             "train/lr": adam.learning_rate}
+
+
+def _past_target_kl(metrics: dict[str, float], target_kl: float, device: torch.device) -> bool:
+    """Whether the minibatch's approx KL to ``pi_old`` (its token mean over every rank's rows under DDP, so
+    that the ranks stop at the same minibatch) is past ``target_kl`` (never when it is 0: no early stop)."""
+    if not target_kl:
+        return False
+    n = float(metrics.get("tokens:sum", 0.0))
+    kl_n = torch.tensor([float(metrics.get("approx_kl:mean", 0.0)) * n, n], dtype=torch.float64, device=device)
+    if world_size() > 1:
+        all_reduce_mean(kl_n)
+    return float(kl_n[0]) > target_kl * float(kl_n[1])
 
 
 def _add(sums: dict[str, float], key: str, value: float, weight: float) -> None:
