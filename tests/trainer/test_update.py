@@ -81,6 +81,15 @@ def test_target_kl_stops_a_steps_update_at_the_first_minibatch_past_it(target_kl
     assert ("train/update_steps" in metrics) == bool(target_kl)
     if steps == 1:  # the stopping minibatch's forward is logged: the KL that stopped it
         assert metrics["train/approx_kl"] > 0.0
+    # the largest fall of a sampled token's log-prob during the update (pi_old: the forward-only pass)
+    assert metrics["train/max_logprob_drop"] > 0.0
+
+
+def test_a_single_on_policy_pass_reports_no_logprob_drop() -> None:
+    model, tok = load_policy(TINY)
+    metrics = policy_update(TrainingClient(model, tok), _four_step_batch(tok), adam_params(OptimConfig(lr=5e-2), 0, 1),
+                            AlgoConfig(name="grpo"), temperature=1.0, seed=0)
+    assert "train/max_logprob_drop" not in metrics and "train/update_steps" not in metrics
 
 
 def test_target_kl_is_refused_below_zero_or_not_finite() -> None:

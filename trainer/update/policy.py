@@ -76,7 +76,7 @@ def policy_update(client: TrainingClient, batch: PackedBatch, adam: AdamParams, 
              "returns": batch.rewards_BS if old_values_BS is not None else None, "old_values": old_values_BS}
     shares_BS = aggregation_weights(batch.mask_BS, algo.aggregation)
     sums: dict[str, float] = {}
-    tokens = 0.0
+    tokens, drop = 0.0, 0.0
     grad_norms: list[float] = []
     rng = random.Random(seed)
     stopped = False
@@ -97,6 +97,8 @@ def policy_update(client: TrainingClient, batch: PackedBatch, adam: AdamParams, 
                 tokens += n
                 _add(sums, "loss", out.metrics["loss:sum"], n)
                 _add(sums, "logprob_mismatch", _mismatch(batch, rows, out.loss_fn_outputs), n)
+                if behaviour_BS is not None:
+                    drop = max(drop, _max_drop(behaviour_BS, batch, rows, out.loss_fn_outputs))
                 for key, name in METRIC_NAMES.items():
                     if key in out.metrics or name == "kl":  # kl is logged (as 0) without a reference too
                         _add(sums, name, out.metrics.get(key, 0.0), n)
@@ -107,6 +109,8 @@ def policy_update(client: TrainingClient, batch: PackedBatch, adam: AdamParams, 
     metrics = {f"train/{k}": v / tokens for k, v in sums.items()} if tokens else {}
     if algo.target_kl:
         metrics["train/update_steps"] = float(len(grad_norms))
+    if behaviour_BS is not None and tokens:
+        metrics["train/max_logprob_drop"] = drop
     return {**metrics, "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             "train/lr": adam.learning_rate}
 
@@ -136,6 +140,17 @@ def _mismatch(batch: PackedBatch, rows: list[int], outputs: list[dict[str, Tenso
         total += float(((lp - sampler).abs() * mask).sum())
         count += float(mask.sum())
     return total / max(count, 1.0)
+
+
+def _max_drop(old_BS: Tensor, batch: PackedBatch, rows: list[int], outputs: list[dict[str, Tensor]]) -> float:
+    """The largest fall of a policy token's log-prob from ``pi_old`` (``old_BS``) to the policy that scored ``rows``."""
+    drop = 0.0
+    for i, out in zip(rows, outputs):
+        lp = out["logprobs"]
+        mask = (batch.mask_BS[i, :len(lp)] > 0).to(lp.device)
+        if bool(mask.any()):
+            drop = max(drop, float((old_BS[i, :len(lp)].to(lp.device) - lp)[mask].max()))
+    return drop
 
 
 def _split(rows: list[int], parts: int, rng: random.Random) -> list[list[int]]:
