@@ -92,10 +92,14 @@ class ConfigCommand(Command):
         if problem:
             print(f"{PROG} {self.name}: {problem}", file=sys.stderr)
             return 2
+        from trainer.model import ModelLoadError
         from trainer.rollout.failures import RolloutFailureError
 
         try:
             summary = self.execute(cfg)
+        except ModelLoadError as exc:  # a model name that is not there: what to do, not Hugging Face's traceback
+            print(f"{PROG} {self.name}: {exc}", file=sys.stderr)
+            return 2
         except RolloutFailureError as exc:  # every episode failed for several steps: nothing was learned
             print(f"{PROG} {self.name}: {exc}", file=sys.stderr)
             return 1

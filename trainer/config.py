@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import sys
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,11 +237,64 @@ def from_dict(cls: type[_Config], data: dict[str, Any], where: str = "") -> _Con
         raise ValueError(f"Unknown key(s) {unknown} in [{where or 'top level'}]; expected some of {sorted(names)}.")
     kwargs = {}
     for key, value in data.items():
-        hint = hints[key]
+        hint, name = hints[key], f"{where}.{key}" if where else key
         if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            value = from_dict(hint, value, f"{where}.{key}" if where else key)
+            value = from_dict(hint, value, name)
+        elif not _fits(hint, value):
+            raise ValueError(f"Expected {name} to be {_type_name(hint)}, got {value!r}.")
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    """Whether a config value (from TOML or an override) has the field's type: ``int`` (not a bool), ``float``
+    (an int too), ``str``, ``bool``, lists, tuples and dicts of those, unions; any other hint (``Any``, a
+    class, a callable) accepts every value and leaves the check to the config's own ``__post_init__``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(arg, value) for arg in args)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(args[0], v) for v in value) if args else isinstance(value, list)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(args[0], v) for v in value)
+        return not args or (len(args) == len(value) and all(_fits(a, v) for a, v in zip(args, value)))
+    if origin is dict:
+        return isinstance(value, dict) and (not args or all(_fits(args[1], v) for v in value.values()))
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return isinstance(value, (dict, hint))
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    """``hint`` as a config user reads it: ``an integer``, ``a number``, ``a list of strings``..."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "none (left out)"}
+    if hint in names:
+        return names[hint]
+    if origin is list:
+        return f"a list of {_type_name(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
+    if origin is tuple:
+        return f"a list of {len(args)} values" if args and args[-1] is not Ellipsis else "a list"
+    if origin is dict:
+        return "a table"
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return "a table"
+    return str(hint)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

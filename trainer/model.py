@@ -154,6 +154,19 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, *, pad_token_id: int, eo
     return model
 
 
+class ModelLoadError(OSError):
+    """A model or tokenizer that could not be loaded (a name that is neither ``tiny`` nor in the local Hugging
+    Face cache, nor downloadable): the message says which and how to get it. The CLIs print it as one line."""
+
+    def __init__(self, cfg: ModelConfig, what: str, cause: BaseException):
+        where = "offline (from the local Hugging Face cache)" if cfg.local_files_only else "(download allowed)"
+        reason = " ".join(str(cause).split()).rstrip(".")  # Hugging Face's message spans lines: one line here
+        fix = (f"Download it once with `huggingface-cli download {cfg.name}` (envhub-train downloads it itself with "
+               "model.local_files_only=false); `tiny` names the built-in test model" if cfg.local_files_only else
+               "Check the name and the network")
+        super().__init__(f"Could not load {what + ' ' if what else ''}{cfg.name!r} {where}: {reason}. {fix}.")
+
+
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """The tokenizer for ``cfg``: the shipped byte-level one for ``tiny`` (with vision tokens for ``tiny-vl``),
     else ``AutoTokenizer``."""
@@ -166,8 +179,7 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     try:
         tok: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(cfg.name, local_files_only=cfg.local_files_only)
     except OSError as exc:
-        raise OSError(f"Could not load the tokenizer of {cfg.name!r} offline ({exc}). Download it once with "
-                      f"`huggingface-cli download {cfg.name}` or pass model.local_files_only=false.") from exc
+        raise ModelLoadError(cfg, "the tokenizer of", exc) from exc
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -193,8 +205,7 @@ def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> tuple[n
         try:
             model = auto.from_pretrained(cfg.name, dtype=dtype, local_files_only=cfg.local_files_only, **cfg.extra)
         except OSError as exc:
-            raise OSError(f"Could not load {cfg.name!r} offline ({exc}). Download it once with "
-                          f"`huggingface-cli download {cfg.name}` or pass model.local_files_only=false.") from exc
+            raise ModelLoadError(cfg, "", exc) from exc
     if cfg.name in (TINY, TINY_VL):  # initialised in fp32 (seeded), then cast
         # functools.wraps on PreTrainedModel.to makes mypy read it as an unbound function
         model.to(dtype=dtype)  # type: ignore[call-arg]
@@ -303,6 +314,6 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-__all__ = ["ModelConfig", "load_policy", "load_tokenizer", "build_tiny_model", "apply_lora",
+__all__ = ["ModelConfig", "ModelLoadError", "load_policy", "load_tokenizer", "build_tiny_model", "apply_lora",
            "resolve_dtype", "for_vllm", "VLLM_HEAD_SIZES", "unwrap", "frozen_copy", "hidden_size_of", "vocab_size_of",
            "trainable_parameters", "TINY", "TINY_VL"]

@@ -70,6 +70,15 @@ def math_server(port: int, log_path: Path) -> AbstractContextManager[str]:
                       port=port)
 
 
+def _rise(before: float | None, after: float | None) -> float | None:
+    """after - before, or None when a validation completed no episode (it has no score)."""
+    return round(after - before, 4) if before is not None and after is not None else None
+
+
+def _score(value: float | None) -> str:
+    return "none (no episode completed)" if value is None else f"{value:.3f}"
+
+
 def task_of(args: argparse.Namespace) -> dict[str, Any]:
     """The math env task family the quick start trains and evaluates on."""
     return {"kind": args.kind, "difficulty": args.difficulty}
@@ -125,7 +134,8 @@ def quickstart_config(url: str, args: argparse.Namespace) -> TrainConfig:
         f"optim.weight_decay={args.weight_decay}",
         "optim.micro_batch_size=256", "optim.grad_clip=1.0",
         f"run.steps={args.steps}", f"run.batch_size={args.batch}", f"run.group_size={args.group}",
-        f"run.eval_problems={args.eval_problems}", f"run.eval_every={args.eval_every}", f"run.seed={args.seed}",
+        *([f"run.eval_problems={args.eval_problems}"] if args.eval_problems is not None else []),
+        f"run.eval_every={args.eval_every}", f"run.seed={args.seed}",
         f"run.output_dir='{args.out}'",
         "run.log_trajectories=4", "run.device='cpu'",
         *([f"sampling.servers={args.sampler_servers.split(',')!r}"] if args.sampler_servers else []),
@@ -228,11 +238,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         keys=["train/reward_mean", "eval/reward_mean"])
     summary.update({"sft_steps": int(sft["steps"]), "sft_final_loss": round(sft["sft_loss"], 4), "seed": args.seed,
                     "parameters": n_params, "seconds": round(time.monotonic() - start, 1),
-                    "rise": round(summary["val_reward_after"] - summary["val_reward_before"], 4),
+                    "rise": _rise(summary["val_reward_before"], summary["val_reward_after"]),
                     "reward_plot": str(plot)})
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"[quickstart] validation reward before GRPO: {summary['val_reward_before']:.3f}  "
-          f"after: {summary['val_reward_after']:.3f}  ({summary['eval_episodes']} held-out episodes)")
+    print(f"[quickstart] validation reward before GRPO: {_score(summary['val_reward_before'])}  "
+          f"after: {_score(summary['val_reward_after'])}  ({summary['eval_episodes']} held-out episodes)")
     print(f"[quickstart] {summary['steps']} GRPO steps, {summary['seconds']:.0f} s in all; wrote {out}/summary.json "
           f"and {plot}", flush=True)
     return summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from envhub.eval import DEFAULT_SYSTEM_PROMPT
 
@@ -78,8 +79,31 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # the env server eval started did not come up: its log is in the message
         print(f"envhub eval: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a local --model that is not there (its message says how to get it), an unwritable --out
+        print(f"envhub eval: error: {exc}", file=sys.stderr)
+        return 2
     headline = {key: summary[key] for key in ("episodes_done", "episodes_failed", "mean_reward", "pass_at_k",
                                               "failures", "completion_tokens_per_s")}
     print(json.dumps(headline))
     print(f"wrote {config.out}/results.jsonl and {config.out}/summary.json", file=sys.stderr)
-    return 130 if summary["interrupted"] else 0
+    if summary["interrupted"]:
+        return 130
+    if summary["episodes_recorded"] and not summary["episodes_done"]:  # nothing was measured: say why, fail
+        print(f"envhub eval: error: no episode completed ({summary['episodes_failed']} failed: "
+              f"{', '.join(f'{n} {kind}' for kind, n in summary['failures'].items())}); the first: "
+              f"{_first_failure(Path(config.out) / 'results.jsonl')}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _first_failure(results: Path) -> str:
+    """The message of the first failed episode in ``results.jsonl``."""
+    with open(results, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                failure = json.loads(line).get("failure")
+            except ValueError:  # a line cut off by a kill
+                continue
+            if failure:
+                return str(failure.get("message") or failure.get("kind"))
+    return "(none recorded)"

@@ -403,3 +403,27 @@ def test_without_tqdm_progress_is_one_line_rewritten_on_stderr(monkeypatch: pyte
     progress.update(EpisodeRecord(task_index=1, seed=1, sample=0, reward=None))
     progress.close()
     assert stream.getvalue() == "\reval 2/3 failed=0 reward=1.000\reval 3/3 failed=1 reward=1.000\n"
+
+
+def test_a_local_model_that_is_not_there_is_one_clear_line_and_status_2(tmp_path: Path, guess_url: str,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from envhub.cli import main
+
+    assert main(["eval", "--env", guess_url, "--model", "no-such-org/no-such-model", "--episodes", "1",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert err.startswith("envhub eval: error: Could not load the tokenizer of 'no-such-org/no-such-model' offline")
+
+
+def test_a_run_where_every_episode_failed_says_why_in_one_line_and_exits_1(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from envhub.cli import main
+    from envhub.eval.serve import free_port
+
+    dead = f"ws://127.0.0.1:{free_port()}"
+    assert main(["eval", "--env", dead, "--model", "tiny", "--episodes", "2", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("envhub eval: error: no episode completed (2 failed: 2 infrastructure); the first: ")
+    assert "Is the server running?" in err
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["episodes_done"] == 0

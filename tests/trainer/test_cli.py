@@ -39,6 +39,27 @@ def test_bad_key_and_missing_env_are_clear_errors(capsys) -> None:
     assert "Expected algo.name in" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("override, expected", [
+    ("run.steps=abc", "Expected run.steps to be an integer, got 'abc'."),
+    ("run.batch_size=1.5", "Expected run.batch_size to be an integer, got 1.5."),
+    ("run.eval_every=true", "Expected run.eval_every to be an integer, got True."),
+    ("optim.lr=abc", "Expected optim.lr to be a number, got 'abc'."),
+    ("sampling.temperature=hot", "Expected sampling.temperature to be a number, got 'hot'."),
+    ("rollout.max_turns=[1]", "Expected rollout.max_turns to be an integer, got [1]."),
+    ("env.urls=[1, 2]", "Expected env.urls to be a list of strings, got [1, 2]."),
+    ("algo.filter_zero_variance=1", "Expected algo.filter_zero_variance to be true or false, got 1."),
+    ("model.name=7", "Expected model.name to be a string, got 7."),
+    ("env.url=[1]", "Expected env.url to be a string or none (left out), got [1]."),
+])
+def test_a_value_of_the_wrong_type_is_refused_with_the_key_and_the_type(override: str, expected: str, capsys) -> None:
+    assert main([override, "model.name=tiny", "--print-config"] if not override.startswith("model.name")
+                else [override, "--print-config"]) == 2
+    assert expected in capsys.readouterr().err
+    # an int where a number goes is a number; TOML's own types pass through
+    cfg = load_config(None, ["optim.lr=1", "algo.kl_coef=0", "env.train_task={split='train'}", "optim.betas=[0.9, 0.95]"])
+    assert cfg.optim.lr == 1 and cfg.env.train_task == {"split": "train"}
+
+
 def test_optimizer_betas_must_be_two_numbers() -> None:
     assert load_config(None, ["optim.betas=[0.9, 0.95]"]).optim.betas == (0.9, 0.95)
     with pytest.raises(ValueError, match=r"optim\.betas"):  # torch's AdamW would fail only at the first step
@@ -144,3 +165,27 @@ def test_an_unknown_command_is_an_error_that_lists_the_commands(capsys) -> None:
                                                                                    "sampler"))
     # a first word that is an override still goes to the default command (rl): a config error, not a command one
     assert main(["no_such.key=1"]) == 2 and "unknown command" not in capsys.readouterr().err
+
+
+def test_a_model_that_is_not_there_is_one_clear_line_and_status_2(capsys) -> None:
+    # offline (model.local_files_only is on by default): Hugging Face's chained tracebacks stay out of it
+    assert main(["model.name=no-such-org/no-such-model", "env.url=ws://127.0.0.1:9", "run.steps=1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("envhub-train rl: Could not load the tokenizer of 'no-such-org/no-such-model' offline")
+    assert "huggingface-cli download no-such-org/no-such-model" in line and "model.local_files_only=false" in line
+
+
+def test_a_dead_env_stops_the_run_at_the_first_validation_which_has_no_score(tmp_path, capsys) -> None:
+    from trainer.local_server import free_port
+
+    out = tmp_path / "run"
+    assert main(["model.name=tiny", f"env.url='ws://127.0.0.1:{free_port()}'", "env.connect_retry_s=1", "run.steps=2",
+                 "run.eval_problems=2", "run.batch_size=2", "run.group_size=2", f"run.output_dir='{out}'"]) == 1
+    captured = capsys.readouterr()
+    assert "Every validation episode before training failed (2)" in captured.err and "Traceback" not in captured.err
+    assert "no episode completed: 2/2 episodes failed (2 with env_error)" in captured.out
+    assert "Is the server running?" in captured.out
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["eval/episodes"] == 0 and first["eval/infra_failures"] == 2 and "eval/reward_mean" not in first

@@ -79,7 +79,7 @@ from trainer.rollout import (
     build_groups,
     make_tasks,
 )
-from trainer.rollout.failures import FailureWatch, RolloutFailureError
+from trainer.rollout.failures import FailureWatch, RolloutFailureError, failure_summary
 from trainer.sampling import RemoteSampler, make_sampler
 from trainer.update import (
     adam_params,
@@ -121,10 +121,11 @@ def train_tasks(cfg: TrainConfig, step: int) -> list[Task]:
 
 
 def evaluate(engine: RolloutEngine, cfg: TrainConfig, logger: MetricsLogger | None = None,
-             step: int = 0) -> dict[str, float]:
+             step: int = 0, log: Callable[[str], None] | None = None) -> dict[str, float]:
     """Greedy episodes on ``run.eval_problems`` held-out tasks; mean reward over those that ran, and how they
     went (:func:`~trainer.update.episode_metrics`: win/loss/draw rates of a game, tool-call rate, penalised
-    turns, each named reward component's mean).
+    turns, each named reward component's mean). When none ran (the env unreachable...) there is no
+    ``eval/reward_mean`` at all, and ``log`` gets why.
 
     ``eval/distinct_answers`` counts different completions: a policy answering everything the same
     way scores by luck, and this shows it.
@@ -135,10 +136,22 @@ def evaluate(engine: RolloutEngine, cfg: TrainConfig, logger: MetricsLogger | No
     if logger is not None:
         tok = engine.tokenizer
         logger.log_trajectories(step, [{"phase": "eval", **t.to_record(tok)} for t in trajs[:cfg.run.log_trajectories]])
+    metrics = {"eval/episodes": float(len(ok)), "eval/infra_failures": float(len(trajs) - len(ok))}
+    if not ok:  # nothing was measured: no score (never a 0.0), and why
+        if trajs and log is not None:
+            log(f"validation at step {step}: no episode completed: {failure_summary(trajs).describe()}")
+        return metrics
     completions = {tuple(t.tokens[t.prompt_len:]) for t in ok}
-    return {"eval/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1), "eval/episodes": float(len(ok)),
-            "eval/infra_failures": float(len(trajs) - len(ok)), "eval/distinct_answers": float(len(completions)),
-            "eval/tokens_mean": sum(t.num_policy_tokens for t in ok) / max(len(ok), 1), **episode_metrics(ok, "eval")}
+    return {"eval/reward_mean": sum(t.reward for t in ok) / len(ok), **metrics,
+            "eval/distinct_answers": float(len(completions)),
+            "eval/tokens_mean": sum(t.num_policy_tokens for t in ok) / len(ok), **episode_metrics(ok, "eval")}
+
+
+def validation_line(when: str, metrics: dict[str, float]) -> str:
+    """``validation reward before: 0.263 on 19 episodes``, or that none completed."""
+    if "eval/reward_mean" not in metrics:
+        return f"validation reward {when}: none (no episode completed, {metrics['eval/infra_failures']:.0f} failed)"
+    return f"validation reward {when}: {metrics['eval/reward_mean']:.3f} on {metrics['eval/episodes']:.0f} episodes"
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -166,9 +179,15 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
     if first_step:  # the sampler was built from the initial weights: give it the checkpoint's
         policy.save_weights_for_sampler(engine.sampler, version=first_step)
 
-    before = evaluate(engine, cfg, logger, first_step)
+    before = evaluate(engine, cfg, logger, first_step, log)
     logger.log(first_step, before)
-    log(f"validation reward before: {before['eval/reward_mean']:.3f} on {before['eval/episodes']:.0f} episodes")
+    log(validation_line("before", before))
+    if not before["eval/episodes"] and before["eval/infra_failures"]:  # a dead env: say so now, not steps later
+        logger.close()
+        engine.close()
+        engine.sampler.close()
+        raise RolloutFailureError(f"Every validation episode before training failed ({before['eval/infra_failures']:.0f}"
+                                  f"), so the run stops here; the reason is above. Check env.url and the server.")
     # nothing left to do (run.steps=0, or a resumed run already at run.steps): validate and summarise
     last_step = max(cfg.run.steps, first_step)
     progress = Progress(last_step - first_step, desc=cfg.algo.name)
@@ -211,24 +230,24 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
                         "train/lr": adam.learning_rate})
         if isinstance(engine.sampler, RemoteSampler):  # sampler servers: weight-push time, servers in rotation
             metrics.update(engine.sampler.metrics())
-        _end_step(cfg, step + 1, metrics, trajs, engine, logger, policy)
+        _end_step(cfg, step + 1, metrics, trajs, engine, logger, policy, log)
         progress.update(1, reward=round(metrics["train/reward_mean"], 3), kept=int(metrics["rollout/groups_kept"]))
         if on_step is not None:
             on_step(step + 1, metrics)
     progress.close()
     source.close()
 
-    after = evaluate(engine, cfg, logger, last_step)
+    after = evaluate(engine, cfg, logger, last_step, log)
     logger.log(last_step, after)
-    log(f"validation reward after: {after['eval/reward_mean']:.3f} on {after['eval/episodes']:.0f} episodes")
+    log(validation_line("after", after))
     if cfg.run.steps > first_step:
         save_checkpoint(policy, out / "checkpoints", cfg.run.steps, keep_last=cfg.run.keep_last)
     logger.close()
     engine.close()
     engine.sampler.close()  # vLLM: free the engine and its files
-    summary = {"val_reward_before": before["eval/reward_mean"], "val_reward_after": after["eval/reward_mean"],
-               "val_distinct_answers_before": int(before["eval/distinct_answers"]),
-               "val_distinct_answers_after": int(after["eval/distinct_answers"]),
+    summary = {"val_reward_before": before.get("eval/reward_mean"), "val_reward_after": after.get("eval/reward_mean"),
+               "val_distinct_answers_before": int(before.get("eval/distinct_answers", 0)),
+               "val_distinct_answers_after": int(after.get("eval/distinct_answers", 0)),
                "eval_episodes": int(after["eval/episodes"]), "steps": last_step - first_step,
                "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -248,11 +267,11 @@ def _batch_source(cfg: TrainConfig, engine: RolloutEngine, info: DistInfo, first
 
 
 def _end_step(cfg: TrainConfig, step: int, metrics: dict[str, float], trajs: list[Trajectory],
-              engine: RolloutEngine, logger: MetricsLogger, policy: TrainingClient) -> None:
+              engine: RolloutEngine, logger: MetricsLogger, policy: TrainingClient, log: Callable[[str], None]) -> None:
     """After step ``step``: validation every ``run.eval_every`` steps, the step's logs, a checkpoint every
     ``run.save_every`` steps."""
     if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.run.steps:
-        metrics.update(evaluate(engine, cfg, logger, step))
+        metrics.update(evaluate(engine, cfg, logger, step, log))
     logger.log(step, metrics)
     logger.log_trajectories(step, [t.to_record(engine.tokenizer) for t in trajs[:cfg.run.log_trajectories]])
     if cfg.run.save_every and step % cfg.run.save_every == 0:
