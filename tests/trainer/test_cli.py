@@ -131,10 +131,11 @@ def test_envhub_train_submits_itself_through_the_scheduler(tmp_path):
 
 
 def test_a_run_whose_episodes_all_fail_exits_1_naming_the_reason(tmp_path, capsys) -> None:
+    # no validation (it would stop the run before training: the next test), so the steps' watch stops it
     rc = main(["env.env_class='test_recipes:BrokenEnv'", "env.train_task={}", "env.eval_task={}", "env.eval_key='seed'",
                "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
                "model.intermediate_size=64", "rollout.max_tokens_per_turn=4", "run.batch_size=2", "run.group_size=2",
-               "run.eval_problems=1", "run.steps=5", "run.max_failed_steps=2", f"run.output_dir='{tmp_path}'"])
+               "run.eval_problems=0", "run.steps=5", "run.max_failed_steps=2", f"run.output_dir='{tmp_path}'"])
     err = capsys.readouterr().err
     assert rc == 1 and "envhub-train rl: Every episode failed in the last 2 steps" in err
     assert "4/4 episodes failed (4 with env_error)" in err and "backend down" in err

@@ -79,7 +79,7 @@ def test_grpo_raises_the_reward_of_a_random_policy(tmp_path) -> None:
 
 
 def test_infra_failures_are_excluded_not_trained_on(tmp_path) -> None:
-    cfg = config(tmp_path, "run.steps=1", f"env.env_class='{__name__}:BrokenEnv'")
+    cfg = config(tmp_path, "run.steps=1", "run.eval_problems=0", f"env.env_class='{__name__}:BrokenEnv'")
     model, tok = load_policy(cfg.model)
     before = [p.detach().clone() for p in model.parameters()]
     messages: list[str] = []

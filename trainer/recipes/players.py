@@ -135,11 +135,12 @@ def outcome_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, fl
     calls, named reward components), plus the mean reward and, as :func:`with_counts` adds them, the three
     results, the episode count and the infra failures.
 
-    Rates are over the episodes without an infra failure.
+    Rates are over the episodes without an infra failure; with none there is no ``reward_mean`` (no score,
+    never a 0.0).
     """
     ok = [t for t in trajectories if not t.infra_failed]
-    return with_counts({f"{prefix}/reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),
-                        **episode_metrics(ok, prefix)}, trajectories, prefix)
+    reward = {f"{prefix}/reward_mean": sum(t.reward for t in ok) / len(ok)} if ok else {}
+    return with_counts({**reward, **episode_metrics(ok, prefix)}, trajectories, prefix)
 
 
 def with_counts(metrics: dict[str, float], trajectories: list[Trajectory], prefix: str) -> dict[str, float]:

@@ -207,9 +207,9 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
             agent.save(cfg.run.steps, cfg.run.keep_last)
         agent.close()
     log("validation reward after: " + _fmt_rewards(after))
-    summary = {"agents": {n: {"val_reward_before": before[n]["eval/reward_mean"],
-                              "val_reward_after": after[n]["eval/reward_mean"],
-                              "val_win_rate_after": after[n]["eval/win_rate"],
+    summary = {"agents": {n: {"val_reward_before": before[n].get("eval/reward_mean"),
+                              "val_reward_after": after[n].get("eval/reward_mean"),
+                              "val_win_rate_after": after[n]["eval/win_rate"] if "eval/reward_mean" in after[n] else None,
                               "eval_episodes": int(after[n]["eval/episodes"]),
                               "policy_version": agents[n].version} for n in names},
                "eval_opponent": cfg.match.eval_opponent, "steps": last_step - first_step,
@@ -234,8 +234,9 @@ def _maybe_resume(cfg: TwoAgentConfig, agents: dict[str, Player], barrier: Phase
 
 
 def _fmt_rewards(evals: dict[str, dict[str, float]]) -> str:
-    return ", ".join(f"{n}={m['eval/reward_mean']:.3f} (win {m['eval/win_rate']:.2f}, "
-                     f"{m['eval/episodes']:.0f} games)" for n, m in evals.items())
+    return ", ".join(f"{n}={m['eval/reward_mean']:.3f} (win {m['eval/win_rate']:.2f}, {m['eval/episodes']:.0f} games)"
+                     if "eval/reward_mean" in m else
+                     f"{n}=none (no game completed, {m['eval/infra_failures']:.0f} failed)" for n, m in evals.items())
 
 
 __all__ = ["train_two_agents", "evaluate", "train_matches", "eval_matches", "match_metrics", "build_pool"]
