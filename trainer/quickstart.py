@@ -200,7 +200,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.monotonic()
     import torch
 
-    from trainer.metrics import plot_rewards
     from trainer.model import load_policy
     from trainer.recipes.rl import build_engine, train
     from trainer.recipes.sft import run_sft
@@ -234,17 +233,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             probe.sampler.close()
         print(f"[quickstart] GRPO: {args.steps} steps x {args.batch} tasks x {args.group} samples over {url}", flush=True)
         summary = train(cfg, model=model, tokenizer=tok, log=_quiet_log)
-    plot = plot_rewards(out / "metrics.jsonl", out / "reward.png",
-                        keys=["train/reward_mean", "eval/reward_mean"])
     summary.update({"sft_steps": int(sft["steps"]), "sft_final_loss": round(sft["sft_loss"], 4), "seed": args.seed,
                     "parameters": n_params, "seconds": round(time.monotonic() - start, 1),
-                    "rise": _rise(summary["val_reward_before"], summary["val_reward_after"]),
-                    "reward_plot": str(plot)})
+                    "rise": _rise(summary["val_reward_before"], summary["val_reward_after"])})
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"[quickstart] validation reward before GRPO: {_score(summary['val_reward_before'])}  "
           f"after: {_score(summary['val_reward_after'])}  ({summary['eval_episodes']} held-out episodes)")
     print(f"[quickstart] {summary['steps']} GRPO steps, {summary['seconds']:.0f} s in all; wrote {out}/summary.json "
-          f"and {plot}", flush=True)
+          f"and {summary['reward_plot']}", flush=True)
     return summary
 
 

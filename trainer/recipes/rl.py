@@ -67,7 +67,7 @@ from trainer.distributed import (
     shard,
     wrap_model,
 )
-from trainer.metrics import MetricsLogger, Progress
+from trainer.metrics import MetricsLogger, Progress, plot_rewards
 from trainer.model import hidden_size_of, load_policy
 from trainer.recipes.batches import BatchSource, SampledBatches, StreamedBatches
 from trainer.recipes.setup import in_process_env, start_run
@@ -249,9 +249,23 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
                "val_distinct_answers_before": int(before.get("eval/distinct_answers", 0)),
                "val_distinct_answers_after": int(after.get("eval/distinct_answers", 0)),
                "eval_episodes": int(after["eval/episodes"]), "steps": last_step - first_step,
-               "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name}
+               "seconds": round(time.monotonic() - start, 1), "algorithm": cfg.algo.name,
+               "reward_plot": _reward_plot(out) if info.is_main else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _reward_plot(out: Path) -> str | None:
+    """``reward.png`` in the run directory: the training reward per step and each validation's (None without
+    matplotlib, or when no reward was logged: a run whose validations completed no episode and took no step)."""
+    try:
+        import matplotlib  # noqa: F401  (the train extra installs it; a bare install may not)
+    except ImportError:
+        return None
+    try:
+        return str(plot_rewards(out / "metrics.jsonl", out / "reward.png", keys=["train/reward_mean", "eval/reward_mean"]))
+    except ValueError:
+        return None
 
 
 def _batch_source(cfg: TrainConfig, engine: RolloutEngine, info: DistInfo, first_step: int) -> BatchSource:
