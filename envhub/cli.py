@@ -53,7 +53,8 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="ENV", help="the env: a name `envhub list` shows (e.g. math), or a class "
                         "as MODULE:CLASS (e.g. my_env:GuessEnv)")
     parser.add_argument("--set", dest="env_config", action="append", metavar="KEY=VALUE", default=[],
-                        help="env constructor argument (repeatable; VALUE parsed as JSON when possible)")
+                        help="env constructor argument (repeatable; VALUE parsed as JSON when possible); the env "
+                             "is built once with them first, so one it refuses is an error before anything runs")
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,11 +114,14 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_check(args: argparse.Namespace) -> int:
     from envhub.server import load_target
+    from envhub.server.run import check_env_config
     from envhub.testing import check_env
 
     sys.path.insert(0, os.getcwd())
     env_cls = load_target(args.target)
-    results = check_env(env_cls, raise_on_error=False, seed=args.seed, **parse_set(args.env_config))
+    env_config = parse_set(args.env_config)
+    check_env_config(env_cls, env_config)  # a refused --set is one error, not a failure of every check
+    results = check_env(env_cls, raise_on_error=False, seed=args.seed, **env_config)
     for result in results:
         print(result)
     failed = sum(not r.passed for r in results)

@@ -31,6 +31,25 @@ def load_target(target: str | type[Env]) -> type[Env]:
     return obj
 
 
+def check_env_config(env_cls: type[Env], env_config: dict[str, Any]) -> None:
+    """Build ``env_cls(**env_config)`` once and close it: a config the env refuses (an unknown option, a bad
+    value, a missing argument) is a ``ValueError`` naming it at start-up, not an error in every session."""
+    import asyncio
+    import inspect
+
+    try:
+        env = env_cls(**env_config)
+    except Exception as exc:
+        shown = ", ".join(f"{k}={v!r}" for k, v in env_config.items())
+        raise ValueError(f"{env_cls.__name__}({shown}) failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        closing = env.close()
+        if inspect.isawaitable(closing):
+            asyncio.run(closing)  # type: ignore[arg-type]
+    except Exception:  # the trial env's own clean-up: the config was accepted, the sessions will tell the rest
+        logging.getLogger("envhub").warning("closing the trial %s failed", env_cls.__name__, exc_info=True)
+
+
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """uvicorn keyword arguments for ``settings``: keepalive, frame limit, compression, shutdown grace."""
     return dict(
@@ -80,6 +99,7 @@ def serve(target: str | type[Env], host: str | None = None, port: int | None = N
     """
     resolved = Settings.from_env(host=host, port=port, **settings)
     env_cls = load_target(target)
+    check_env_config(env_cls, env_config or {})
     if resolved.workers > 1:
         return _serve_workers(target, env_cls, resolved, env_config or {})
     app = create_app(env_cls, settings=resolved, **(env_config or {}))

@@ -79,6 +79,14 @@ def test_check_command_reports_results(capsys):
     assert "[ok] reset returns an observation" in out and "7 passed, 0 failed" in out
     assert main(["check", "envhub.testing:NoSuchEnv"]) == 2
     assert "no attribute 'NoSuchEnv'" in capsys.readouterr().err
+    # a --set the env refuses is one clear error before any check, as it is for serve (below)
+    assert main(["check", "math", "--set", "nosuch=1"]) == 2
+    assert "MathEnv(nosuch=1) failed: ConfigError: Unknown MathConfig option(s) ['nosuch']" in capsys.readouterr().err
+
+
+def test_serve_refuses_an_env_config_the_env_refuses_before_it_listens(capsys):
+    assert main(["serve", "math", "--set", "nosuch=1", "--port", "1"]) == 2
+    assert capsys.readouterr().err.startswith("envhub serve: error: MathEnv(nosuch=1) failed: ConfigError: Unknown")
 
 
 @pytest.mark.slow
@@ -91,6 +99,7 @@ def test_serve_then_sigterm_finishes_the_in_flight_step_and_closes_envs(tmp_path
         cwd=tmp_path, env={**os.environ, "ENVHUB_LOG_LEVEL": "warning"}, timeout_s=20)
     proc = server.proc
     assert httpx.get(f"{server.url}/metadata").json()["envhub"]["max_sessions"] == 4
+    marker.unlink()  # the env serve built once at start-up to check its --set, and closed: the sessions' are next
 
     async def session() -> tuple[dict, int, float, float]:
         async with websockets.connect(server.ws_url) as ws, websockets.connect(server.ws_url) as idle:
