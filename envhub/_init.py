@@ -115,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"envhub init: warning: the env name {plan.env_name!r} is already registered by "
               + ", ".join(f"{e.distribution} ({e.target})" for e in taken)
               + f"; rename it in {root / 'pyproject.toml'} before installing", file=sys.stderr)
-    print(f"created {root}/ ({plan.kind.replace('_', ' ')} env {plan.package}.env:{plan.class_name})\n"
+    kind = {"answer": "single-turn", "tools": "tool-calling", "multi_turn": "multi-turn",
+            "tools_multi_turn": "multi-turn tool-calling"}[plan.kind]
+    print(f"created {root}/ ({kind} env {plan.package}.env:{plan.class_name})\n"
           f"next:\n  pip install -e {root}\n  envhub list\n  envhub check {plan.env_name}\n"
           f"  envhub serve {plan.env_name} --port 8000\n"
           f"  envhub eval --env {plan.env_name} --model tiny --episodes 4 --samples 2 --max-tokens 64"

