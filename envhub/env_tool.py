@@ -30,6 +30,10 @@ from envhub.types import StepResult, ToolCall, ToolSpec
 
 DEFAULT_DESCRIPTION = "Execute an action in the environment."
 _EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
+#: the one tool of an env that lists none: its calls are the env's text actions (``on_text``)
+TEXT_TOOL = ToolSpec("env_action", "Reply to the environment: your answer, move or message, as text.",
+                     {"type": "object", "properties": {"text": {"type": "string", "description": "the reply"}},
+                      "required": ["text"]})
 
 
 class _Session:
@@ -93,19 +97,21 @@ class EnvTool:
     """
 
     def __init__(self, env: Any, tool_name: str = "env_action", description: str = DEFAULT_DESCRIPTION,
-                 parameters: dict[str, Any] | None = None):
+                 parameters: dict[str, Any] | None = None, *, text: bool = False):
         if not callable(getattr(env, "step", None)):
             raise TypeError(f"Expected an env with step(tool_name, arguments), got {type(env).__name__}.")
         self.env = env
         self.name = tool_name
         self.description = description
         self.parameters = dict(parameters) if parameters else dict(_EMPTY_PARAMS)
+        self.text = text  # calls are text actions: env.step(None, {"text": ...})
         self.is_async = _is_async_env(env)
         self._session = _session_of(env)
 
     @classmethod
     def from_env(cls, env: Any) -> list[EnvTool]:
-        """One tool per entry of ``env.tools()`` (all sharing the env), or one generic ``env_action`` tool.
+        """One tool per entry of ``env.tools()`` (all sharing the env); for an env that lists none (it takes
+        text, like the math env), one ``env_action(text)`` tool whose calls are its text actions.
 
         ``env`` is a remote env (:class:`~envhub.remote.OpenEnv`) or a local ``envhub.Env``
         instance, wrapped in a :class:`~envhub.local_env.LocalEnv` (``tools[0].env``; reset it
@@ -135,7 +141,7 @@ class EnvTool:
         for spec in specs or []:
             spec = spec if isinstance(spec, ToolSpec) else ToolSpec.from_openai(spec)
             tools.append(cls(env, spec.name, spec.description or "", spec.parameters))
-        return tools or [cls(env)]
+        return tools or [cls(env, TEXT_TOOL.name, TEXT_TOOL.description, TEXT_TOOL.parameters, text=True)]
 
     # -- schema ------------------------------------------------------------------------------
     @property
@@ -152,14 +158,18 @@ class EnvTool:
         if self.is_async:
             raise TypeError(f"Tool {self.name!r} wraps an async env; use `await tool.acall(...)`.")
         with self._session.thread_lock:
-            return self._record(self.env.step(self.name, arguments))
+            return self._record(self.env.step(*self._action(arguments)))
 
     async def acall(self, /, **arguments: Any) -> str:
         """The async form of ``__call__`` (a sync env runs in a worker thread)."""
         if not self.is_async:
             return await asyncio.to_thread(self.__call__, **arguments)
         async with self._session.async_lock():
-            return self._record(await self.env.step(self.name, arguments))
+            return self._record(await self.env.step(*self._action(arguments)))
+
+    def _action(self, arguments: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+        """``env.step``'s arguments: this tool's call, or (the text tool) a text action, tool name None."""
+        return (None, {"text": str(arguments.get("text", ""))}) if self.text else (self.name, arguments)
 
     def _record(self, result: StepResult) -> str:
         self._session.last_result = result

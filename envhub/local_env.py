@@ -25,6 +25,7 @@ from typing import Any
 from envhub._client_io import BackgroundLoop, SyncEpisodeView
 from envhub.env import Env, EnvRunner
 from envhub.errors import ActionValidationError
+from envhub.remote import text_or_tool_action
 from envhub.tools import _clean_schema
 from envhub.types import Action, Observation, StepResult, ToolSpec
 
@@ -62,14 +63,14 @@ class AsyncLocalEnv:
         self.last_result = result
         return result
 
-    async def step(self, tool_name: str, arguments: dict[str, Any] | None = None) -> StepResult:
+    async def step(self, tool_name: str | None, arguments: dict[str, Any] | None = None) -> StepResult:
         arguments = dict(arguments or {})
         if self.action_mapper is not None:
-            action = self.action_mapper(tool_name, arguments)
+            action = self.action_mapper(tool_name or "", arguments)
         elif self.action_tool is not None and tool_name == self.action_tool.name:
             action = arguments
         else:
-            action = {"tool_name": tool_name, "arguments": arguments}
+            action = text_or_tool_action(tool_name, arguments)
         if not self.runner.started:
             await self.reset()
         try:
@@ -135,7 +136,7 @@ class LocalEnv(SyncEpisodeView):
     def reset(self, **task: Any) -> StepResult:
         return BackgroundLoop.shared().run(self.aenv.reset(**task))
 
-    def step(self, tool_name: str, arguments: dict[str, Any] | None = None) -> StepResult:
+    def step(self, tool_name: str | None, arguments: dict[str, Any] | None = None) -> StepResult:
         return BackgroundLoop.shared().run(self.aenv.step(tool_name, arguments))
 
     def tools(self) -> list[ToolSpec]:

@@ -171,11 +171,12 @@ class AsyncOpenEnv:
         self.last_result = result
         return result
 
-    async def step(self, tool_name: str, arguments: dict[str, Any] | None = None) -> StepResult:
-        """Send one tool call (through ``action_mapper`` when set) and return the result."""
+    async def step(self, tool_name: str | None, arguments: dict[str, Any] | None = None) -> StepResult:
+        """Send one tool call (through ``action_mapper`` when set) and return the result; ``tool_name`` None
+        sends ``arguments["text"]`` as a text action (what an env without tools takes)."""
         arguments = dict(arguments or {})
-        action = (self.action_mapper(tool_name, arguments) if self.action_mapper
-                  else {"tool_name": tool_name, "arguments": arguments})
+        action = (self.action_mapper(tool_name or "", arguments) if self.action_mapper
+                  else text_or_tool_action(tool_name, arguments))
         try:
             client = await self._ensure()
             raw = await _maybe_await(client.step, action)
@@ -306,7 +307,7 @@ class OpenEnv(SyncEpisodeView):
     def reset(self, **task: Any) -> StepResult:
         return self._run(self.aenv.reset(**task))
 
-    def step(self, tool_name: str, arguments: dict[str, Any] | None = None) -> StepResult:
+    def step(self, tool_name: str | None, arguments: dict[str, Any] | None = None) -> StepResult:
         return self._run(self.aenv.step(tool_name, arguments))
 
     def tools(self) -> list[ToolSpec]:
@@ -319,4 +320,11 @@ class OpenEnv(SyncEpisodeView):
             self._run(self.aenv.close())
 
 
-__all__ = ["OpenEnv", "AsyncOpenEnv", "observation_text", "as_envhub_error"]
+def text_or_tool_action(tool_name: str | None, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The wire action of ``step(tool_name, arguments)``: a tool call, or with no tool name a text action."""
+    if tool_name is None:
+        return {"text": str(arguments.get("text", ""))}
+    return {"tool_name": tool_name, "arguments": arguments}
+
+
+__all__ = ["OpenEnv", "AsyncOpenEnv", "observation_text", "as_envhub_error", "text_or_tool_action"]

@@ -77,10 +77,34 @@ def test_from_env_one_tool_per_schema_sharing_the_session():
     assert env.calls == [("hint", {}), ("guess", {"n": 7})]
 
 
-def test_env_without_tools_gets_one_generic_tool():
-    tools = EnvTool.from_env(FakeEnv(specs=[]))
-    assert [t.name for t in tools] == ["env_action"]
-    assert tools[0].tool_info()["function"]["parameters"] == {"type": "object", "properties": {}}
+def test_env_without_tools_gets_one_text_tool_whose_calls_are_text_actions():
+    env = FakeEnv(specs=[])
+    (tool,) = EnvTool.from_env(env)
+    assert tool.name == "env_action" and tool.tool_info()["function"]["parameters"]["required"] == ["text"]
+    tool(text="42")
+    assert env.calls == [(None, {"text": "42"})]  # step(None, ...): a text action, not a tool call
+
+
+def test_the_text_tool_answers_a_text_env_served_and_in_process():
+    from envhub import Env, Observation, OpenEnv, StepResult, create_app
+    from envhub.server import ServerThread
+
+    class Sums(Env):  # takes free text (on_text), lists no tools: the math env's shape
+        def reset(self, seed=None, **task):
+            return Observation(text="2 + 3?")
+
+        def on_text(self, text):
+            self.done = True
+            return StepResult(Observation(text="right" if "5" in text else "wrong"), reward=float("5" in text))
+
+    with ServerThread(create_app(Sums)) as server, OpenEnv(server.url) as remote:
+        remote.reset(seed=0)
+        manager = ToolManager(EnvTool.from_env(remote))
+        call = {"id": "c1", "type": "function", "function": {"name": "env_action", "arguments": '{"text": "5"}'}}
+        assert manager(call)["content"] == "right"
+        assert manager.tools["env_action"].episode_reward == 1.0
+    (local,) = EnvTool.from_env(Sums())
+    assert local(text="4") == "wrong" and local.done and local.episode_reward == 0.0
 
 
 def test_episode_reward_falls_back_to_step_reward():
