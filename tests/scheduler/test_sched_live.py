@@ -259,3 +259,15 @@ def test_submit_self_waits_for_a_restarted_scheduler_and_prints_each_line_once(t
         sched.send_signal(signal.SIGTERM)
         sched.wait(timeout=15)
         sched.stdout.close()
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_status_2(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli(["serve", "--gpus", "0", "--port", str(port), "--db", str(tmp_path / "s.db")]) == 2
+    assert capsys.readouterr().err.endswith(f"envhub-sched: Could not listen on 127.0.0.1:{port}: Address already in "
+                                            "use (another process listens there: stop it or pick another --port).\n")

@@ -42,3 +42,16 @@ def test_sampler_vllm_without_vllm_names_the_setup_command(capsys, tmp_path):
     assert main(["serve", "--port", "0", "--state-dir", str(tmp_path), "--sampler", "vllm"]) == 2
     err = capsys.readouterr().err
     assert "--sampler vllm" in err and "scripts/setup.sh envs,train,vllm" in err
+
+
+def test_a_port_in_use_is_one_line_and_status_2(capsys, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"envhub-train serve: Could not listen on 127.0.0.1:{port}: Address already in use (another "
+                   "process listens there: stop it or pick another --port).\n")

@@ -114,7 +114,11 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         scheduler = Scheduler(config)
     auth = resolve_auth(args.host, args.auth, scheduler.store.key_count())
-    sock = bind_socket(args.host, args.port)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"envhub-sched: {exc.strerror}", file=sys.stderr)
+        return 2
     port = sock.getsockname()[1]
     print(f"envhub-sched: {note}; auth {'on' if auth else 'off'}; db {config.db_path}; "
           f"serving on http://{args.host}:{port}", flush=True)

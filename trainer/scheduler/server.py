@@ -16,6 +16,7 @@ Routes (JSON unless said otherwise; ``Authorization: Bearer <key>`` when auth is
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
@@ -173,7 +174,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # one line that says what to do, not a traceback
+        sock.close()
+        busy = " (another process listens there: stop it or pick another --port)" \
+            if exc.errno == errno.EADDRINUSE else ""
+        raise OSError(exc.errno, f"Could not listen on {host}:{port}: {exc.strerror}{busy}.") from None
     sock.listen(128)
     sock.set_inheritable(False)  # jobs must not inherit the service's socket
     return sock

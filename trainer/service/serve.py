@@ -227,7 +227,11 @@ def serve(args: argparse.Namespace) -> int:
     from trainer.scheduler.server import bind_socket
 
     port = args.port if args.port is not None else int((os.environ.get("ENVHUB_JOB_PORTS") or "8900").split(",")[0])
-    sock = bind_socket(args.host, port)
+    try:
+        sock = bind_socket(args.host, port)
+    except OSError as exc:
+        print(f"envhub-train serve: {exc.strerror}", file=sys.stderr)
+        return 2
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     # one parseable line: the scheduler's service jobs and scripts started with --port 0 read the URL here
