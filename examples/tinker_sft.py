@@ -6,8 +6,10 @@
 The loop tinker-cookbook's ``sl_loop`` runs: each step one ``forward_backward(batch, "cross_entropy")``
 (weights 1 on the reply tokens, 0 on the prompt, divided by the batch's reply tokens so the summed
 loss is a token mean) and one ``optim_step``, with the per-token NLL read back from the returned
-``logprobs``. Then it saves the state (``tinker://.../weights/final``) and sampler weights, and
-greedy-samples each prompt from the trained weights. Writes ``runs/tinker_sft/summary.json``.
+``logprobs``. Then it saves the state (``tinker://.../weights/final``, in ``summary.json``) and
+greedy-samples each prompt through a sampling client on the trained weights
+(``save_weights_and_get_sampling_client``: a snapshot for sampling, without a path of its own). Writes
+``runs/tinker_sft/summary.json``.
 """
 
 from __future__ import annotations

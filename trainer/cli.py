@@ -183,8 +183,13 @@ register(ConfigCommand("two-agent", "Two policies trained against each other thr
 def _configure_serve(parser: argparse.ArgumentParser) -> None:
     from trainer.service import serve
 
-    parser.formatter_class, parser.epilog = argparse.RawDescriptionHelpFormatter, serve.__doc__
+    parser.formatter_class, parser.epilog = argparse.RawDescriptionHelpFormatter, _plain(serve.__doc__)
     serve.add_arguments(parser)
+
+
+def _plain(doc: str | None) -> str:
+    """A module docstring as --help text: its reStructuredText literals (in double backquotes) as plain words."""
+    return (doc or "").replace("``", "")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -200,7 +205,7 @@ register(Command("serve", "The Tinker-compatible training service: the tinker SD
 def _configure_sampler(parser: argparse.ArgumentParser) -> None:
     from trainer.sampler_server import serve
 
-    parser.formatter_class, parser.epilog = argparse.RawDescriptionHelpFormatter, serve.__doc__
+    parser.formatter_class, parser.epilog = argparse.RawDescriptionHelpFormatter, _plain(serve.__doc__)
     serve.add_arguments(parser)
 
 

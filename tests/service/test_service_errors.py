@@ -75,6 +75,15 @@ def test_unknown_ids_are_user_errors_or_404(serve_training):
         assert http.post("/api/v1/retrieve_future", json={"request_id": "999999"}).status_code == 404
         garbage = http.post("/api/v1/forward_backward", content=b"\xff\xff\xff", headers=PROTO)
         assert garbage.status_code == 400 and garbage.json()["category"] == "user"
+        # routes the service does not offer, and wrong methods: JSON errors too, saying which
+        for path in ("/api/v1/retrieve_futures", "/api/v1/cancel_future", "/no_such_route"):
+            missing = http.post(path, json={})
+            assert missing.status_code == 404 and missing.json()["category"] == "user"
+            assert f"has no route POST {path}" in missing.json()["detail"]
+        wrong = http.get("/api/v1/create_session")
+        assert wrong.status_code == 405 and wrong.json() == {
+            "detail": "GET is not allowed on /api/v1/create_session.", "category": "user"}
+        assert http.post("/api/v1/create_session", json={}).status_code == 200  # and the service goes on
 
 
 PROTO = {"content-type": "application/x-protobuf"}

@@ -119,8 +119,8 @@ class Guard:
         limit = self.settings.max_request_bytes if proto else self.settings.max_json_bytes
         if size > limit:
             flag = "--max-request-mb" if proto else "max_json_bytes"
-            raise PayloadTooLarge(f"Expected a request body of at most {limit} bytes ({flag}), got {size}; "
-                                  "send smaller batches.")
+            raise PayloadTooLarge(f"Expected a request body of at most {limit} bytes ({flag}), got {size}"
+                                  + ("; send smaller batches." if proto else "."))
         if size:
             _check_type(proto, headers)
         return size

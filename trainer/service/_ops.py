@@ -380,7 +380,8 @@ class Ops:
     def check_base_model(self, name: str | None) -> None:
         if name != self.settings.name:
             raise UserError(f"This service serves {self.settings.name!r}, not {name!r}; pass "
-                            f"base_model={self.settings.name!r} (or start it with --served-name {name}).")
+                            f"base_model={self.settings.name!r} (a service started with --served-name NAME answers "
+                            "to NAME instead).")
 
     def _max_context(self) -> int:
         value = int(getattr(self.host.base.config, "max_position_embeddings", 0) or 4096)

@@ -61,7 +61,8 @@ def create_app(ops: Ops) -> Starlette:
               [*_future_routes(ops), *_training_routes(ops), *_sampling_routes(ops), *_session_routes(ops),
                *_rest_routes(ops)]]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, settings=ops.settings)],
-                    exception_handlers={ServiceError: _service_error})  # type: ignore[dict-item]
+                    exception_handlers={ServiceError: _service_error, 404: _no_route,  # type: ignore[dict-item]
+                                        405: _no_route})
     app.state.ops = ops
     return app
 
@@ -80,6 +81,17 @@ def _body(request: Request) -> bytes:
 
 def _future(request_id: int, model_id: str | None = None, **extra: Any) -> Response:
     return reply({"request_id": str(request_id), "model_id": model_id, **extra})
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """A path or method the service does not serve: JSON like every other error, saying which."""
+    status = int(getattr(exc, "status_code", 404))
+    if status == 405:
+        detail = f"{request.method} is not allowed on {request.url.path}."
+    else:
+        detail = (f"The training service has no route {request.method} {request.url.path}: it is not a Tinker API "
+                  "route, or one envhub does not offer (docs/service.md lists them).")
+    return Response(json.dumps({"detail": detail, "category": "user"}).encode(), status, media_type=JSON)
 
 
 async def _service_error(_: Request, exc: ServiceError) -> Response:
