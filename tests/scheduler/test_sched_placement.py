@@ -68,9 +68,24 @@ async def test_zero_gpu_job_gets_no_devices_and_exit_code_is_kept(sched, tmp_pat
 async def test_a_command_that_cannot_start_fails_and_frees_its_gpus(sched, tmp_path):
     job = await sched.submit(ME, JobRequest(command=["/nonexistent/program"], gpus=4))
     await sched.wait(job.id, timeout_s=10)
-    assert job.state == "failed" and job.reason.startswith("launch failed")
+    assert job.state == "failed" and job.reason == "launch failed: No such file or directory: program '/nonexistent/program'"
     nxt = await sched.submit(ME, gpu_job(tmp_path, "next", 0, gpus=4))
     await wait_for(lambda: nxt.state != "queued", what="the next job to start")
+    await sched.wait(nxt.id, timeout_s=30)
+    # a working directory that is not there is named as such, not as a missing program
+    lost = await sched.submit(ME, JobRequest(command=["true"], cwd=str(tmp_path / "no" / "such")))
+    await sched.wait(lost.id, timeout_s=10)
+    assert lost.reason == f"launch failed: No such file or directory: working directory '{tmp_path / 'no' / 'such'}'"
+
+
+def test_nul_characters_in_a_job_request_are_refused() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    for bad in ({"command": ["echo", "a\0b"]}, {"command": ["true"], "cwd": "/tmp\0x"},
+                {"command": ["true"], "env": {"A": "b\0c"}}):
+        with pytest.raises(ValidationError, match="NUL"):
+            JobRequest(**bad)
 
 
 def test_torchrun_wrapping_only_for_training_kinds():
@@ -99,7 +114,10 @@ async def test_torchrun_job_starts_one_worker_per_gpu(sched, tmp_path):
 
 
 async def test_public_record_hides_environment_values(sched, tmp_path):
-    job = await sched.submit(ME, JobRequest(command=["true"], env={"WANDB_API_KEY": "s3cret"}, ports=2))
+    job = await sched.submit(ME, JobRequest(command=["sleep", "30"], env={"WANDB_API_KEY": "s3cret"}, ports=2))
     public = job.public("node7")
     assert public["env"] == ["WANDB_API_KEY"] and "s3cret" not in repr(public)
     assert public["endpoints"] == [f"http://node7:{p}" for p in job.ports] and len(job.ports) == 2
+    await sched.cancel(ME, job.id)
+    await sched.wait(job.id, timeout_s=30)
+    assert job.public("node7")["endpoints"] == []  # an ended job serves nowhere

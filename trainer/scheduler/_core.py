@@ -319,7 +319,7 @@ class Scheduler:
         except JobLostError as exc:  # the backend lost the job's processes (a node died)
             launch_error = str(exc)
         except Exception as exc:  # whatever stops the launch (no program, bad cwd, NUL in argv) fails the job
-            launch_error = f"launch failed: {exc}"
+            launch_error = f"launch failed: {_launch_failure(job, exc)}"
         await self._end_processes(job)
         if launch_error:
             state, reason = "failed", launch_error
@@ -419,3 +419,12 @@ def _read_from(path: Path, offset: int, size: int = 1 << 16) -> bytes:
             return f.read(size)
     except FileNotFoundError:
         return b""
+
+
+def _launch_failure(job: Job, exc: Exception) -> str:
+    """Why a job did not start, naming what was missing: its working directory or its program."""
+    filename = getattr(exc, "filename", None)
+    if isinstance(exc, OSError) and filename is not None:
+        what = "working directory" if job.cwd is not None and str(filename) == job.cwd else "program"
+        return f"{exc.strerror}: {what} {str(filename)!r}"
+    return str(exc)

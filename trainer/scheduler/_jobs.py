@@ -50,7 +50,16 @@ class JobRequest(BaseModel):
     def _command_not_blank(cls, command: list[str]) -> list[str]:
         if not command[0].strip():
             raise ValueError("Expected a command such as ['python', 'train.py'], got an empty program name")
+        if any("\0" in arg for arg in command):  # the OS would cut the argument at it
+            raise ValueError("Expected command arguments without NUL characters")
         return command
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_without_nul(cls, cwd: str | None) -> str | None:
+        if cwd is not None and "\0" in cwd:
+            raise ValueError("Expected a working directory without NUL characters")
+        return cwd
 
     @field_validator("env")
     @classmethod
@@ -58,6 +67,8 @@ class JobRequest(BaseModel):
         bad = [k for k in env if not k or "=" in k or "\0" in k]
         if bad:
             raise ValueError(f"Expected environment variable names without '=' or NUL, got {bad}")
+        if any("\0" in v for v in env.values()):
+            raise ValueError("Expected environment variable values without NUL characters")
         return env
 
 
@@ -120,7 +131,9 @@ class Job:
         data = asdict(self)
         data["env"] = sorted(self.env)  # names only
         replicas = [f"http://{p['node_ip']}:{p['port']}" for p in self.placement if p.get("port")]
-        data["endpoints"] = replicas or [f"http://{advertise_host}:{p}" for p in self.ports]
+        # where the job serves, while it runs (a queued or ended job serves nowhere)
+        data["endpoints"] = (replicas or [f"http://{advertise_host}:{p}" for p in self.ports]) \
+            if self.state == "running" else []
         data.pop("pid_start_ticks")
         return data
 

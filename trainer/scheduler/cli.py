@@ -42,17 +42,20 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="envhub-sched", description="envhub GPU scheduler")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    serve = sub.add_parser("serve", help="run the scheduler service")
+    serve = sub.add_parser("serve", help="run the scheduler service",
+                           description="Run the scheduler: jobs get GPUs, ports and logs, and are cleaned up after "
+                                       "(docs/scheduler.md).")
     serve.add_argument("--gpus", default="", help="declared GPU indices (0,1,2,3) or 'auto' (ask the driver)")
     serve.add_argument("--backend", choices=["local", "ray"], default="local",
                        help="local: this machine's GPUs (default); ray: a Ray cluster's nodes and GPUs")
     serve.add_argument("--ray-address", default=None, help="Ray cluster to join (default: 'auto', the local one)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback needs --auth")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)")
     serve.add_argument("--db", default=None, help=f"SQLite job store (default ${DB_ENV} or ~/.envhub/scheduler.db)")
     serve.add_argument("--log-dir", default=None, help="job logs (default: <db>.logs/)")
-    serve.add_argument("--grace-s", type=float, default=5.0, help="SIGTERM -> SIGKILL grace when ending a job")
-    serve.add_argument("--ports", type=_port_range, default=(29500, 29999), help="ports handed to jobs")
+    serve.add_argument("--grace-s", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL when ending a job (default 5)")
+    serve.add_argument("--ports", type=_port_range, default=(29500, 29999),
+                       help="the port range handed to jobs (default 29500-29999)")
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument("--auth", dest="auth", action="store_true", default=None, help="require API keys")
     auth.add_argument("--no-auth", dest="auth", action="store_false", help="no keys (loopback only)")
@@ -70,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     submit = client_cmd("submit", "queue a job; prints its id")
-    submit.add_argument("--gpus", type=int, default=0)
+    submit.add_argument("--gpus", type=int, default=0, help="GPUs the job needs (default 0)")
     submit.add_argument("--kind", choices=JOB_KINDS, default="cmd")
     submit.add_argument("--name", default=None)
     submit.add_argument("--priority", type=int, default=0, help="higher runs first")
