@@ -204,6 +204,12 @@ def to_action(action: Any) -> dict[str, Any]:
 def _build_gym_env_class() -> type:
     import gymnasium
 
+    class TextSpace(gymnasium.spaces.Text):
+        """``gymnasium.spaces.Text`` over :data:`TEXT_CHARSET`, printed by name (its repr lists every character)."""
+
+        def __repr__(self) -> str:
+            return f"Text({self.min_length}, {self.max_length}, charset=TEXT_CHARSET)"
+
     class EnvhubGymEnv(gymnasium.Env):
         """A ``gymnasium.Env`` over an envhub env: ``env`` is a server URL or a local ``Env`` class.
 
@@ -219,8 +225,8 @@ def _build_gym_env_class() -> type:
 
         def __init__(self, env: str | type[Env], *, max_length: int = 65536, env_config: dict[str, Any] | None = None,
                      render_mode: str | None = None, **client_kwargs: Any) -> None:
-            self.observation_space = gymnasium.spaces.Text(max_length, charset=TEXT_CHARSET)
-            self.action_space = gymnasium.spaces.Text(max_length, charset=TEXT_CHARSET)
+            self.observation_space = TextSpace(max_length, charset=TEXT_CHARSET)
+            self.action_space = TextSpace(max_length, charset=TEXT_CHARSET)
             self.render_mode = render_mode
             self._backend = _Remote(env, client_kwargs) if isinstance(env, str) else _Local(env, env_config or {})
             self._last = ""

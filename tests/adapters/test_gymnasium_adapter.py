@@ -75,6 +75,7 @@ def test_a_local_envhub_env_is_a_checked_gymnasium_env() -> None:
 
     env = EnvhubGymEnv(GuessEnv, render_mode="ansi")
     assert isinstance(env, gymnasium.Env) and isinstance(env.observation_space, spaces.Text)
+    assert repr(env.action_space) == "Text(1, 65536, charset=TEXT_CHARSET)"  # not its ~12k characters
     gym_check_env(EnvhubGymEnv(GuessEnv), skip_render_check=True)
     obs, info = env.reset(seed=3, options={"low": 1, "high": 8})
     assert obs == "I picked a number between 1 and 8. Call guess(number)." and info["episode_id"]
