@@ -187,6 +187,7 @@ def test_web_page_renders_gpus_and_jobs_in_headless_chromium(live):
     assert f'<tr data-id="{job["id"]}">' in dom
     row = dom.split(f'<tr data-id="{job["id"]}">', 1)[1].split("</tr>", 1)[0]
     assert "page-check" in row and '<td class="running">running</td>' in row and "<td>0,1</td>" in row
+    assert "<td>0,1</td><td>local</td>" in row  # the local backend's jobs run on the node listed as local
     for index, holder in [(0, job["id"]), (1, job["id"]), (2, "free"), (3, "free")]:
         assert f'<tr data-id="{index}"><td></td><td>{index}</td><td>declared</td><td>{holder}</td></tr>' in dom
     assert f'<tr data-id="local"><td>local</td><td>127.0.0.1</td><td>4</td><td>2</td><td>{job["id"]}</td></tr>' in dom
