@@ -22,6 +22,7 @@ def test_serve_help_lists_the_service_flags(capsys):
     (["--token", "secret"], "start with 'tml-'"),
     (["--max-tenants", "0"], "--max-tenants >= 1"),
     (["--model-config", "no_such_field=1"], "--model-config KEY=VALUE"),
+    (["--model-config", "hidden_size=abc"], "Expected --model-config.hidden_size to be an integer, got 'abc'."),
     (["--max-lora-rank", "0"], "--max-lora-rank >= 1"),
     (["--max-pass-tokens", "0"], "--max-pass-tokens >= 1"),
     (["--sampler-servers", "127.0.0.1:8100"], "URLs like http://host:8100"),

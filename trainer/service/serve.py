@@ -174,7 +174,9 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
 
 
 def model_config(name: str, overrides: list[str]) -> Any:
-    """A :class:`~trainer.model.ModelConfig` for ``name`` with ``KEY=VALUE`` fields (JSON values)."""
+    """A :class:`~trainer.model.ModelConfig` for ``name`` with ``KEY=VALUE`` fields (JSON values), each of its
+    field's type (``hidden_size=abc`` is refused naming it)."""
+    from trainer.config import from_dict
     from trainer.model import ModelConfig
 
     known = {f.name for f in fields(ModelConfig)} - {"name", "lora_rank"}
@@ -187,7 +189,7 @@ def model_config(name: str, overrides: list[str]) -> Any:
             values[key] = json.loads(raw)
         except json.JSONDecodeError:
             values[key] = raw
-    return ModelConfig(name=name, **values)
+    return from_dict(ModelConfig, {"name": name, **values}, "--model-config")
 
 
 def build_app(settings: ServiceSettings, model_overrides: list[str] | None = None) -> Starlette:
