@@ -147,6 +147,19 @@ def _run_rl(cfg: Any) -> dict[str, Any]:
     return train(cfg)
 
 
+def _sft_data(cfg: Any) -> str | None:
+    """The demonstrations file, read before any model loads: a missing file or a bad line, said at once."""
+    from trainer.recipes.sft import load_demos
+
+    if not cfg.sft.data:
+        return "no demonstrations: pass sft.data=path/to/demos.jsonl (one JSON object a line)."
+    try:
+        load_demos(cfg.sft.data)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _run_sft(cfg: Any) -> dict[str, Any]:
     from trainer.recipes.sft import train_sft
 
@@ -175,7 +188,7 @@ def _run_two_agent(cfg: Any) -> dict[str, Any]:
 register(ConfigCommand("rl", "On-policy RL (GRPO, PPO, RLOO, REINFORCE++) from env services; the default.",
                        load=_load_train, check=_rl_env, execute=_run_rl))
 register(ConfigCommand("sft", "Supervised fine-tuning on demonstrations (sft.data, JSONL).",
-                       load=_load_train, execute=_run_sft, kind="sft"))
+                       load=_load_train, check=_sft_data, execute=_run_sft, kind="sft"))
 register(ConfigCommand("two-agent", "Two policies trained against each other through a match env.",
                        load=_load_two_agent, check=_match_env, execute=_run_two_agent))
 

@@ -190,3 +190,16 @@ def test_a_dead_env_stops_the_run_at_the_first_validation_which_has_no_score(tmp
     assert "Is the server running?" in captured.out
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert first["eval/episodes"] == 0 and first["eval/infra_failures"] == 2 and "eval/reward_mean" not in first
+
+
+def test_sft_demonstrations_that_cannot_be_read_are_one_line_and_status_2(tmp_path, capsys) -> None:
+    bad = tmp_path / "demos.jsonl"
+    bad.write_text('{"prompt": "1+1", "completion": "2"}\n\nnot json\n')
+    for data, expected in [(tmp_path / "missing.jsonl", "Could not read the demonstrations file"),
+                           (bad, f"{bad}:3: expected a JSON object a line, got invalid JSON")]:
+        assert main(["sft", "model.name=tiny", f"sft.data='{data}'", f"run.output_dir='{tmp_path / 'out'}'"]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err
+    bad.write_text('["a list"]\n')
+    assert main(["sft", "model.name=tiny", f"sft.data='{bad}'"]) == 2
+    assert f"{bad}:1: expected a JSON object a line, got list." in capsys.readouterr().err

@@ -81,9 +81,25 @@ def _text_only(demo: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_demos(path: str | Path) -> list[dict[str, Any]]:
-    """Demonstrations from a JSONL file."""
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """Demonstrations from a JSONL file (one JSON object a line; blank lines skipped). A missing file or a line
+    that is not a JSON object is a ``ValueError`` naming the file and the line."""
+    try:
+        fh = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"Could not read the demonstrations file {str(path)!r}: {exc.strerror}.") from None
+    demos = []
+    with fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                demo = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: expected a JSON object a line, got invalid JSON ({exc}).") from None
+            if not isinstance(demo, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object a line, got {type(demo).__name__}.")
+            demos.append(demo)
+    return demos
 
 
 def sft_step(client: TrainingClient, batch: list[tuple[Any, ...]], adam: AdamParams) -> dict[str, float]:
