@@ -136,9 +136,24 @@ def _load_train(path: str | None, overrides: list[str]) -> Any:
 
 def _rl_env(cfg: Any) -> str | None:
     if cfg.env.all_urls() or cfg.env.env_class:
-        return None
+        return _in_process_env_problem(cfg)
     return ("no environment: set env.url=ws://host:port (or env.urls=[...], or env.env_class='pkg.mod:Cls' to "
             "run one in process).")
+
+
+def _in_process_env_problem(cfg: Any) -> str | None:
+    """An ``env.env_class`` that does not import, or refuses ``env.env_kwargs``: said before any model loads
+    (the env is built once and closed, as ``envhub serve`` checks its ``--set``)."""
+    from envhub.server.run import check_env_config
+    from trainer.rollout.envs import load_env_class
+
+    if cfg.env.all_urls() or not cfg.env.env_class:
+        return None
+    try:
+        check_env_config(load_env_class(cfg.env.env_class), dict(cfg.env.env_kwargs))
+    except (ImportError, AttributeError, ValueError) as exc:
+        return f"env.env_class={cfg.env.env_class!r}: {exc}"
+    return None
 
 
 def _run_rl(cfg: Any) -> dict[str, Any]:
@@ -174,7 +189,7 @@ def _load_two_agent(path: str | None, overrides: list[str]) -> Any:
 
 def _match_env(cfg: Any) -> str | None:
     if cfg.env.all_urls() or cfg.env.env_class:
-        return None
+        return _in_process_env_problem(cfg)
     return ("no match env: set env.url=ws://host:port (a GomokuMatchEnv server: python -m env_servers.gomoku_env "
             "--two-agent) or env.env_class='pkg.mod:Cls'.")
 

@@ -203,3 +203,15 @@ def test_sft_demonstrations_that_cannot_be_read_are_one_line_and_status_2(tmp_pa
     bad.write_text('["a list"]\n')
     assert main(["sft", "model.name=tiny", f"sft.data='{bad}'"]) == 2
     assert f"{bad}:1: expected a JSON object a line, got list." in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["env.env_class='no_such_module:Env'"], "env.env_class='no_such_module:Env': No module named 'no_such_module'"),
+    (["env.env_class='env_servers.math_env:MathEnv'", "env.env_kwargs={nosuch=1}"],
+     "MathEnv(nosuch=1) failed: ConfigError: Unknown MathConfig option(s) ['nosuch']"),
+])
+def test_an_in_process_env_that_cannot_be_built_is_refused_before_the_model_loads(overrides, expected, capsys) -> None:
+    for mode in ("rl", "two-agent"):
+        assert main([mode, "model.name=tiny", *overrides] if mode == "rl" else [mode, *overrides]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"envhub-train {mode}: ") and expected in err
