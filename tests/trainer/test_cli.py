@@ -215,3 +215,14 @@ def test_an_in_process_env_that_cannot_be_built_is_refused_before_the_model_load
         assert main([mode, "model.name=tiny", *overrides] if mode == "rl" else [mode, *overrides]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"envhub-train {mode}: ") and expected in err
+
+
+def test_a_dead_match_env_stops_a_two_agent_run_at_the_first_validation(tmp_path, capsys) -> None:
+    from trainer.local_server import free_port
+
+    assert main(["two-agent", f"env.url='ws://127.0.0.1:{free_port()}'", "env.connect_retry_s=1", "run.eval_problems=2",
+                 f"run.output_dir='{tmp_path}'"]) == 1
+    captured = capsys.readouterr()
+    assert "Every validation game before training failed on the env side" in captured.err
+    assert "validation (eval0) of a: no game completed: 2/2 episodes failed (2 with env_error)" in captured.out
+    assert "a=none (no game completed, 2 failed), b=none" in captured.out

@@ -199,7 +199,7 @@ def test_a_two_agent_run_whose_matches_all_fail_stops_naming_the_reason(tmp_path
     from trainer.rollout.failures import RolloutFailureError
 
     cfg = tiny_config(tmp_path, "env.env_class='test_recipes:BrokenEnv'", "run.steps=4", "run.max_failed_steps=2",
-                      "match.partner_grace_s=0.1", "run.eval_problems=1",
+                      "match.partner_grace_s=0.1", "run.eval_problems=0",  # (a validation would stop it first)
                       "match.eval_opponent='random'")
     messages: list[str] = []
     with pytest.raises(RolloutFailureError, match=r"last 2 steps.*8/8 episodes failed \(8 with env_error\)"):

@@ -40,7 +40,7 @@ from trainer.recipes.players import Player, outcome_metrics
 from trainer.recipes.setup import in_process_env, start_run
 from trainer.recipes.two_agent_config import RANDOM_OPPONENT, TwoAgentConfig
 from trainer.rollout import EnvPool
-from trainer.rollout.failures import FailureWatch, RolloutFailureError
+from trainer.rollout.failures import FailureWatch, RolloutFailureError, failure_summary
 
 
 def build_pool(cfg: TwoAgentConfig) -> EnvPool:
@@ -94,8 +94,10 @@ def eval_matches(cfg: TwoAgentConfig, pairs: list[tuple[str, str]], run_id: str,
     return specs
 
 
-def evaluate(cfg: TwoAgentConfig, agents: dict[str, Player], pool: EnvPool, run_id: str, tag: str) -> dict[str, dict[str, float]]:
-    """Each agent's validation metrics (``eval/reward_mean``, win/loss/draw rates) on held-out seeds."""
+def evaluate(cfg: TwoAgentConfig, agents: dict[str, Player], pool: EnvPool, run_id: str, tag: str,
+             log: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
+    """Each agent's validation metrics (``eval/reward_mean``, win/loss/draw rates) on held-out seeds; ``log``
+    gets why when none of an agent's games completed."""
     names = list(agents)
     policies: dict[str, tuple[Any, Any]] = {n: (a.sampler, a.tokenizer) for n, a in agents.items()}
     if cfg.match.eval_opponent == RANDOM_OPPONENT:
@@ -109,6 +111,10 @@ def evaluate(cfg: TwoAgentConfig, agents: dict[str, Player], pool: EnvPool, run_
         results = _rollout(cfg, pool, policies).run_sync(eval_matches(cfg, [(names[0], names[1])], run_id, tag),
                                                          greedy=cfg.match.eval_greedy)
     trajs = by_agent(results)
+    for n in names:
+        games = trajs.get(n, [])
+        if log is not None and games and all(t.infra_failed for t in games):
+            log(f"validation ({tag}) of {n}: no game completed: {failure_summary(games).describe()}")
     return {n: outcome_metrics(trajs.get(n, []), "eval") for n in names}
 
 
@@ -151,10 +157,15 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
     run_id = uuid.uuid4().hex[:8]  # match ids unique even when several runs share one env server
     first_step = _maybe_resume(cfg, agents, barrier, log)
 
-    before = evaluate(cfg, agents, pool, run_id, f"eval{first_step}")
+    before = evaluate(cfg, agents, pool, run_id, f"eval{first_step}", log)
     for n, agent in agents.items():
         agent.logger.log(first_step, before[n])
     log("validation reward before: " + _fmt_rewards(before))
+    if all(not m["eval/episodes"] and m["eval/infra_failures"] for m in before.values()):  # a dead match env
+        for agent in agents.values():
+            agent.close()
+        raise RolloutFailureError("Every validation game before training failed on the env side, so the run stops "
+                                  "here; the reason is above.")
     watch = FailureWatch(cfg.run.max_failed_steps, log, out / "failures.jsonl")  # both seats' episodes
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
@@ -182,7 +193,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
                   "time/step_s": time.monotonic() - t0}
         waits = barrier.wait_times("update", step)
         if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
-            evals = evaluate(cfg, agents, pool, run_id, f"eval{step + 1}")
+            evals = evaluate(cfg, agents, pool, run_id, f"eval{step + 1}", log)
             for n in names:
                 updates[n].update(evals[n])
         for n, agent in agents.items():
@@ -199,7 +210,7 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
         if on_step is not None:
             on_step(step + 1, updates)
 
-    after = evaluate(cfg, agents, pool, run_id, "final")
+    after = evaluate(cfg, agents, pool, run_id, "final", log)
     last_step = max(cfg.run.steps, first_step)  # a resumed run may already be at (or past) run.steps
     for n, agent in agents.items():
         agent.logger.log(last_step, after[n])
