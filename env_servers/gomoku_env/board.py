@@ -180,7 +180,8 @@ def check_shape(size: object, win_length: object) -> None:
 
 # -- parsing model output ---------------------------------------------------------------------
 _MOVE_TAG = re.compile(r"<move>(.*?)</move>", re.IGNORECASE | re.DOTALL)
-_COORDS = re.compile(r"\(?\s*(\d+)\s*,\s*(\d+)\s*\)?")
+#: ASCII digits, at most 9 of them: a longer number is malformed (int() of thousands of digits raises)
+_COORDS = re.compile(r"\(?\s*([0-9]{1,9})\s*,\s*([0-9]{1,9})\s*\)?")
 
 
 def parse_move(text: str | None) -> Move | None:
@@ -205,7 +206,7 @@ def parse_move(text: str | None) -> Move | None:
     return int(match.group(1)), int(match.group(2))
 
 
-_CELL = re.compile(r"\s*(\d+)\s*")
+_CELL = re.compile(r"\s*([0-9]{1,9})\s*")
 
 
 def parse_cell(text: str | None, size: int) -> Move | None:
@@ -245,7 +246,7 @@ def coerce_move(row: object, col: object) -> Move | None:
             return None
         if isinstance(value, int):
             out.append(value)
-        elif isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        elif isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]{1,9}\s*", value):
             out.append(int(value))
         else:
             return None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -206,12 +207,13 @@ class MatchRegistry(Generic[G]):
              create: Callable[[str], Match[G]]) -> tuple[Match[G], str, bool]:
         """Join match ``match_id``, created with ``create`` if absent (an ended match is replaced).
 
-        ``match_id=None`` creates a private match under a fresh id; ``"auto"`` pairs with any open
+        ``match_id=None`` creates a private match under a fresh random id (unguessable: only whoever is told it
+        can join); ``"auto"`` pairs with any open
         ``"auto"`` match. Returns the match, the seat taken, and whether this call created the match.
         """
         self._drop_finished()
         if match_id is None:
-            match_id = f"match-{next(self._ids)}"
+            match_id = f"match-{secrets.token_hex(8)}"
         elif match_id == AUTO:
             match_id = next((mid for mid, m in self._matches.items()
                              if mid.startswith("auto-") and m.free_seats and (seat is None or seat in m.free_seats)),

@@ -275,3 +275,13 @@ def test_a_greedy_line_builder_cannot_exploit_the_heuristic():
             board.place(*move, stone)
             stone = O if stone == X else X
         assert board.winner() != X, f"seed {seed}: the greedy builder won"
+
+
+def test_moves_with_huge_or_non_ascii_numbers_are_malformed_not_a_crash() -> None:
+    from env_servers.gomoku_env.board import coerce_move, parse_cell, parse_move
+
+    huge = "9" * 5000  # int() of it raises past Python's 4300-digit limit
+    assert parse_move(f"<move>{huge},1</move>") is None and parse_cell(f"<move>{huge}</move>", 9) is None
+    assert coerce_move(huge, "1") is None
+    assert parse_move("<move>\u0661,\u0662</move>") is None  # Arabic-Indic digits are not a move
+    assert parse_move("<move>123456789,1</move>") == (123456789, 1)  # nine digits: off the board, not malformed

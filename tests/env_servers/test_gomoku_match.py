@@ -2,6 +2,7 @@
 
 import asyncio
 import itertools
+import re
 import time
 
 import pytest
@@ -285,7 +286,10 @@ async def test_without_match_id_each_session_opens_its_own_match():
     a, b = EnvRunner(GomokuMatchEnv()), EnvRunner(GomokuMatchEnv())
     first_a, first_b = await a.reset(seed=3), await b.reset(seed=3)
     assert first_a.observation == first_b.observation  # same seed, same opening, both X to move
-    assert (await a.state())["match_id"] != (await b.state())["match_id"]
+    ids = [(await a.state())["match_id"], (await b.state())["match_id"]]
+    assert ids[0] != ids[1]
+    # private: random ids another client cannot guess (they were match-1, match-2, ...)
+    assert all(re.fullmatch(r"match-[0-9a-f]{16}", i) for i in ids)
     await a.close()
     await b.close()
 
