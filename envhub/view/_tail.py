@@ -106,6 +106,9 @@ class JsonlTail:
         except ValueError as exc:
             self.bad.add(self.lines_read, f"not JSON: {exc}")
             return None
+        except RecursionError:  # nested deeper than the stdlib parser goes (orjson refused it first)
+            self.bad.add(self.lines_read, "not JSON: nested too deep")
+            return None
         if not isinstance(record, dict):
             self.bad.add(self.lines_read, f"expected a JSON object, got {type(record).__name__}")
             return None
@@ -113,11 +116,27 @@ class JsonlTail:
 
 
 def _loads(raw: bytes) -> Any:
-    """orjson, with the stdlib as the fallback for the NaN and Infinity that Python's json writes."""
+    """orjson, with the stdlib as the fallback for the NaN and Infinity that Python's json writes (and for a
+    lone surrogate escape such as ``"\\ud800"``, which becomes U+FFFD so that the record can be served)."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(raw)
+        return _scrub(json.loads(raw))
+
+
+def _scrub(value: Any) -> Any:
+    """``value`` with every string's lone surrogates replaced (they cannot be encoded as UTF-8)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    return value
 
 
 def _skip_rest_of_line(handle: Any, chunk_bytes: int = 1 << 20) -> bool:

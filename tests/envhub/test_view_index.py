@@ -31,6 +31,15 @@ def test_tail_reads_only_complete_lines_and_counts_bad_ones(tmp_path) -> None:
     assert "expected a JSON object" in tail.bad.examples[1][1]
 
 
+def test_a_line_nested_too_deep_is_counted_and_a_lone_surrogate_is_replaced(tmp_path) -> None:
+    path = tmp_path / "x.jsonl"
+    tail = JsonlTail(path)
+    append(path, '{"reward": ' + "[" * 100_000 + "]" * 100_000 + "}\n" + '{"text": "\\ud800 lone"}\n{"a": 1}\n')
+    records = [line.record for line in tail.read_new()]
+    assert records == [{"text": "\ufffd\ufffd\ufffd lone"}, {"a": 1}]  # it encodes as UTF-8 now: servable
+    assert tail.bad.count == 1 and tail.bad.examples[0] == (1, "not JSON: nested too deep")
+
+
 def test_tail_skips_a_line_over_the_limit_without_holding_it(tmp_path) -> None:
     path = tmp_path / "x.jsonl"
     tail = JsonlTail(path, max_line_bytes=32)
