@@ -207,7 +207,7 @@ class SessionProtocol:
         if self._replay and rid is not None and rid == self._last_id and self._last_reply is not None:
             return Reply(self._last_reply)
         mtype = msg["type"]
-        if len(msg) > 2 and not _ENVELOPE_KEYS.issuperset(msg):
+        if not _ENVELOPE_KEYS.issuperset(msg):  # {"type": "reset", "seeed": 5} too, not only past two keys
             extra = sorted(k for k in msg if k not in _ENVELOPE_KEYS)
             return self._error(ProtocolError(
                 f"Unexpected envelope key(s) {extra}; an envelope has 'type', 'data', 'id' and 'timeout_s'.",

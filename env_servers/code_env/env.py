@@ -24,6 +24,7 @@ from env_servers.code_env.tasks import CodeTask, TaskSet, builtin_tasks, load_js
 from env_servers.sandbox import ExecResult, Limits, get_default_backend
 from envhub import Env, Observation, StepResult, tool
 from envhub.config import from_kwargs
+from envhub.errors import ActionValidationError
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an expert Python programmer. Solve the task. You can test code with the run_python tool "
@@ -125,7 +126,10 @@ class CodeEnv(Env):
 
     def reset(self, seed: int | None = None, split: str = "train", index: int | None = None,
               task_id: str | None = None) -> Observation:
-        self.task = self.tasks.pick(self.rng, split, index, task_id)
+        try:
+            self.task = self.tasks.pick(self.rng, split, index, task_id)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:  # the task arguments: the client's to fix
+            raise ActionValidationError(f"reset(): {exc}") from None
         self.split, self.history, self.submissions, self.best_score = split, [], 0, 0.0
         return Observation(text=self.task.statement(), metadata={
             "system_prompt": self.config.system_prompt, "task_id": self.task.task_id, "split": split,

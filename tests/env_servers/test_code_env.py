@@ -126,3 +126,14 @@ async def test_every_reference_solution_scores_1():
 def test_metadata_reports_the_sandbox_backend():
     meta = CodeEnv.metadata()
     assert meta["name"] == "code" and meta["sandbox"]["backend"] == "local-zygote"
+
+
+@pytest.mark.parametrize("task", [{"task_id": "nope"}, {"index": 10**9}, {"index": -1}, {"split": "nope"},
+                                  {"task_id": 5}])
+async def test_bad_task_arguments_are_the_clients_validation_error(task):
+    from envhub.errors import ActionValidationError
+
+    runner = EnvRunner(CodeEnv())
+    with pytest.raises(ActionValidationError, match="reset\\(\\): "):
+        await runner.reset(**task)
+    await runner.close()

@@ -35,6 +35,8 @@ def code_of(effect) -> str:
     ('{"type": "tools"}', ErrorCode.UNKNOWN_TYPE),  # not negotiated: plain OpenEnv behaviour
     ('{"type": "reset", "data": [1]}', ErrorCode.VALIDATION_ERROR),
     ('{"type": "step", "data": {}, "extra": 1}', ErrorCode.VALIDATION_ERROR),
+    ('{"type": "reset", "seeed": 5}', ErrorCode.VALIDATION_ERROR),  # a typo'd key beside 'type' alone
+    ('{"type": "step", "dta": {"text": "x"}}', ErrorCode.VALIDATION_ERROR),
     ('{"type": "step", "data": {}, "id": [1]}', ErrorCode.VALIDATION_ERROR),
     ('{"type": "step", "data": {}, "timeout_s": -1}', ErrorCode.VALIDATION_ERROR),
     ('{"type": "step", "data": {}, "timeout_s": "soon"}', ErrorCode.VALIDATION_ERROR),
