@@ -37,7 +37,8 @@ _LATEX_WORDS = {
     r"\beta": " beta ", r"\le": "<=", r"\ge": ">=",
 }
 _GREEK = ("theta", "alpha", "beta")
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+)|(\*\*|[-+*/(),^]))")
+#: numbers (with an optional exponent: ``1e3``, ``2.5E-3``; ``2e`` stays 2 times e), words, operators
+_TOKEN = re.compile(r"\s*(?:((?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)|([A-Za-z]+)|(\*\*|[-+*/(),^]))")
 
 
 class ExpressionError(ValueError):
@@ -115,7 +116,7 @@ def _latex_to_calc(s: str) -> str:
 
 # -- tokenising with implicit multiplication ---------------------------------------------
 
-def _tokens(s: str, functions: frozenset[str]) -> list[tuple[str, str]]:
+def _tokens(s: str, functions: frozenset[str], strict: bool = False) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     pos, s = 0, s.rstrip()
     while pos < len(s):
@@ -129,18 +130,22 @@ def _tokens(s: str, functions: frozenset[str]) -> list[tuple[str, str]]:
         elif op is not None:
             out.append(("op", "**" if op == "^" else op))
         else:
-            out.extend(_split_word(word, functions))
+            out.extend(_split_word(word, functions, strict))
     return out
 
 
-def _split_word(word: str, functions: frozenset[str]) -> list[tuple[str, str]]:
-    """``sqrt`` stays a function; ``xy`` is ``x*y``; ``pi``/``theta`` stay whole."""
+def _split_word(word: str, functions: frozenset[str], strict: bool = False) -> list[tuple[str, str]]:
+    """``sqrt`` stays a function; ``xy`` is ``x*y``; ``pi``/``theta`` stay whole. ``strict`` (the calculator)
+    refuses a word of several letters that is none of these (``factorial``, ``mod``: not ``f*a*c*...``)."""
     if word in functions:
         return [("fn", word)]
     if word in ("pi", "oo") or word in _GREEK:
         return [("name", word)]
     if word.lower() in ("inf", "infty", "infinity"):
         return [("name", "oo")]
+    if strict and len(word) > 1:
+        raise ExpressionError(f"unknown function or name {word[:40]!r}; the functions are {', '.join(sorted(functions))}"
+                              ", the constants pi and e, and single-letter symbols")
     return [("name", ch) for ch in word]
 
 
@@ -159,23 +164,29 @@ def _with_implicit_products(tokens: list[tuple[str, str]]) -> str:
 
 
 def _num_literal(text: str) -> str:
-    """Decimals become exact ratios so that ``0.1`` is 1/10, not the nearest float."""
-    if "." not in text:
-        return text
-    whole, frac = text.split(".")
+    """Decimals and scientific notation become exact ratios so that ``0.1`` is 1/10, not the nearest float, and
+    ``2.5e-3`` is 1/400. An exponent past ``MAX_INT_DIGITS`` is refused (``1e999`` is no number to build)."""
+    mantissa, _, exp_text = text.lower().partition("e")
+    exponent = int(exp_text) if exp_text else 0
+    whole, _, frac = mantissa.partition(".")
     frac = frac.rstrip("0")
-    if not frac:
-        return whole or "0"
-    return f"({int((whole or '0') + frac)}/1{'0' * len(frac)})"
+    digits, exponent = (whole or "0") + frac, exponent - len(frac)
+    if abs(exponent) > MAX_INT_DIGITS:
+        raise ExpressionError(f"number {text[:40]!r} is out of range (exponent beyond {MAX_INT_DIGITS} digits)")
+    if exponent >= 0:
+        return str(int(digits)) + "0" * exponent if int(digits) else "0"
+    return f"({int(digits)}/1{'0' * -exponent})"
 
 
-def to_python_syntax(text: str, *, latex: bool = True, functions: frozenset[str] | None = None) -> str:
-    """Rewrite ``text`` into the Python-expression subset :func:`parse_expression` accepts."""
+def to_python_syntax(text: str, *, latex: bool = True, functions: frozenset[str] | None = None,
+                     strict: bool = False) -> str:
+    """Rewrite ``text`` into the Python-expression subset :func:`parse_expression` accepts (``strict``: no
+    word of several letters but the functions and constants)."""
     if len(text) > MAX_EXPR_CHARS:
         raise ExpressionError(f"expression longer than {MAX_EXPR_CHARS} characters")
     funcs = functions if functions is not None else frozenset(_FUNCTIONS_1)
     s = _latex_to_calc(text) if latex else text
-    return _with_implicit_products(_tokens(s, funcs))
+    return _with_implicit_products(_tokens(s, funcs, strict))
 
 
 # -- AST -> sympy, node by node ---------------------------------------------------------
@@ -291,14 +302,14 @@ def parse_expression(text: str, *, latex: bool = True, calculator: bool = False)
     sqrt(2)
     """
     functions = frozenset(_FUNCTIONS_1 + (_DEGREE_FUNCTIONS if calculator else ()))
-    return _parse_cached(text.strip(), latex, functions)
+    return _parse_cached(text.strip(), latex, functions, calculator)
 
 
 @lru_cache(maxsize=4096)
-def _parse_cached(text: str, latex: bool, functions: frozenset[str]) -> Any:
+def _parse_cached(text: str, latex: bool, functions: frozenset[str], strict: bool = False) -> Any:
     if not text:
         raise ExpressionError("empty expression")
-    source = to_python_syntax(text, latex=latex, functions=functions)
+    source = to_python_syntax(text, latex=latex, functions=functions, strict=strict)
     try:
         tree = ast.parse(source, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -324,7 +335,7 @@ def is_cheap(text: str, *, latex: bool = True, calculator: bool = False) -> bool
     """
     functions = frozenset(_FUNCTIONS_1 + (_DEGREE_FUNCTIONS if calculator else ()))
     try:
-        tree = ast.parse(to_python_syntax(text.strip(), latex=latex, functions=functions), mode="eval")
+        tree = ast.parse(to_python_syntax(text.strip(), latex=latex, functions=functions, strict=calculator), mode="eval")
     except Exception:
         return True
     return _cheap(tree.body, in_exponent=False)

@@ -201,3 +201,30 @@ def test_unmodified_openenv_generic_client_gets_the_diagram_and_uses_tools():
             assert not side.done
             final = env.step(call("submit_answer", answer=side.observation["text"].split(" ≈ ")[0]))
             assert final.reward == 1.0 and final.done
+
+
+@pytest.mark.parametrize("expression, expected", [
+    ("1e3", "1000"), ("2.5e-3", "1/400 ≈ 0.0025"), ("1.5E2*2", "300"), ("2e", "2*E ≈ 5.436563657"),
+])
+def test_the_calculator_reads_scientific_notation(expression: str, expected: str) -> None:
+    from env_servers.geometry_env.calculator import calculate
+
+    assert calculate(expression) == expected  # '1e3' was 3*E: the letter e, not an exponent
+
+
+@pytest.mark.parametrize("expression, message", [
+    ("factorial(100000)", "unknown function or name 'factorial'"), ("foo(3)", "unknown function or name 'foo'"),
+    ("5 mod 2", "unknown function or name 'mod'"), ("1e999", "out of range"),
+])
+def test_the_calculator_refuses_unknown_words_instead_of_splitting_them_into_symbols(expression: str,
+                                                                                    message: str) -> None:
+    from env_servers.geometry_env.calculator import CalculatorError, calculate
+
+    with pytest.raises(CalculatorError, match=message):  # 'foo(3)' was 3*f*o**2
+        calculate(expression)
+
+
+def test_math_grading_reads_scientific_notation_too() -> None:
+    from env_servers.math_grading.grading import is_equiv
+
+    assert is_equiv("1e3", "1000") and is_equiv("2.5e-3", "1/400") and not is_equiv("1e3", "3e")
