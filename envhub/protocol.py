@@ -24,6 +24,7 @@ the transport shell thin and every rule of the wire contract unit-testable::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -261,7 +262,7 @@ class SessionProtocol:
         timeout_s = self.step_timeout_s
         asked = msg.get("timeout_s")
         if asked is not None:
-            if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not asked > 0:
+            if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not 0 < asked < math.inf:
                 return self._error(ProtocolError(
                     f"Expected 'timeout_s' to be a positive number of seconds, got {asked!r}.",
                     code=ErrorCode.VALIDATION_ERROR), rid)

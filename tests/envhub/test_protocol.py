@@ -40,6 +40,7 @@ def code_of(effect) -> str:
     ('{"type": "step", "data": {}, "id": [1]}', ErrorCode.VALIDATION_ERROR),
     ('{"type": "step", "data": {}, "timeout_s": -1}', ErrorCode.VALIDATION_ERROR),
     ('{"type": "step", "data": {}, "timeout_s": "soon"}', ErrorCode.VALIDATION_ERROR),
+    ('{"type": "reset", "timeout_s": Infinity}', ErrorCode.VALIDATION_ERROR),  # a deadline is a finite number
 ])
 def test_bad_frames_become_error_replies_and_never_raise(frame, code):
     p = plain()
