@@ -92,7 +92,8 @@ class ExecResult:
         else:
             status = f"exit {self.exit_code}"
         trunc = " (output truncated)" if self.output_truncated else ""
-        return f"{status} in {self.duration_s:.2f}s{trunc}"
+        took = "" if self.timed_out else f" in {self.duration_s:.2f}s"  # a timeout already says how long
+        return f"{status}{took}{trunc}"
 
 
 @runtime_checkable

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -98,6 +99,7 @@ async def test_run_python_reports_output_status_and_kills():
     assert r.info["exec"]["exit_code"] == 2 and r.reward == 0.0 and not r.done
     r = await runner.step(call("run_python", code="while True: pass"))
     assert r.observation.text.startswith("[timed out after") and r.info["exec"]["timed_out"]
+    assert re.match(r"\[timed out after \d+\.\d\ds\]", r.observation.text)  # once, as the README shows it
     r = await runner.step(call("run_python", code="x = bytearray(10 ** 10)"))
     assert "MemoryError" in r.observation.text
     r = await runner.step(call("run_python", code="pass"))
