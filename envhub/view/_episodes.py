@@ -235,7 +235,11 @@ def token_view(record: dict[str, Any]) -> dict[str, Any]:
         why = ("eval results carry token counts, not token ids and masks" if isinstance(tokens, dict)
                else "this record has no token ids with a mask of the same length")
         return {"available": False, "why": why}
+    if not all(m in (0, 1) and not isinstance(m, float) for m in mask):  # True/False pass: they are 1/0
+        return {"available": False, "why": "this record's mask holds values other than 0 and 1"}
     logprobs = record.get("logprobs") if isinstance(record.get("logprobs"), list) else None
+    if logprobs is not None and not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in logprobs):
+        logprobs = None  # not numbers: shown without their mean
     texts = _segments(record)
     runs = _mask_runs(mask)
     if texts is not None and [(m, n) for _, m, n in texts] != [(m, e - s) for m, s, e in runs]:

@@ -153,3 +153,10 @@ def test_image_placeholders_become_labels_and_old_records_show_token_ids() -> No
     assert "text" not in view["segments"][0] and view["segments"][0]["ids"] == record["tokens"][:len(view["segments"][0]["ids"])]
     record["mask"] = record["mask"][:-1]  # a mask that does not fit the ids is refused, not guessed
     assert token_view(record)["available"] is False
+
+
+def test_a_token_view_of_a_mask_that_is_not_0_and_1_or_logprobs_that_are_not_numbers() -> None:
+    assert token_view({"tokens": [1, 2, 3], "mask": ["a", "b", "c"]}) == {
+        "available": False, "why": "this record's mask holds values other than 0 and 1"}  # was drawn as trained
+    view = token_view({"tokens": [1, 2, 3], "mask": [0, 1, 1], "logprobs": ["a", 1, 2]})
+    assert view["available"] and "logprob_mean" not in view["segments"][1]  # was a 409 from float('a')
