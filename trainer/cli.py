@@ -93,11 +93,12 @@ class ConfigCommand(Command):
             print(f"{PROG} {self.name}: {problem}", file=sys.stderr)
             return 2
         from trainer.model import ModelLoadError
+        from trainer.recipes.sft import DemoFileError
         from trainer.rollout.failures import RolloutFailureError
 
         try:
             summary = self.execute(cfg)
-        except ModelLoadError as exc:  # a model name that is not there: what to do, not Hugging Face's traceback
+        except (ModelLoadError, DemoFileError) as exc:  # a model or data file that is not there: what to do
             print(f"{PROG} {self.name}: {exc}", file=sys.stderr)
             return 2
         except RolloutFailureError as exc:  # every episode failed for several steps: nothing was learned
@@ -163,16 +164,9 @@ def _run_rl(cfg: Any) -> dict[str, Any]:
 
 
 def _sft_data(cfg: Any) -> str | None:
-    """The demonstrations file, read before any model loads: a missing file or a bad line, said at once."""
-    from trainer.recipes.sft import load_demos
-
-    if not cfg.sft.data:
-        return "no demonstrations: pass sft.data=path/to/demos.jsonl (one JSON object a line)."
-    try:
-        load_demos(cfg.sft.data)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    if cfg.sft.data:
+        return None  # the run reads it first thing (one read): a bad file is a DemoFileError, status 2
+    return "no demonstrations: pass sft.data=path/to/demos.jsonl (one JSON object a line)."
 
 
 def _run_sft(cfg: Any) -> dict[str, Any]:

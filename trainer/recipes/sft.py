@@ -80,13 +80,18 @@ def _text_only(demo: dict[str, Any]) -> dict[str, Any]:
     return {k: text_only(v) if k in ("messages", "prompt") and isinstance(v, list) else v for k, v in demo.items()}
 
 
+class DemoFileError(ValueError):
+    """A demonstrations file that cannot be read, or a line of it that is not a JSON object (the message names
+    the file and the line; ``envhub-train sft`` prints it as one line)."""
+
+
 def load_demos(path: str | Path) -> list[dict[str, Any]]:
     """Demonstrations from a JSONL file (one JSON object a line; blank lines skipped). A missing file or a line
-    that is not a JSON object is a ``ValueError`` naming the file and the line."""
+    that is not a JSON object is a :class:`DemoFileError` naming the file and the line."""
     try:
         fh = open(path, encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"Could not read the demonstrations file {str(path)!r}: {exc.strerror}.") from None
+        raise DemoFileError(f"Could not read the demonstrations file {str(path)!r}: {exc.strerror}.") from None
     demos = []
     with fh:
         for number, line in enumerate(fh, 1):
@@ -95,9 +100,9 @@ def load_demos(path: str | Path) -> list[dict[str, Any]]:
             try:
                 demo = json.loads(line)
             except ValueError as exc:
-                raise ValueError(f"{path}:{number}: expected a JSON object a line, got invalid JSON ({exc}).") from None
+                raise DemoFileError(f"{path}:{number}: expected a JSON object a line, got invalid JSON ({exc}).") from None
             if not isinstance(demo, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object a line, got {type(demo).__name__}.")
+                raise DemoFileError(f"{path}:{number}: expected a JSON object a line, got {type(demo).__name__}.")
             demos.append(demo)
     return demos
 
@@ -186,6 +191,7 @@ def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[s
     torch.manual_seed(cfg.run.seed)
     if not cfg.sft.data:
         raise ValueError("Expected sft.data to name a JSONL file of demonstrations; pass sft.data=path/to/demos.jsonl.")
+    demos = load_demos(cfg.sft.data)  # read once, before the model loads: a bad file is said at once
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.to_json())
@@ -193,7 +199,7 @@ def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[s
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
     model, tok = load_policy(cfg.model, device)
     logger = MetricsLogger(out)
-    metrics = run_sft(model, tok, load_demos(cfg.sft.data), steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+    metrics = run_sft(model, tok, demos, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
                       lr=cfg.optim.lr, seed=cfg.run.seed, grad_clip=cfg.optim.grad_clip,
                       weight_decay=cfg.optim.weight_decay, logger=logger, device=device,
                       epochs_limit=cfg.sft.epochs_limit, vision=load_vision_processor(cfg.model, tok))
@@ -207,4 +213,4 @@ def train_sft(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[s
     return summary
 
 
-__all__ = ["encode_demo", "encode_image_demo", "load_demos", "StepLogger", "sft_step", "run_sft", "train_sft"]
+__all__ = ["DemoFileError", "encode_demo", "encode_image_demo", "load_demos", "StepLogger", "sft_step", "run_sft", "train_sft"]
