@@ -183,9 +183,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
     logger.log(first_step, before)
     log(validation_line("before", before))
     if not before["eval/episodes"] and before["eval/infra_failures"]:  # a dead env: say so now, not steps later
-        logger.close()
-        engine.close()
-        engine.sampler.close()
+        _close(logger, engine)
         raise RolloutFailureError(f"Every validation episode before training failed ({before['eval/infra_failures']:.0f}"
                                   f"), so the run stops here; the reason is above. Check env.url and the server.")
     # nothing left to do (run.steps=0, or a resumed run already at run.steps): validate and summarise
@@ -242,9 +240,7 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
     log(validation_line("after", after))
     if cfg.run.steps > first_step:
         save_checkpoint(policy, out / "checkpoints", cfg.run.steps, keep_last=cfg.run.keep_last)
-    logger.close()
-    engine.close()
-    engine.sampler.close()  # vLLM: free the engine and its files
+    _close(logger, engine)
     summary = {"val_reward_before": before.get("eval/reward_mean"), "val_reward_after": after.get("eval/reward_mean"),
                "val_distinct_answers_before": int(before.get("eval/distinct_answers", 0)),
                "val_distinct_answers_after": int(after.get("eval/distinct_answers", 0)),
@@ -253,6 +249,13 @@ def train(cfg: TrainConfig, *, model: Any = None, tokenizer: Any = None,
                "reward_plot": _reward_plot(out) if info.is_main else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _close(logger: MetricsLogger, engine: RolloutEngine) -> None:
+    """The end of a run, finished or stopped: the logs, the env sessions, the sampler (vLLM: its engine and files)."""
+    logger.close()
+    engine.close()
+    engine.sampler.close()
 
 
 def _reward_plot(out: Path) -> str | None:
