@@ -64,7 +64,7 @@ class Env:
     Override ``reset`` (and ``step`` for text or custom actions); add ``@tool`` and ``@reward``
     methods. Any of ``reset``, ``step``, ``on_text``, ``state``, ``close`` and tools may be
     ``async def``. Before ``reset`` runs, ``self.rng`` is a ``random.Random`` seeded with the
-    reset seed and ``self.done`` is False; set ``self.done = True`` from a tool to end the episode.
+    reset seed (:func:`seeded_rng`) and ``self.done`` is False; set ``self.done = True`` from a tool to end the episode.
 
     >>> from envhub import Env, Observation, tool
     >>> class CoinEnv(Env):
@@ -172,6 +172,16 @@ class Env:
                 "documentation_url": None}
 
 
+def seeded_rng(seed: int | None) -> random.Random:
+    """``random.Random`` for a reset seed, with a stream of its own for every seed: ``random.Random(-n)``
+    is ``random.Random(n)`` (it seeds with the absolute value), so a negative seed draws from a string of it.
+
+    >>> seeded_rng(3).random() == random.Random(3).random() != seeded_rng(-3).random()
+    True
+    """
+    return random.Random(seed if seed is None or seed >= 0 else f"seed:{seed}")
+
+
 def _overrides(env: Env, name: str) -> bool:
     return getattr(type(env), name) is not getattr(Env, name)
 
@@ -233,7 +243,7 @@ class EnvRunner:
                 details={"errors": [{"loc": [k], "msg": "unexpected argument"} for k in unknown]})
         if "episode_id" in accepted:
             task["episode_id"] = episode_id
-        self.env.rng = random.Random(seed)
+        self.env.rng = seeded_rng(seed)
         self.env.done = False
         self.episode_id = str(episode_id) if episode_id is not None else uuid.uuid4().hex
         self.step_count, self.episode_reward, self.ended = 0, 0.0, False

@@ -26,6 +26,7 @@ from env_servers.gomoku_env.game import INVALID_EVENTS, VALID, GomokuGame, Outco
 from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
 from envhub import Action, Env, Observation, StepResult, tool
+from envhub.env import seeded_rng
 from envhub.errors import ActionValidationError
 
 SPLITS = ("train", "validation")
@@ -71,7 +72,7 @@ class GomokuEnv(Env):
         if split not in SPLITS:
             raise ActionValidationError(f"Invalid gomoku reset: expected split in {SPLITS}, got {split!r}.")
         if seed is not None:
-            self.rng = random.Random(seed if split == "train" else f"{split}:{seed}")
+            self.rng = seeded_rng(seed) if split == "train" else random.Random(f"{split}:{seed}")
         changes = {k: v for k, v in (("board_size", board_size), ("opponent", opponent),
                                      ("render_image", render_image)) if v is not None}
         try:

@@ -26,6 +26,7 @@ from env_servers.gomoku_env.game import DRAW, STEP_LIMIT, VALID, WIN, TwoPlayerG
 from env_servers.gomoku_env.outcomes import outcome_of
 from env_servers.gomoku_env.render import render_png
 from envhub import Action, Env, Observation, StepResult, tool
+from envhub.env import seeded_rng
 from envhub.errors import ActionValidationError
 
 PLAYED_EVENTS = frozenset({VALID, WIN, DRAW, STEP_LIMIT})
@@ -72,7 +73,7 @@ class GomokuMatchEnv(Env):
         ``truncated``) result with this seat's end: its reward, ``end_reason`` and ``outcome``."""
         await self._leave()
         if seed is not None:
-            self.rng = random.Random(seed)
+            self.rng = seeded_rng(seed)
         if seat is not None and player is not None and seat != player:
             raise ActionValidationError(f"Expected seat and player to agree (they are aliases), got {seat!r} and {player!r}.")
         if match_id is not None and not isinstance(match_id, (str, int)):

@@ -258,6 +258,7 @@ async def test_a_seed_reproduces_a_game():
 
     assert await history(11) == await history(11)
     assert await history(11) != await history(12)
+    assert await history(-11) == await history(-11) != await history(11)
 
 
 async def test_a_split_draws_its_own_games_from_the_same_seeds():

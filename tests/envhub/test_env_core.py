@@ -136,6 +136,7 @@ def test_seeding_is_reproducible_per_instance():
         return (await EnvRunner(Counter()).reset(seed=seed)).observation.text
     assert run(first_text(5)) == run(first_text(5))
     assert run(first_text(5)) != run(first_text(6))
+    assert run(first_text(-5)) == run(first_text(-5)) != run(first_text(5))  # random.Random(-5) is random.Random(5)
 
 
 def test_step_rewards_components_and_episode_bookkeeping():
