@@ -20,9 +20,9 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import websockets
 
@@ -31,7 +31,7 @@ RESET = json.dumps({"type": "reset"})
 
 # The openenv-core echo server and the bare-websockets ceiling are ws_throughput's own (one
 # definition of the baseline for both scripts); only the envhub server here has profiling knobs.
-from ws_throughput import cpu_seconds, start_server  # noqa: E402  (sibling script)
+from ws_throughput import START_TIMEOUT_S, cpu_seconds, start_server  # noqa: E402  (sibling script)
 
 from trainer import local_server, while_parent  # noqa: E402
 from trainer.local_server import free_port  # noqa: E402
@@ -77,17 +77,6 @@ async def drive(url: str, sessions: int, seconds: float, ext: str | None = None)
     return sum(counts) / (time.perf_counter() - start)
 
 
-def _wait_up(port: int, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"server on port {port} did not come up")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 32])
@@ -108,22 +97,23 @@ def main(argv: list[str] | None = None) -> None:
         args.sessions, args.seconds, args.repeat = [1, 4], 0.3, 1
     if args.ceiling or args.openenv:
         server, base = start_server("ceiling" if args.ceiling else "openenv")
-        port = int(base.rsplit(":", 1)[1])
     else:
         port = free_port()
+        base = f"http://127.0.0.1:{port}"
         # through while_parent: the server ends with this run, however it ends
         argv = while_parent.argv(os.path.abspath(__file__), "--serve", str(port), "--ws", args.ws,
                                  *(["--no-inline"] if args.no_inline else []))
-        server = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        server = local_server.start(argv, base, Path(tempfile.gettempdir()) / "server_profile_envhub.log",
+                                    timeout_s=START_TIMEOUT_S, what="the envhub echo server")
+    url = base.replace("http://", "ws://", 1) + "/ws"
     try:
-        _wait_up(port)
         label = "bare websockets echo" if args.ceiling else "openenv-core echo" if args.openenv else \
             f"envhub ws={args.ws} {'threaded' if args.no_inline else 'inline'} ext={args.ext or '-'}"
         for n in args.sessions:
             runs = []
             for _ in range(args.repeat):
                 cpu0 = cpu_seconds(server.pid)
-                rate = asyncio.run(drive(f"ws://127.0.0.1:{port}/ws", n, args.seconds, args.ext))
+                rate = asyncio.run(drive(url, n, args.seconds, args.ext))
                 runs.append((rate, (cpu_seconds(server.pid) - cpu0) * 1e6 / max(1.0, rate * args.seconds)))
             rate, cpu_us = sorted(runs)[len(runs) // 2]  # the median run
             print(f"{label}: {n:4d} session(s): {rate:8.0f} steps/s, server CPU {cpu_us:5.0f} us/step", flush=True)
