@@ -80,8 +80,9 @@ def scaffold(name: str, parent: str | Path = ".", *, tools: bool = False, multi_
     """Write the package for ``name`` into ``parent/name`` and return that directory; refuses to overwrite."""
     plan = Scaffold.from_name(name, tools=tools, multi_turn=multi_turn)
     root = Path(parent) / name
-    if root.exists() and any(root.iterdir()):
-        raise FileExistsError(f"{root} already exists and is not empty; choose another NAME or remove it.")
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(f"{root} already exists and is not an empty directory; choose another NAME or "
+                              "remove it.")
     values = plan.values()
     rendered = {rel: render(template, values) for rel, template in plan.files().items()}  # all or nothing
     for rel, text in rendered.items():
@@ -109,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         root = scaffold(args.name, args.dir, tools=args.tools, multi_turn=args.multi_turn)
     except FileExistsError as exc:
         raise ValueError(str(exc)) from None
+    except OSError as exc:  # --dir is a file, or not writable
+        raise ValueError(f"Expected --dir to be a directory NAME/ can be created in, got {args.dir!r}: "
+                         f"{exc.strerror or exc} ({exc.filename}).") from None
     plan = Scaffold.from_name(args.name, tools=args.tools, multi_turn=args.multi_turn)
     taken = registered().get(plan.env_name)
     if taken:  # installing this package would make the name a conflict, which `envhub serve NAME` refuses

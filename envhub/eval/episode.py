@@ -134,8 +134,11 @@ async def play_episode(env: EnvConnection, model: ChatModel, spec: EpisodeSpec) 
     start = time.monotonic()
     try:
         await asyncio.wait_for(_play(env, model, spec, limits, record), limits.timeout_s)
-    except ContextLengthError:
-        record.stop_reason = "max_tokens"  # the conversation outgrew the model's context: scored, not a failure
+    except ContextLengthError as exc:
+        if record.turns:
+            record.stop_reason = "max_tokens"  # the conversation outgrew the model's context: scored, not a failure
+        else:  # the env's first prompt does not fit: the policy never acted, a 0 would not be its score
+            record.fail("model", f"the first prompt does not fit the model's context: {exc}", "model_error")
     except ChatModelError as exc:
         record.fail("model", str(exc), "model_error")
     except (EnvHubError, OSError, asyncio.TimeoutError) as exc:

@@ -10,6 +10,7 @@ never imports the trainer itself: the entry point is the only link.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from envhub.chat import ChatCompletionsClient, ChatModel
@@ -42,12 +43,21 @@ def is_url(model: str) -> bool:
     return model.startswith(("http://", "https://"))
 
 
+def check_model_path(model: str) -> None:
+    """A ``--model`` written as a path (``/``, ``./``, ``../``, ``~``) must be a directory: ValueError otherwise,
+    rather than the Hugging Face hub's complaint about a repository id."""
+    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().is_dir():
+        raise ValueError(f"Expected --model to be a Hugging Face model directory, `tiny` or an http(s):// URL, got "
+                         f"{model!r}, which is not a directory.")
+
+
 def load_chat_model(model: str, options: ModelOptions) -> ChatModel:
     """The :class:`~envhub.chat.ChatModel` for ``--model``: an endpoint client, or the registered local model."""
     if is_url(model):
         return ChatCompletionsClient(model, model=options.model_name or "default", api_key=options.api_key,
                                      timeout_s=options.timeout_s, max_tokens=options.max_tokens,
                                      temperature=options.temperature, seed=options.seed)
+    check_model_path(model)
     factory = _local_factory()
     chat_model: ChatModel = factory(model, max_tokens=options.max_tokens, temperature=options.temperature,
                                     seed=options.seed)
@@ -71,4 +81,4 @@ def _local_factory() -> Any:
                           f"import: {type(exc).__name__}: {exc}") from exc
 
 
-__all__ = ["GROUP", "ModelOptions", "is_url", "load_chat_model"]
+__all__ = ["GROUP", "ModelOptions", "check_model_path", "is_url", "load_chat_model"]

@@ -30,7 +30,7 @@ from envhub.eval.episode import (
     EpisodeSpec,
     play_episode,
 )
-from envhub.eval.models import ModelOptions, load_chat_model
+from envhub.eval.models import ModelOptions, check_model_path, load_chat_model
 from envhub.eval.summary import summarize
 
 #: the arguments that change what one episode does: a resumed run must keep them
@@ -67,6 +67,9 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.retry_failed and not self.resume:
             raise ValueError("--retry-failed plays the failed episodes of a run again: use it with --resume.")
+        if self.env_config and "://" in self.env:
+            raise ValueError(f"Expected --set only with an env eval serves itself (a name or module:Class), got "
+                             f"--env {self.env}: configure that server where it runs (envhub serve ... --set).")
         for name, low, high in (("episodes", 1, 1_000_000), ("samples", 1, 10_000), ("concurrency", 1, 4096),
                                 ("max_turns", 1, 100_000)):
             value = getattr(self, name)
@@ -75,6 +78,7 @@ class EvalConfig:
         if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
             raise ValueError(f"Expected --episode-timeout > 0 seconds, got {self.episode_timeout_s}.")
         ModelOptions(max_tokens=self.max_tokens, temperature=self.temperature)  # validates both
+        check_model_path(self.model)
 
     def material(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in MATERIAL}
@@ -100,6 +104,9 @@ class EvalRun:
 
     def prepare(self) -> tuple[set[tuple[int, int]], float]:
         """Check the directory against ``resume``; returns the pairs already done and their wall time."""
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ValueError(f"Expected --out to be a directory (made when missing), got {str(self.dir)!r}, "
+                             "which is a file.")
         if not self.config.resume:
             if self.results.exists() and self.results.stat().st_size > 0:
                 raise ValueError(f"{self.results} already holds results; pass --resume to continue that run, or "
@@ -110,11 +117,30 @@ class EvalRun:
             return set(), 0.0
         if not self.run_file.exists():
             raise ValueError(f"Nothing to resume in {self.dir}: no run.json (run without --resume first).")
-        self._check_material(json.loads(self.run_file.read_text()).get("args", {}))
+        args = self._read_json(self.run_file).get("args")
+        self._check_material(args if isinstance(args, dict) else {})
+        beyond = sorted((int(r["task_index"]), int(r["sample"])) for r in self.records()
+                        if int(r["task_index"]) >= self.config.episodes or int(r["sample"]) >= self.config.samples)
+        if beyond:  # the summary would count episodes outside N x K
+            raise ValueError(f"Cannot resume {self.dir} with --episodes {self.config.episodes} --samples "
+                             f"{self.config.samples}: results.jsonl holds task {beyond[-1][0]} sample {beyond[-1][1]}; "
+                             "--episodes and --samples may only grow on resume.")
         kept = self.records(repair=True, drop_failed=self.config.retry_failed)
         done = {(int(r["task_index"]), int(r["sample"])) for r in kept}
-        previous = json.loads(self.summary_file.read_text()) if self.summary_file.exists() else {}
+        previous = self._read_json(self.summary_file) if self.summary_file.exists() else {}
         return done, float(previous.get("wall_s") or 0.0)
+
+    @staticmethod
+    def _read_json(path: Path) -> dict[str, Any]:
+        """A JSON object file of this directory; a broken one is a one-line error naming it."""
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"Expected {path} to hold a JSON object, got unreadable JSON ({exc}); restore it or "
+                             "choose another --out.") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"Expected {path} to hold a JSON object, got {type(value).__name__}.")
+        return value
 
     def _check_material(self, recorded: dict[str, Any]) -> None:
         ours = json.loads(json.dumps(self.config.material()))  # compare as JSON, like the file
@@ -129,7 +155,9 @@ class EvalRun:
         (``repair``: and removed from the file; ``drop_failed``: failed episodes too, to play them again)."""
         if not self.results.exists():
             return []
-        lines = self.results.read_text().splitlines()
+        # split on "\n" alone: str.splitlines() also splits on U+2028, U+0085 ..., which json.dumps(ensure_ascii=False)
+        # leaves raw inside a transcript's strings; a multi-byte character cut by a kill only spoils its own line
+        lines = [line for line in self.results.read_bytes().decode("utf-8", errors="replace").split("\n") if line]
         good, by_pair = [], {}
         for line in lines:
             try:
@@ -142,7 +170,7 @@ class EvalRun:
             by_pair[pair] = rec
             good.append(line)
         if repair and len(good) != len(lines):
-            self.results.write_text("".join(f"{line}\n" for line in good))
+            self.results.write_text("".join(f"{line}\n" for line in good), encoding="utf-8")
         return list(by_pair.values())
 
     def write_summary(self, wall_s: float, *, interrupted: bool) -> dict[str, Any]:
@@ -156,7 +184,7 @@ class EvalRun:
     @staticmethod
     def _write_json(path: Path, value: Any) -> None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+        tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         tmp.replace(path)
 
 

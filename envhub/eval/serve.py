@@ -54,12 +54,15 @@ class LocalEnvServer:
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + self.start_timeout_s
-        while not _healthy(self.host, self.port, timeout_s=1.0):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                log = self._tail()
-                self.__exit__()
-                raise RuntimeError(f"`envhub serve {self.target}` did not come up; its log:\n{log}")
-            time.sleep(0.1)
+        try:
+            while not _healthy(self.host, self.port, timeout_s=1.0):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    log = self._tail()
+                    raise RuntimeError(f"`envhub serve {self.target}` did not come up; its log:\n{log}")
+                time.sleep(0.1)
+        except BaseException:  # also Ctrl-C while waiting: the child is in its own session, so nothing else stops it
+            self.__exit__()
+            raise
         return self
 
     def stop(self, grace_s: float = 10.0) -> None:

@@ -34,9 +34,15 @@ def serve_view(root: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAUL
     # bind first, so the printed URL names the real port (also for port 0)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)  # connections that come before uvicorn starts wait in the backlog
     shown = f"[{host}]" if ":" in host else host
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:  # a port in use or out of range, a host that is not this machine's
+        sock.close()
+        reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)).rstrip(".")
+        raise ValueError(f"Expected an address to listen on (--host, --port; --port 0 takes any free port), got "
+                         f"{shown}:{port}: {reason}.") from None
+    sock.listen(128)  # connections that come before uvicorn starts wait in the backlog
     print(f"envhub view: {app.state.view.root} ({app.state.view.kind}) at http://{shown}:{sock.getsockname()[1]}/",
           flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level=log_level)).run(sockets=[sock])

@@ -57,8 +57,16 @@ class ViewDir:
         if not self.root.is_dir():
             raise ValueError(f"Expected a run or eval directory, got {root!r}, which is not a directory.")
         if not any((self.root / name).exists() for name in KNOWN_FILES):
+            try:  # a directory of runs (one per seed, say): name them
+                inside = sorted(d.name for d in self.root.iterdir()
+                                if d.is_dir() and any((d / name).exists() for name in KNOWN_FILES))
+            except OSError:
+                inside = []
+            hint = f" Its subdirectories {', '.join(inside[:8])}{' ...' if len(inside) > 8 else ''} hold runs: " \
+                   f"envhub view {Path(root) / inside[0]}" if inside else ""
             raise ValueError(f"Expected a training run directory ({TRAJECTORIES_FILE}, {METRICS_FILE}) or an eval "
-                             f"directory ({RESULTS_FILE}) in {self.root}, found none of {', '.join(KNOWN_FILES)}.")
+                             f"directory ({RESULTS_FILE}) in {self.root}, found none of {', '.join(KNOWN_FILES)}."
+                             + hint)
         self._lock = threading.Lock()
         self._episodes: EpisodeIndex | None = None
         self.metrics = MetricSeries(self.root / METRICS_FILE)

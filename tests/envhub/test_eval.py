@@ -51,7 +51,8 @@ def _bisect(messages: list[dict[str, Any]]) -> dict[str, Any]:
 def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None,
                    hold: Callable[[], bool] | None = None) -> FastAPI:
     """Scripts by request ``model``: bisect (solves the guess env), malformed (arguments that are not JSON),
-    text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400),
+    text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400), tiny
+    (the first prompt does not fit its context: HTTP 400),
     flaky (HTTP 500 while ``outage["down"]``, else bisect), throttled (every other request: HTTP 429, else bisect).
     A request waits while ``hold()`` is true."""
     app = FastAPI()
@@ -70,7 +71,7 @@ def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None,
             return JSONResponse({"error": "slow down"}, status_code=429, headers={"Retry-After": "0"})
         if script == "broken" or (script == "flaky" and outage["down"]):
             return JSONResponse({"error": "the GPU caught fire"}, status_code=500)
-        if script == "context" and len(messages) > 3:
+        if (script == "context" and len(messages) > 3) or script == "tiny":
             return JSONResponse({"error": {"message": "This model's maximum context length is 64 tokens"}},
                                 status_code=400)
         if script == "malformed":
@@ -230,6 +231,11 @@ def test_a_full_context_ends_the_episode_as_max_tokens_and_is_scored(tmp_path: P
     assert rec["stop_reason"] == "max_tokens" and rec["turns"] == 1 and rec["reward"] == 0.0
     assert rec["failure"] is None and summary["failures"] == {}
     assert summary["pass_at_k"] == {"1": 0.0}
+    # a first prompt that does not fit: the policy never acted, so it is the model's failure, not a 0
+    summary, (rec,) = evaluate(tmp_path / "tiny", guess_url, model_url, model_name="tiny", episodes=1, seed=1)
+    assert rec["stop_reason"] == "model_error" and rec["turns"] == 0 and rec["reward"] is None
+    assert rec["failure"]["message"].startswith("the first prompt does not fit the model's context: ")
+    assert summary["failures"] == {"model": 1} and summary["pass_at_k"] == {"1": None}
 
 
 def test_the_episode_deadline_and_the_env_step_timeout_are_told_apart(tmp_path: Path, model_url: str,
@@ -427,3 +433,80 @@ def test_a_run_where_every_episode_failed_says_why_in_one_line_and_exits_1(tmp_p
     assert err.startswith("envhub eval: error: no episode completed (2 failed: 2 infrastructure); the first: ")
     assert "Is the server running?" in err
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["episodes_done"] == 0
+
+
+def test_ctrl_c_while_the_env_server_starts_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from envhub.eval import serve
+
+    server = serve.LocalEnvServer("examples.guess_env:GuessEnv")
+    started: list[subprocess.Popen[bytes]] = []
+
+    def interrupted(*args: Any, **kwargs: Any) -> bool:
+        assert server.proc is not None
+        started.append(server.proc)
+        raise KeyboardInterrupt  # Ctrl-C during the wait for /health
+
+    monkeypatch.setattr(serve, "_healthy", interrupted)
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert started and started[0].poll() is not None, "the child `envhub serve` (its own session) is stopped"
+    assert server.proc is None and not Path(server._log.name).exists()
+
+
+def test_set_with_a_server_url_is_refused_not_ignored() -> None:
+    with pytest.raises(ValueError, match="Expected --set only with an env eval serves itself"):
+        EvalConfig(env="ws://127.0.0.1:8001", model="tiny", env_config={"size": 9})
+    assert EvalConfig(env="math", model="tiny", env_config={"size": 9}).env_config == {"size": 9}
+
+
+def test_an_out_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    from envhub.eval.runner import EvalRun
+
+    (tmp_path / "out").write_text("not a directory")
+    with pytest.raises(ValueError, match="Expected --out to be a directory .*which is a file"):
+        EvalRun(EvalConfig(env="ws://127.0.0.1:1", model="tiny", out=str(tmp_path / "out"))).prepare()
+
+
+def test_resume_refuses_fewer_episodes_and_a_broken_run_json_in_one_line(tmp_path: Path) -> None:
+    from envhub.eval.runner import EvalRun
+
+    out = tmp_path / "out"
+    config: dict[str, Any] = dict(env="ws://127.0.0.1:1", model="tiny", out=str(out), episodes=2, samples=2)
+    EvalRun(EvalConfig(**config)).prepare()
+    pairs = {(t, s) for t in range(2) for s in range(2)}
+    lines = "".join(json.dumps({"task_index": t, "sample": s, "reward": 0.0}) + "\n" for t, s in sorted(pairs))
+    (out / "results.jsonl").write_text(lines)
+    for fewer in ({"episodes": 1}, {"samples": 1}):
+        with pytest.raises(ValueError, match="may only grow on resume"):
+            EvalRun(EvalConfig(**{**config, **fewer}, resume=True)).prepare()
+    assert (out / "results.jsonl").read_text() == lines, "a refused resume changes nothing"
+    assert EvalRun(EvalConfig(**{**config, "episodes": 3}, resume=True)).prepare() == (pairs, 0.0)
+    (out / "run.json").write_text("{broken")
+    with pytest.raises(ValueError, match="run.json to hold a JSON object, got unreadable JSON"):
+        EvalRun(EvalConfig(**config, resume=True)).prepare()
+
+
+def test_a_model_path_that_is_not_a_directory_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="Expected --model to be a Hugging Face model directory.*not a directory"):
+        EvalConfig(env="math", model=str(tmp_path / "missing"), out=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    assert EvalConfig(env="math", model=str(tmp_path)).model == str(tmp_path), "an existing directory is taken"
+
+
+def test_a_transcript_with_unicode_line_separators_is_one_record(tmp_path: Path) -> None:
+    from envhub.eval.runner import EvalRun
+
+    out = tmp_path / "out"
+    config: dict[str, Any] = dict(env="ws://127.0.0.1:1", model="tiny", out=str(out), episodes=1, samples=2)
+    EvalRun(EvalConfig(**config)).prepare()
+    text = "a\u2028b\x85c\u2029d\x1ce\x0bf"  # str.splitlines() splits on each of these; JSON lines do not
+    recs = [{"task_index": 0, "sample": s, "reward": 1.0, "messages": [{"role": "assistant", "content": text}]}
+            for s in range(2)]
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+    (out / "results.jsonl").write_text(lines + '{"task_index": 0, "sam', encoding="utf-8")  # + a line cut by a kill
+    run = EvalRun(EvalConfig(**config, resume=True))
+    assert run.prepare() == ({(0, 0), (0, 1)}, 0.0), "every episode is recorded: none is played again"
+    assert (out / "results.jsonl").read_text(encoding="utf-8") == lines, "only the cut line is removed"
+    summary = run.write_summary(1.0, interrupted=False)
+    assert summary["episodes_recorded"] == 2 and summary["complete"] and summary["pass_at_k"] == {"1": 1.0, "2": 1.0}

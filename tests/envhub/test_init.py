@@ -55,8 +55,22 @@ def test_names_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="Expected NAME"):
         Scaffold.from_name("../escape")
     scaffold("taken", tmp_path)
-    with pytest.raises(FileExistsError, match="already exists and is not empty"):
+    with pytest.raises(FileExistsError, match="already exists and is not an empty directory"):
         scaffold("taken", tmp_path)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(FileExistsError, match="already exists and is not an empty directory"):
+        scaffold("a_file", tmp_path)
+
+
+def test_a_dir_that_cannot_hold_the_package_is_one_line_and_status_2(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from envhub.cli import main
+
+    (tmp_path / "a_file").write_text("")
+    assert main(["init", "demo", "--dir", str(tmp_path / "a_file")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("envhub init: error: Expected --dir to be a directory NAME/ can be created in, got ")
+    assert "Traceback" not in err and err.count("\n") == 1
 
 
 def test_init_warns_when_the_name_is_already_registered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

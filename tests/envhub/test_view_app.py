@@ -104,6 +104,24 @@ def test_a_directory_that_is_neither_a_run_nor_an_eval_is_refused(tmp_path, caps
         create_view_app(tmp_path)
     assert main(["view", str(tmp_path / "missing")]) == 2
     assert "envhub view: error: Expected a run or eval directory" in capsys.readouterr().err
+    write_eval_dir(tmp_path / "seed1", n=1)
+    with pytest.raises(ValueError, match="Its subdirectories seed1 hold runs: envhub view .*seed1$"):
+        create_view_app(tmp_path)
+
+
+def test_a_port_in_use_or_out_of_range_is_one_line_and_status_2(tmp_path, capsys) -> None:
+    import socket
+
+    write_eval_dir(tmp_path / "ev", n=1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main(["view", str(tmp_path / "ev"), "--port", str(port)]) == 2
+    assert main(["view", str(tmp_path / "ev"), "--port", "70000"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 2, err
+    assert f"got 127.0.0.1:{port}: Address already in use." in err and "got 127.0.0.1:70000: " in err
 
 
 @pytest.mark.live
