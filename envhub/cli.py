@@ -181,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError, argparse.ArgumentTypeError) as exc:
         print(f"envhub {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except SyntaxError as exc:  # in the env's module: where, not the import machinery's traceback
+        print(f"envhub {args.command}: error: {exc.filename}:{exc.lineno}: {exc.msg}: {(exc.text or '').strip()}",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

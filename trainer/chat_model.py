@@ -65,10 +65,14 @@ class LocalChatModel:
         except Exception as exc:  # the sampler's errors end the episode as a model failure, not a crash
             raise ChatModelError(f"{self.name}: generation failed: {type(exc).__name__}: {exc}") from exc
         cut = result.finish_reason == "length"
-        message, errors = parse_assistant_text(self._decode(result.token_ids), parser=self.parser, tools=tools,
-                                               truncated=cut, call_ids=self._ids)
-        if errors and "tool_calls" not in message:  # keep what the model wrote: the call that did not parse
-            message["content"] = self._decode(result.token_ids)
+        errors: list[str] = []
+        if not tools:  # an env without tools: the reply is text, as an endpoint answers a request without tools
+            message: dict[str, Any] = {"role": "assistant", "content": self._decode(result.token_ids)}
+        else:
+            message, errors = parse_assistant_text(self._decode(result.token_ids), parser=self.parser, tools=tools,
+                                                   truncated=cut, call_ids=self._ids)
+            if errors and "tool_calls" not in message:  # keep what the model wrote: the call that did not parse
+                message["content"] = self._decode(result.token_ids)
         return ChatReply(message, len(prompt), len(result.token_ids), "length" if cut else "stop", errors)
 
     def set_demand(self, live_episodes: Callable[[], int]) -> None:

@@ -84,6 +84,16 @@ def test_check_command_reports_results(capsys):
     assert "MathEnv(nosuch=1) failed: ConfigError: Unknown MathConfig option(s) ['nosuch']" in capsys.readouterr().err
 
 
+def test_an_env_module_that_does_not_import_is_one_line(tmp_path: Path, monkeypatch, capsys):
+    (tmp_path / "broken_env.py").write_text("from envhub import Env\n\nclass X(Env:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["check", "broken_env:X"]) == 2
+    err = capsys.readouterr().err  # file:line: the parser's message (it varies with the Python version): the line
+    assert err.startswith(f"envhub check: error: {tmp_path / 'broken_env.py'}:3: ") and err.endswith(": class X(Env:\n")
+    assert main(["serve", "no_such_env_module:X", "--port", "1"]) == 2
+    assert capsys.readouterr().err == "envhub serve: error: No module named 'no_such_env_module'\n"
+
+
 def test_serve_refuses_an_env_config_the_env_refuses_before_it_listens(capsys):
     assert main(["serve", "math", "--set", "nosuch=1", "--port", "1"]) == 2
     assert capsys.readouterr().err.startswith("envhub serve: error: MathEnv(nosuch=1) failed: ConfigError: Unknown")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -59,3 +60,21 @@ def test_a_prompt_past_the_context_is_a_context_length_error() -> None:
         asyncio.run(model.reply([{"role": "user", "content": "x" * 200}], None))
     reply = asyncio.run(model.reply([{"role": "user", "content": "hi"}], None))
     assert reply.message["role"] == "assistant" and 1 <= reply.completion_tokens <= 8 and reply.prompt_tokens < 152
+
+
+def test_a_reply_is_read_for_tool_calls_only_when_the_env_offers_tools() -> None:
+    model = LocalChatModel("tiny", max_tokens=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+    text = 'Maybe <tool_call>\n{"name": "guess", "arguments": {"number": 5}}\n</tool_call>'
+    ids = model.tokenizer.encode(text, add_special_tokens=False)
+
+    async def generate(request: Any) -> Any:
+        return SimpleNamespace(token_ids=ids, finish_reason="stop")
+
+    model.sampler.generate = generate  # type: ignore[method-assign]
+    messages = [{"role": "user", "content": "Find it."}]
+    plain = asyncio.run(model.reply(messages, None))  # math, say: an answer that looks like a call is still text
+    assert plain.message == {"role": "assistant", "content": text} and not plain.parse_errors
+    tools = [{"type": "function", "function": {"name": "guess", "parameters": {
+        "type": "object", "properties": {"number": {"type": "integer"}}, "required": ["number"]}}}]
+    called = asyncio.run(model.reply(messages, tools))
+    assert called.message["tool_calls"][0]["function"]["name"] == "guess" and called.message["content"] == "Maybe"
