@@ -225,6 +225,9 @@ def _build_gym_env_class() -> type:
 
         def __init__(self, env: str | type[Env], *, max_length: int = 65536, env_config: dict[str, Any] | None = None,
                      render_mode: str | None = None, **client_kwargs: Any) -> None:
+            if not isinstance(env, str) and not (isinstance(env, type) and issubclass(env, Env)):
+                raise TypeError(f"Expected env to be a server URL or an envhub Env class (not an instance), "
+                                f"got {env!r} ({type(env).__name__}).")
             self.observation_space = TextSpace(max_length, charset=TEXT_CHARSET)
             self.action_space = TextSpace(max_length, charset=TEXT_CHARSET)
             self.render_mode = render_mode

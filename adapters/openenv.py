@@ -5,6 +5,10 @@ Serve an envhub env with openenv-core's own server (its ``create_app``)::
     from adapters.openenv import openenv_app
     app = openenv_app(GuessEnv, max_concurrent_envs=64)      # uvicorn my_module:app
 
+openenv-core publishes no tool list for it (no ``envhub`` block in ``/metadata``, no MCP): a client
+that should see the env's ``@tool`` methods is given them, e.g. ``OpenEnv(url, tool_schema=GuessEnv.tools())``;
+tool calls themselves (``{"tool_name": ..., "arguments": ...}``) work as under envhub's server.
+
 Serve an OpenEnv ``Environment`` with envhub's server (request ids, msgpack, resume, auth...)::
 
     # my_openenv_env.py
@@ -145,7 +149,10 @@ def _action_data(action: BaseModel, env_cls: type[Env]) -> dict[str, Any]:
 
 
 def openenv_app(env_cls: type[Env], *, max_concurrent_envs: int = 64, **env_config: Any) -> Any:
-    """openenv-core's FastAPI app (``create_app``) serving ``env_cls``, ``max_concurrent_envs`` sessions at once."""
+    """openenv-core's FastAPI app (``create_app``) serving ``env_cls``, ``max_concurrent_envs`` sessions at once.
+
+    The app does not list the env's tools; clients get them from ``env_cls.tools()`` (see the module docstring).
+    """
     from openenv.core.env_server.http_server import create_app
 
     environment, action_cls, observation_cls = to_openenv(env_cls, **env_config)
@@ -178,6 +185,9 @@ def from_openenv(factory: Callable[[], Any], action_cls: type[BaseModel] | None 
     ``metadata`` stay fields of the envhub observation, and ``text`` holds a readable rendering
     for text-based agents. ``reset`` keyword arguments pass through (seed, episode_id, task...).
     """
+    if not callable(factory):
+        raise TypeError(f"Expected an OpenEnv Environment class or a function returning one (each session builds "
+                        f"its own), got an instance: {factory!r}. Pass from_openenv({type(factory).__name__}).")
     found = action_cls or _action_type(factory)
     if found is None:
         raise TypeError(f"Expected action_cls (the OpenEnv Action model) for {factory!r}; it could not be read "

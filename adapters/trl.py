@@ -11,7 +11,8 @@ instance holds one session on the env server:
   episode reward the env computed.
 - text envs (no tools, the whole completion is the answer, e.g. the math env): the class has no
   tools and :func:`text_answer_reward` submits each completion's final text as the action and
-  returns the env's reward.
+  returns the env's reward (in the action's ``text`` field, or in its one string field: an OpenEnv
+  server's ``{"message": ...}``; an action with several string fields and no ``text`` is refused).
 
 :func:`grpo_kwargs` picks the right pair::
 
@@ -34,6 +35,7 @@ group's baseline and gets zero advantage in TRL, so an outage is never trained o
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -51,9 +53,9 @@ _JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, 
 _BASE_MEMBERS = frozenset({"reset", "get_reward"})
 
 
-def _to_action(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def _to_action(name: str, arguments: dict[str, Any], text_field: str = "text") -> dict[str, Any]:
     if name == _TEXT:
-        return {"text": arguments["text"]}
+        return {text_field: arguments["text"]}
     return {"tool_name": name, "arguments": arguments}
 
 
@@ -64,12 +66,14 @@ class _Session:
     client_kwargs: ClassVar[dict[str, Any]] = {}
     task_keys: ClassVar[tuple[str, ...]] = ("seed",)
     fixed_task: ClassVar[dict[str, Any]] = {}
+    text_field: ClassVar[str] = "text"  # the action field a text env's completion goes into
 
     def __init__(self) -> None:
         if not self.url:
             raise TypeError(f"{type(self).__name__} has no server URL; build the class with "
                             "adapters.trl.environment_factory(url).")
-        self._env = OpenEnv(self.url, env_kwargs=dict(self.client_kwargs), action_mapper=_to_action,
+        self._env = OpenEnv(self.url, env_kwargs=dict(self.client_kwargs),
+                            action_mapper=functools.partial(_to_action, text_field=self.text_field),
                             on_infra_error="mark")
         self._infra_error: dict[str, Any] | None = None
 
@@ -212,14 +216,35 @@ def environment_factory(url: str, *, mode: Literal["auto", "tools", "text"] = "a
     if mode == "tools" and not specs:
         raise ValueError(f"Expected the env at {url} to publish tools for mode='tools', got none; use mode='text'.")
     use_tools = bool(specs) and mode != "text"
+    text_field = "text" if use_tools else _text_field(url, client_kwargs.get("token"))
     base = EnvhubEnvironment if use_tools else EnvhubTextEnvironment
     namespace: dict[str, Any] = {"url": url, "client_kwargs": dict(client_kwargs), "task_keys": tuple(task_keys),
+                                 "text_field": text_field,
                                  "fixed_task": dict(task or {}), "__module__": __name__,
                                  "__doc__": f"The envhub env at {url} as a TRL environment."}
     if use_tools:
         namespace.update({spec.name: tool_method(spec) for spec in specs})
     default = "EnvhubToolEnv" if use_tools else "EnvhubTextEnv"
     return type(name or _class_name(url, client_kwargs.get("token")) or default, (base,), namespace)
+
+
+def _text_field(url: str, token: str | None) -> str:
+    """The action field a text env's completion goes into: ``text`` (envhub's text action), else the action's
+    one string field (an OpenEnv server's ``{"message": ...}``, say); an action with neither is refused here,
+    as every rollout would be rejected and scored 0."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        properties = httpx.get(_wire.http_url(url, "/schema"), headers=headers, timeout=10).json()["action"]["properties"]
+        fields = {name: spec.get("type") for name, spec in properties.items() if name != "metadata"}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return "text"  # no action schema to read: envhub's text action
+    strings = [name for name, kind in fields.items() if kind == "string"]
+    if "text" in fields:
+        return "text"
+    if len(strings) == 1:
+        return str(strings[0])
+    raise ValueError(f"Expected the env at {url} to take a free-text action (a 'text' field, or one string field) "
+                     f"as a text env, its action has the fields {sorted(fields)}.")
 
 
 def _class_name(url: str, token: str | None) -> str | None:

@@ -209,8 +209,13 @@ class EnvClient:
                 if isinstance(exc, (AuthError, CapacityError, SessionLostError)):
                     raise
                 if isinstance(exc, InvalidStatus) and exc.response.status_code in (401, 403):
+                    status = exc.response.status_code
+                    if self.token is None:  # a web framework answers 403 to a WebSocket on a path it does not route
+                        raise AuthError(f"the server at {self.base_url} refused the WebSocket handshake (HTTP {status})"
+                                        "; no token was given: check the URL's path (envhub and OpenEnv serve /ws "
+                                        "at the server's root), or pass token=... if it needs one") from None
                     raise AuthError(f"the server refused the token for {self.base_url} "
-                                    f"(HTTP {exc.response.status_code}); pass token=...") from None
+                                    f"(HTTP {status}); pass token=...") from None
                 last = exc
                 if self._ext_mode == "auto":
                     self.metadata = None

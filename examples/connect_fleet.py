@@ -17,13 +17,15 @@ import os
 import socket
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from envhub import OpenEnv
-from envhub.fleet import Fleet, load_services
+from envhub.errors import EnvHubError
+from envhub.fleet import Fleet, FleetError, load_services
 
 COMPOSE = Path(__file__).resolve().parents[1] / "compose" / "docker-compose.yml"
 PORT_VARIABLES = {"math": "MATH_PORT", "gomoku": "GOMOKU_PORT", "geometry": "GEOMETRY_PORT", "code": "CODE_PORT"}
@@ -36,8 +38,8 @@ FIRST_ACTIONS = {  # one step per env that shows what a model's turn looks like
 def visit(name: str, url: str, token: str | None) -> dict[str, Any]:
     """Health, metadata, tools and a first observation of one service."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    health = httpx.get(f"{url}/health", timeout=10).json()
-    meta = httpx.get(f"{url}/metadata", headers=headers, timeout=10).json()
+    health = httpx.get(f"{url}/health", timeout=10).raise_for_status().json()
+    meta = httpx.get(f"{url}/metadata", headers=headers, timeout=10).raise_for_status().json()
     def to_action(tool: str, args: dict[str, Any]) -> dict[str, Any]:  # "text" sends a free-text action
         return args if tool == "text" else {"tool_name": tool, "arguments": args}
 
@@ -66,18 +68,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token", default=os.environ.get("ENVHUB_TOKEN") or None)
     parser.add_argument("--start", action="store_true", help="start the local twin on free ports first, stop it after")
     args = parser.parse_args(argv)
-    fleet = None
-    if args.start:
-        for variable in PORT_VARIABLES.values():
-            os.environ[variable] = str(_free_port())
-        os.environ.setdefault("SANDBOX_SLOTS", "1")
-        fleet = Fleet(COMPOSE, state_dir=tempfile.mkdtemp(prefix="envhub-fleet-"))
-        fleet.up(wait_s=120)
-    try:
-        rows = [visit(s.name, f"http://{args.host}:{s.port}", args.token) for s in load_services(COMPOSE)]
-    finally:
-        if fleet is not None:
-            fleet.down()
+    with ExitStack() as stack:
+        if args.start:
+            for variable in PORT_VARIABLES.values():
+                os.environ[variable] = str(_free_port())
+            os.environ.setdefault("SANDBOX_SLOTS", "1")
+            fleet = Fleet(COMPOSE, state_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="envhub-fleet-")))
+            stack.callback(fleet.down)  # before the state dir goes: it reads the records there
+            try:
+                fleet.up(wait_s=120)
+            except FleetError as exc:
+                sys.exit(f"connect_fleet: error: the fleet did not start: {exc}")
+        rows = []
+        for service in load_services(COMPOSE):
+            url = f"http://{args.host}:{service.port}"
+            try:
+                rows.append(visit(service.name, url, args.token))
+            except (httpx.HTTPError, ValueError, EnvHubError) as exc:  # ValueError: a reply that is not JSON
+                down = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) and not args.start
+                hint = "; is the fleet up (`envhub fleet up`, or pass --start)?" if down else ""
+                detail = str(exc).split("\n")[0]  # httpx adds a line with a link to the status code's docs
+                sys.exit(f"connect_fleet: error: {service.name} at {url}: {type(exc).__name__}: {detail}{hint}")
     for row in rows:
         print(json.dumps(row, ensure_ascii=False))
     return 0 if all(r["health"] == "healthy" for r in rows) else 1

@@ -51,6 +51,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/gomoku")
     args = p.parse_args()
+    if args.steps < 1:
+        p.error(f"expected --steps >= 1 (the invalid-move rate is measured over GRPO steps), got {args.steps}")
     import torch
 
     from trainer.config import load_config

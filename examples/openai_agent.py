@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 
 from adapters.openai import ChatCompletionsClient, run_agent
 from envhub import EnvTool, OpenEnv, ToolManager
+from envhub.errors import EnvHubError
 from envhub.server import ServerThread, create_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,18 +63,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--episodes", type=int, default=3)
     parser.add_argument("--max-turns", type=int, default=12)
     args = parser.parse_args(argv)
+    if args.episodes < 1 or args.max_turns < 1:
+        parser.error(f"expected --episodes and --max-turns >= 1, got {args.episodes} and {args.max_turns}")
     summaries = []
     with ExitStack() as stack:
         base_url = args.base_url or stack.enter_context(ServerThread(scripted_model(), log_level="warning")).url + "/v1"
         env_url = args.env_url or stack.enter_context(ServerThread(create_app(GuessEnv), log_level="warning")).url
         client = ChatCompletionsClient(base_url, model=args.model, api_key=args.api_key, temperature=0.7)
         for seed in range(args.episodes):
-            with OpenEnv(env_url) as env:
-                first = env.reset(seed=seed)
-                tools = ToolManager(EnvTool.from_env(env))
-                messages = [{"role": "system", "content": SYSTEM},
-                            {"role": "user", "content": first.observation.text}]
-                result = run_agent(client, tools, messages, max_turns=args.max_turns)
+            try:
+                with OpenEnv(env_url) as env:
+                    first = env.reset(seed=seed)
+                    tools = ToolManager(EnvTool.from_env(env))
+                    messages = [{"role": "system", "content": SYSTEM},
+                                {"role": "user", "content": first.observation.text}]
+                    result = run_agent(client, tools, messages, max_turns=args.max_turns)
+            except EnvHubError as exc:  # the env server or the model endpoint failed (ChatModelError is one)
+                sys.exit(f"openai_agent: error: {exc}")
             summary = {"seed": seed, "turns": result.turns, "tool_calls": result.tool_calls,
                        "stop": result.stop_reason, "reward": result.reward}
             print(json.dumps(summary))

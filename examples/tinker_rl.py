@@ -38,9 +38,11 @@ import tinker
 from tinker import types
 
 from envhub import OpenEnv
+from envhub.errors import EnvHubError
 from trainer.quickstart import math_server
-from trainer.service.serve import local_service
+from trainer.service.serve import check_service, local_service
 
+NAME = "tinker_rl"
 TASK = {"kind": "add", "difficulty": 1}
 _START = time.monotonic()
 
@@ -242,11 +244,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     start = time.monotonic()
+    if args.base_url:
+        try:
+            check_service(args.base_url)
+        except RuntimeError as exc:
+            sys.exit(f"{NAME}: error: {exc} or leave out --base-url")
     with ExitStack() as stack:
         env_url = args.env_url or stack.enter_context(math_server(0, out / "math_server.log"))
         base_url = args.base_url or stack.enter_context(training_service(out, args.seed))
         log(f"env server {env_url}, training service {base_url}")
-        summary = run(args, base_url, env_url)
+        try:
+            summary = run(args, base_url, env_url)
+        except EnvHubError as exc:  # the env server is not there or went away; the servers started here stop
+            sys.exit(f"{NAME}: error: {exc}")
     summary["seconds"] = round(time.monotonic() - start, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"[tinker_rl] rise {summary['rise']:+.3f} in {summary['seconds']:.0f} s; wrote {out / 'summary.json'}")

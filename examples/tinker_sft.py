@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tinker
 from tinker import types
 
-from trainer.service.serve import local_service
+from trainer.service.serve import check_service, local_service
 
 #: (prompt, reply) pairs: the model learns to answer each greeting in kind
 PAIRS = [("hello", "hi there!"), ("good morning", "morning!"), ("how are you?", "fine, thanks."),
@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TINKER_TELEMETRY", "0")
+    if args.base_url:
+        try:
+            check_service(args.base_url)
+        except RuntimeError as exc:
+            sys.exit(f"tinker_sft: error: {exc} or leave out --base-url")
     with ExitStack() as stack:
         base_url = args.base_url or stack.enter_context(
             local_service(["--threads", "1", "--state-dir", str(out / "service")], out / "service.log"))

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from contextlib import ExitStack
 from typing import Any
 
 from adapters.trl import EnvhubEnvironment, grpo_kwargs, seed_dataset
+from envhub.errors import EnvHubError
 from envhub.server import ServerThread, create_app
 
 
@@ -50,12 +52,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--num-generations", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=4, help="rollouts per device per step")
+    parser.add_argument("--batch-size", type=int, default=4, help="rollouts per device per step (whole groups)")
     parser.add_argument("--max-completion-length", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--output-dir", default="runs/trl_grpo")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.num_generations < 2:
+        parser.error(f"expected --steps >= 1, --batch-size >= 1 and --num-generations >= 2 (GRPO compares a group), "
+                     f"got {args.steps}, {args.batch_size} and {args.num_generations}")
+    if args.batch_size % args.num_generations:
+        parser.error(f"expected --batch-size to be a multiple of --num-generations (whole groups per step), "
+                     f"got {args.batch_size} and {args.num_generations}")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is marked experimental
     import torch
     from trl import GRPOConfig, GRPOTrainer
@@ -66,8 +74,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             from env_servers.math_env import MathEnv
 
             args.env_url = stack.enter_context(ServerThread(create_app(MathEnv), log_level="warning")).url
-        kwargs = grpo_kwargs(args.env_url)
-        model, tok = load_model(args.model, tools=issubclass(kwargs["environment_factory"], EnvhubEnvironment))
+        try:
+            kwargs = grpo_kwargs(args.env_url)
+        except (EnvHubError, ValueError) as exc:  # the server is not there, or its env does not fit the adapter
+            sys.exit(f"trl_grpo: error: {exc}")
+        try:
+            model, tok = load_model(args.model, tools=issubclass(kwargs["environment_factory"], EnvhubEnvironment))
+        except OSError as exc:  # not a local directory and not in the Hugging Face cache
+            sys.exit(f"trl_grpo: error: could not load --model {args.model!r} from a local directory or the Hugging "
+                     f"Face cache (nothing is downloaded; --model tiny needs nothing): {str(exc).splitlines()[0]}")
         config = GRPOConfig(output_dir=args.output_dir, max_steps=args.steps, num_generations=args.num_generations,
                             per_device_train_batch_size=args.batch_size,
                             max_completion_length=args.max_completion_length, learning_rate=args.learning_rate,

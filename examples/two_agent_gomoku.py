@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -57,7 +58,10 @@ def main(argv: list[str] | None = None) -> dict:
     from trainer.recipes.two_agent_warmup import demos_from, imitation_warmup, scripted_games
 
     torch.set_num_threads(args.threads)
-    cfg = load_two_agent_config(args.config, args.overrides)
+    try:
+        cfg = load_two_agent_config(args.config, args.overrides)
+    except (ValueError, TypeError, OSError) as exc:  # a bad override or config file, said as envhub-train says it
+        sys.exit(f"two_agent_gomoku: error: {exc}")
     out = Path(cfg.run.output_dir)
     given_url = any(o.startswith(("env.url=", "env.urls=")) for o in args.overrides)
     server = match_server(out / "server.log", int(cfg.env.train_task.get("board_size", 9))) if not given_url else None
@@ -87,4 +91,10 @@ def _as_is(url: str | None) -> Iterator[str | None]:
 
 
 if __name__ == "__main__":
-    main()
+    from trainer.model import ModelLoadError
+    from trainer.rollout.failures import RolloutFailureError
+
+    try:
+        main()
+    except (ModelLoadError, RolloutFailureError) as exc:  # the reason is logged above; the match server is stopped
+        sys.exit(f"two_agent_gomoku: error: {exc}")

@@ -120,11 +120,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from trainer.model import ModelLoadError
     from trainer.quickstart import exit_on_sigterm
+    from trainer.rollout.failures import RolloutFailureError
 
     exit_on_sigterm()
     try:
         main()
+    except (ModelLoadError, RolloutFailureError) as exc:  # a --policies name that is not there, a failing env
+        sys.exit(f"[vision] error: {exc}")
     except KeyboardInterrupt:
         print("\n[vision] interrupted; the shapes env server was stopped.", file=sys.stderr)
         sys.exit(130)

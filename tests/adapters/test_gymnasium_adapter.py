@@ -92,6 +92,12 @@ def test_a_local_envhub_env_is_a_checked_gymnasium_env() -> None:
     env.close()
 
 
+@pytest.mark.parametrize("bad", [GuessEnv(), 8001, None])
+def test_an_env_that_is_neither_a_url_nor_an_env_class_is_refused_by_name(bad) -> None:
+    with pytest.raises(TypeError, match=r"Expected env to be a server URL or an envhub Env class .*got "):
+        EnvhubGymEnv(bad)
+
+
 @pytest.mark.live
 def test_a_remote_envhub_server_is_a_gymnasium_env() -> None:
     task = {"problem": "What is 2 + 2?", "answer": "4"}

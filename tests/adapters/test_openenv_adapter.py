@@ -131,6 +131,8 @@ def test_from_openenv_needs_an_action_class_it_can_find() -> None:
     with pytest.raises(TypeError, match="Expected action_cls"):
         from_openenv(lambda: EchoEnvironment())
     assert from_openenv(lambda: EchoEnvironment(), EchoAction, name="Echo").env_name == "Echo"
+    with pytest.raises(TypeError, match=r"got an instance: .*Pass from_openenv\(EchoEnvironment\)"):
+        from_openenv(EchoEnvironment())  # each session needs its own environment
 
 
 def test_envhub_serve_runs_a_wrapped_openenv_env(serve_process) -> None:

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from adapters.trl import EnvhubEnvironment, EnvhubTextEnvironment, environment_factory, grpo_kwargs, text_answer_reward
 from env_servers.math_env import MathEnv
+from envhub import Env, Observation, StepResult
 from envhub.server import ServerThread, create_app
 from envhub.settings import Settings
 
@@ -92,6 +94,42 @@ def test_a_tool_env_can_be_forced_to_text_mode_and_bad_modes_fail() -> None:
             environment_factory(server.url, mode="tools")
     with pytest.raises(ValueError, match="Expected mode"):
         environment_factory("ws://127.0.0.1:1", mode="both")  # type: ignore[arg-type]
+
+
+class _Message(BaseModel):
+    message: str
+
+
+class _MessageEnv(Env):
+    """Takes ``{"message": ...}``, like an OpenEnv echo env: no ``text`` field, no tools; rewards "HELLO"."""
+
+    action_model = _Message
+
+    def reset(self, seed: int | None = None) -> Observation:
+        return Observation(text="say hello, loudly")
+
+    def step(self, action: _Message) -> StepResult:
+        return StepResult(Observation(text=action.message), reward=float(action.message == "HELLO"), done=True)
+
+
+class _Move(BaseModel):
+    row: str
+    col: str
+
+
+class _MoveEnv(_MessageEnv):
+    action_model = _Move  # two string fields: which one would the completion go into?
+
+
+def test_a_text_env_whose_action_has_one_string_field_gets_the_completion_there() -> None:
+    with ServerThread(create_app(_MessageEnv, settings=QUIET)) as server:
+        env_cls = environment_factory(server.url)
+        env = env_cls()
+        env.reset(seed=0)
+        assert env_cls.text_field == "message" and text_answer_reward([[{"role": "assistant", "content": "HELLO"}]], [env]) == [1.0]
+    with ServerThread(create_app(_MoveEnv, settings=QUIET)) as server:
+        with pytest.raises(ValueError, match=r"free-text action .* the fields \['col', 'row'\]"):
+            environment_factory(server.url)
 
 
 def _tiny_qwen2(tok, model_cls=None):

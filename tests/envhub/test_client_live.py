@@ -179,6 +179,12 @@ async def test_auth_and_capacity():
                 await EnvClient(srv.url, token="sekret", retries=0).reset()
 
 
+async def test_a_wrong_path_without_a_token_is_not_called_a_refused_token(guess_url):
+    with pytest.raises(AuthError, match=r"refused the WebSocket handshake \(HTTP 403\); no token was given: check "
+                                        r"the URL's path"):
+        await EnvClient(f"{guess_url}/nowhere", retries=0).reset()
+
+
 async def test_idle_reaper_close_is_session_lost():
     with serve(EchoEnv, idle_timeout_s=0.2, resume_grace_s=0.2) as srv:
         async with EnvClient(srv.url) as env:

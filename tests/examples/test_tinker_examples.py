@@ -40,3 +40,16 @@ def test_rl_example_runs_warmup_validation_and_grpo_steps(service_url: str, tmp_
     for key in ("val_reward_before", "val_reward_after", "train_reward_first", "train_reward_last"):
         assert 0.0 <= summary[key] <= 1.0
     assert (tmp_path / "summary.json").exists() and (tmp_path / "math_server.log").exists()
+
+
+def test_a_base_url_with_no_service_is_one_line_not_minutes_of_sdk_retries(service_url: str, tmp_path: Path) -> None:
+    from examples import tinker_rl, tinker_sft
+    from trainer.local_server import free_port
+    from trainer.service.serve import check_service
+
+    check_service(service_url)  # a live service answers
+    dead = f"http://127.0.0.1:{free_port()}"
+    for example in (tinker_sft, tinker_rl):
+        with pytest.raises(SystemExit, match=rf"^{example.__name__.rsplit('.', 1)[1]}: error: no training service "
+                                             rf"answers at {dead} \(ConnectError: .*or leave out --base-url$"):
+            example.main(["--base-url", dead, "--out", str(tmp_path)])

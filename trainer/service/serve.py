@@ -34,6 +34,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("envhub.service")
 
 
+def check_service(base_url: str, timeout_s: float = 10.0) -> None:
+    """Return if a training service answers ``GET {base_url}/api/v1/healthz``; else ``RuntimeError`` in one line
+    (the tinker SDK itself retries a dead URL for minutes)."""
+    import httpx
+
+    try:
+        httpx.get(f"{base_url.rstrip('/')}/api/v1/healthz", timeout=timeout_s).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"no training service answers at {base_url} ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0]}); start one (`envhub-train serve --port 8900`)") from None
+
+
 @contextlib.contextmanager
 def local_service(args: list[str], log_path: str | Path, *, timeout_s: float = 180.0,
                   cwd: str | Path | None = None) -> Iterator[str]:
