@@ -141,6 +141,7 @@ def decode_arguments(args: Any, *, max_depth: int = 2) -> Any:
 
 # -- \boxed{} --------------------------------------------------------------------------------
 _BOX_CMDS = ("\\boxed", "\\fbox")
+_SPACE_BOX = re.compile(r" +([^\s$]+)")  # "\boxed 5"
 
 
 def extract_boxed(text: Any) -> str | None:
@@ -157,30 +158,32 @@ def extract_boxed(text: Any) -> str | None:
     if not isinstance(text, str):
         return None
     starts = sorted({m.start() for cmd in _BOX_CMDS for m in re.finditer(re.escape(cmd), text)}, reverse=True)
+    closing: dict[int, int] | None = None  # built once: scanning from each unclosed box to the end was quadratic
     for start in starts:
-        cmd = next(c for c in _BOX_CMDS if text.startswith(c, start))
-        value = _box_content(text, start + len(cmd))
+        i = start + len(next(c for c in _BOX_CMDS if text.startswith(c, start)))
+        if i < len(text) and text[i] == "{":
+            closing = _matching_braces(text) if closing is None else closing
+            value = text[i + 1:closing[i]] if i in closing else None
+        elif i < len(text) and text[i] == " ":
+            m = _SPACE_BOX.match(text, i)  # "\boxed 5": the answer up to a $ or a space
+            value = m.group(1) if m else None
+        else:
+            value = None  # e.g. "\boxedfoo": not a box
         if value is not None:
             return value.strip() or None
     return None
 
 
-def _box_content(text: str, i: int) -> str | None:
-    if i < len(text) and text[i] == "{":
-        depth = 0
-        for j in range(i, len(text)):
-            ch = text[j]
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[i + 1:j]
-        return None
-    if i < len(text) and text[i] == " ":
-        m = re.match(r" +([^\s$]+)", text[i:])
-        return m.group(1) if m else None
-    return None  # e.g. "\boxedfoo": not a box
+def _matching_braces(text: str) -> dict[int, int]:
+    """``{index of an opening brace: index of its closing brace}`` for every matched pair of ``text``."""
+    opened: list[int] = []
+    pairs: dict[int, int] = {}
+    for j, ch in enumerate(text):
+        if ch == "{":
+            opened.append(j)
+        elif ch == "}" and opened:
+            pairs[opened.pop()] = j
+    return pairs
 
 
 # -- XML-style tags --------------------------------------------------------------------------

@@ -79,13 +79,34 @@ def _fix_a_slash_b(s: str) -> str:
     return f"\\frac{{{m.group(1)}}}{{{m.group(2)}}}" if m else s
 
 
+# A mixed number as a whole answer (or one item of a list): "2\frac{1}{4}" or "2 1/4" is 2 + 1/4, not a
+# product (2 * 1/4) and not 21/4. Only a proper fraction after a whole number: "2\frac{3}{2}" stays a product.
+_MIXED_SPACED = re.compile(r"(?:^|(?<=[,(\[]))(\s*-?\s*)(\d+)\s+(\d+)\s*/\s*(\d+)(?=\s*(?:$|[,)\]]))")
+_MIXED_FRAC = re.compile(r"(?:^|(?<=[,(\[]))(-?)(\d+)\\frac\{(\d+)\}\{(\d+)\}(?=$|[,)\]])")
+
+
+def _improper(sign: str, whole: str, num: str, den: str, original: str) -> str:
+    n, d = int(num), int(den)
+    if not 0 < n < d:
+        return original
+    return f"{sign.strip()}\\frac{{{int(whole) * d + n}}}{{{d}}}"
+
+
+def _fix_mixed_numbers(s: str) -> str:
+    """``2 1/4`` (before spaces are removed) and ``2\\frac{1}{4}`` (after) as the improper ``\\frac{9}{4}``."""
+    s = _MIXED_SPACED.sub(lambda m: _improper(*m.groups(), m.group(0)), s)
+    return _MIXED_FRAC.sub(lambda m: _improper(*m.groups(), m.group(0)), s)
+
+
 def _unwrap_text(s: str) -> str:
     return re.sub(r"\\(?:text|textbf|mbox|mathrm|mathbf)\{([^{}]*)\}", r"\1", s)
 
 
 def strip_string(answer: str) -> str:
     r"""Hendrycks MATH normalisation (robust: never raises). ``\dfrac{1}{2}``, ``0.5`` and ``1/2`` all become ``\frac{1}{2}``."""
-    s = str(answer).replace("\n", "").replace("\\!", "").replace("\\\\", "\\").replace("\u2212", "-")
+    # whitespace runs as one space first: spaces are dropped below anyway, and a run of thousands made the unit
+    # and mixed-number patterns quadratic (a 20k-space answer took 50 s)
+    s = re.sub(r"[^\S\n]+", " ", str(answer)).replace("\n", "").replace("\\!", "").replace("\\\\", "\\").replace("\u2212", "-")
     s = s.replace("±", "\\pm").replace("×", "\\times").replace("÷", "\\div").replace("π", "\\pi").replace("√", "\\sqrt")
     s = s.replace("tfrac", "frac").replace("dfrac", "frac").replace("\\left", "").replace("\\right", "")
     s = s.replace("\\displaystyle", "").replace("\\,", " ").replace("\\;", " ").replace("\\ ", " ").replace("~", " ")
@@ -101,8 +122,9 @@ def strip_string(answer: str) -> str:
     halves = s.split("=")
     if len(halves) == 2 and len(halves[0].strip()) <= 2:
         s = halves[1]
-    s = _fix_sqrt(s.strip()).replace(" ", "")
-    s = _fix_fracs(s)
+    s = _fix_mixed_numbers(s.strip())
+    s = _fix_sqrt(s).replace(" ", "")
+    s = _fix_mixed_numbers(_fix_fracs(s))
     if s == "0.5":
         s = "\\frac{1}{2}"
     return _fix_a_slash_b(s)

@@ -52,6 +52,17 @@ def test_different_values_are_wrong(prediction, truth):
     assert not is_equiv(prediction, truth)
 
 
+@pytest.mark.parametrize("prediction, truth, same", [
+    (r"\frac{9}{4}", r"2\frac{1}{4}", True), ("2.25", r"2\frac14", True), (r"-2\frac{1}{4}", "-2.25", True),
+    ("2 1/4", r"\frac{9}{4}", True), (r"1\frac{1}{2}, 3", r"3, \frac{3}{2}", True),
+    (r"\frac{1}{2}", r"2\frac{1}{4}", False),  # a mixed number is not the product 2 * 1/4
+    ("2 1/4", r"\frac{21}{4}", False),  # nor 21/4 once its space is removed
+    (r"2\frac{\sqrt{3}}{2}", r"\sqrt{3}", True),  # a coefficient times a non-integer fraction stays a product
+])
+def test_mixed_numbers_are_a_whole_plus_a_fraction(prediction, truth, same):
+    assert is_equiv(prediction, truth) is same
+
+
 def test_relative_tolerance_accepts_rounded_decimals_only_when_asked():
     assert not is_equiv("4.359", r"\sqrt{19}")
     assert is_equiv("4.359", r"\sqrt{19}", rel_tol=1e-3)
@@ -61,11 +72,18 @@ def test_relative_tolerance_accepts_rounded_decimals_only_when_asked():
     "9^9^9^9", r"10^{10^{100}}", r"(2^{1000})^{1000}", "9" * 5000, "(" * 300 + "1" + ")" * 300,
     "__import__('os').system('echo hi')", "().__class__.__bases__[0]", r"\exp(10^{50})", "2^" * 150 + "2",
     "x^{10^{20}}", "lambda: 1", "[x for x in range(10**9)]", ",".join(["1"] * 5000), "\\frac{" * 3000,
+    "1" + " " * 20000 + "x", ",".join([" " * 3000] * 10),  # whitespace runs: 50 s and 9 s while normalising was quadratic
 ])
 def test_hostile_answers_are_graded_quickly_and_never_raise(hostile, warm_worker):
     start = time.monotonic()
     assert not is_equiv(hostile, "1")
     assert grade(rf"\boxed{{{hostile}}}", "1").correct is False
+    assert time.monotonic() - start < 2 * GRADE_TIMEOUT_S + 1.0
+
+
+def test_a_reply_of_unclosed_boxes_is_read_in_one_pass():
+    start = time.monotonic()  # each unclosed box was scanned to the end of the reply: 47 s for this one
+    assert grade(r"\boxed{1} " + r"\boxed{" * 20000, "1").correct
     assert time.monotonic() - start < 2 * GRADE_TIMEOUT_S + 1.0
 
 
