@@ -94,8 +94,8 @@ def _improper(sign: str, whole: str, num: str, den: str, original: str) -> str:
 
 def _fix_mixed_numbers(s: str) -> str:
     """``2 1/4`` (before spaces are removed) and ``2\\frac{1}{4}`` (after) as the improper ``\\frac{9}{4}``."""
-    s = _MIXED_SPACED.sub(lambda m: _improper(*m.groups(), m.group(0)), s)
-    return _MIXED_FRAC.sub(lambda m: _improper(*m.groups(), m.group(0)), s)
+    s = _MIXED_SPACED.sub(lambda m: _improper(m[1], m[2], m[3], m[4], m[0]), s)
+    return _MIXED_FRAC.sub(lambda m: _improper(m[1], m[2], m[3], m[4], m[0]), s)
 
 
 def _unwrap_text(s: str) -> str:
