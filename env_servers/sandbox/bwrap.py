@@ -2,7 +2,7 @@
 
 Layers, outermost first: slot uid and cgroup, rlimits, uid drop with no capabilities and
 no-new-privs, bwrap namespaces (user, pid, net, ipc, uts, mount, cgroup) with a read-only
-root, only ``/usr`` and three ``/etc`` files bound, sized tmpfs at ``/sandbox`` and ``/tmp``,
+root, only ``/usr`` and three ``/etc`` files bound, sized tmpfs at ``/sandbox``, ``/tmp`` and ``/dev/shm``,
 the seccomp filter, and Python as pid 1 (``--as-pid-1``): when the program exits every other
 process of the run dies with the namespace. The code reaches the sandbox through a memfd, so
 nothing is written on the host.

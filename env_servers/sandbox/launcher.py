@@ -105,7 +105,9 @@ def bwrap_args(limits: Limits, *, seccomp_fd: int | None, files: dict[str, int],
     # numpy's BLAS is resolved through /etc/alternatives and the loader cache; nothing else from /etc
     for path in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime"):
         args += ["--ro-bind-try", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev",
+    # /dev is bwrap's own tmpfs: writable and unbounded, and a zygote's runs would share whatever is left
+    # in it. Only the sized /dev/shm mounted over it stays writable (POSIX semaphores live there).
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
              "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox"]
     for dest, fd in files.items():
         args += ["--file", str(fd), dest]

@@ -2,9 +2,9 @@
 
 Defence in depth on top of the user and network namespaces: kill on a foreign architecture or
 the x32 ABI; EPERM for kernel-attack-surface syscalls (ptrace, mounts, namespaces, keyrings,
-bpf, perf, userfaultfd, io_uring, module and kexec loading, cross-process memory access);
-ENOSYS for ``clone3`` (glibc then falls back to ``clone``); EACCES for ``socket`` with any
-domain other than AF_UNIX. Everything else is allowed.
+bpf, perf, userfaultfd, io_uring, module and kexec loading, cross-process memory access, POSIX
+message queues); ENOSYS for ``clone3`` (glibc then falls back to ``clone``); EACCES for
+``socket`` with any domain other than AF_UNIX. Everything else is allowed.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ DENIED_EPERM = {
     "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
     "acct": 163, "swapon": 167, "swapoff": 168, "reboot": 169, "settimeofday": 164, "clock_settime": 227,
     "personality": 135, "name_to_handle_at": 303, "open_by_handle_at": 304, "lookup_dcookie": 212,
+    # POSIX message queues outlive the run in the IPC namespace a zygote's runs share, and cannot be listed
+    "mq_open": 240,
 }
 DENIED_ENOSYS = {"clone3": 435}
 SYS_SOCKET = 41

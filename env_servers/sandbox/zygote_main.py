@@ -4,8 +4,14 @@ Runs as pid 1 of its own bwrap sandbox under ``/usr/bin/python3`` (standard libr
 host passes this file in through a memfd). It pre-imports the modules named on its command
 line, makes itself non-dumpable (children cannot ptrace it or read its memory or fds through
 /proc) and, as the namespace's pid 1, cannot be killed from inside. Protocol on stdin/stdout:
-4-byte big-endian length + JSON, one request, one reply. After every run it SIGKILLs every
-other process in the namespace, reaps them all and wipes /sandbox, /tmp and /dev/shm.
+4-byte big-endian length + JSON, one request, one reply.
+
+pid 1 never reads a request: for each one it forks a fresh *leader* that reads the request,
+forks the run's child, collects its output, SIGKILLs and reaps every other process in the
+namespace, wipes /sandbox, /tmp and /dev/shm, replies and exits. A run therefore inherits only
+pid 1's pristine heap and its own request, never an earlier run's code, stdin or output (which
+freed memory would otherwise still hold: another session's right answers). When a leader dies
+any other way (the run killed it, the host closed stdin), pid 1 exits and the sandbox with it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any, NoReturn
 SCRATCH = ("/sandbox", "/tmp", "/dev/shm")
 PROTO_IN, PROTO_OUT = 0, 1
 WAKE_R = -1
+LEADER_OK, LEADER_EOF = 0, 3
 LIBC = ctypes.CDLL(None, use_errno=True)
 # Where no bwrap applies the seccomp filter (the docker backend's containers), the host hands the
 # same filter in through the environment and each run installs it itself (see install_seccomp).
@@ -85,7 +92,7 @@ def wipe() -> bool:
                     shutil.rmtree(path)
                 else:
                     os.unlink(path)
-            except OSError:
+            except (OSError, RecursionError):  # RecursionError: directories nested thousands deep
                 clean = False
     return clean
 
@@ -313,13 +320,36 @@ def handle(req: dict[str, Any], base_as: int) -> dict[str, Any]:
             "oom_killed": ooms_before is not None and (oom_kills() or 0) > ooms_before}
 
 
-def main() -> None:
+def serve_one(base_as: int) -> NoReturn:
+    """The leader of one request (a fresh fork of pid 1): read it, run it, clean up, reply, exit."""
     global WAKE_R
-    WAKE_R, wake_w = os.pipe()
-    os.set_blocking(WAKE_R, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() when the program exits
+    status = 1
+    try:
+        LIBC.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the run's orphans are reaped here
+        WAKE_R, wake_w = os.pipe()
+        os.set_blocking(WAKE_R, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() when the program exits
+        try:
+            (n,) = struct.unpack(">I", read_exact(PROTO_IN, 4))
+            req = json.loads(read_exact(PROTO_IN, n))
+        except EOFError:
+            os._exit(LEADER_EOF)
+        try:
+            reply = handle(req, base_as)
+        except OSError as exc:  # fork refused (pids limit), scratch full, ...
+            kill_all()
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        remove_sysv_ipc()
+        reply["clean"] = wipe()
+        send(reply)
+        status = LEADER_OK
+    finally:
+        os._exit(status)
+
+
+def main() -> None:
     for name in sys.argv[1:]:
         try:
             importlib.import_module(name)
@@ -334,19 +364,13 @@ def main() -> None:
         base_as = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     send({"ready": True, "base_as": base_as})
     while True:
-        try:
-            (n,) = struct.unpack(">I", read_exact(PROTO_IN, 4))
-            req = json.loads(read_exact(PROTO_IN, n))
-        except EOFError:
-            return
-        try:
-            reply = handle(req, base_as)
-        except OSError as exc:  # fork refused (pids limit), scratch full, ...
-            kill_all()
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        remove_sysv_ipc()
-        reply["clean"] = wipe()
-        send(reply)
+        leader = os.fork()
+        if leader == 0:
+            serve_one(base_as)
+        _, status = os.waitpid(leader, 0)
+        kill_all()  # whatever a dead leader left behind
+        if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == LEADER_OK):
+            return  # the host closed stdin, or the leader died mid-request: the host sees EOF and respawns
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ run only against the isolating backends.
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import subprocess
@@ -274,9 +275,48 @@ def test_a_run_cannot_tamper_with_the_next_one(isolating):
              "print('dirtied')")
     assert isolating.run_sync(dirty, limits=FAST).stdout == "dirtied\n"
     check = ("import os\nprint(sorted(os.listdir('.')), os.listdir('/tmp'), os.listdir('/dev/shm'))\n"
-             "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()))\n"
+             "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (os.getpid(), os.getppid())))\n"
              "print(len(open('/proc/sysvipc/shm').read().splitlines()) - 1)")
     lines = isolating.run_sync(check, limits=FAST).stdout.splitlines()
     assert lines[0] == "['main.py'] [] []"
-    assert lines[1] in ("[]", "[1]")  # nothing but the zygote (pid 1) or, when spawned per run, ourselves as pid 1
+    assert lines[1] in ("[]", "[1]")  # nothing but the zygote (pid 1; its per-run leader is our parent) or ourselves
     assert lines[2] == "0"
+
+
+def test_a_run_cannot_read_an_earlier_runs_code_or_output_from_memory(isolating):
+    # a forked worker must not inherit an earlier run's request or reply (in RL, another rollout's right answers)
+    token = uuid.uuid4().hex
+    victim = f"print('LEAK-' + {token!r})\n# CODE-{token}"
+    for _ in range(isolating.slots):  # every slot has served it, so the next run follows it in its slot
+        assert isolating.run_sync(victim, stdin=f"STDIN-{token}".encode(), limits=FAST).ok
+    scan = ("import ctypes, re\nfound = set()\nfor line in open('/proc/self/maps'):\n    parts = line.split()\n"
+            "    lo, hi = (int(x, 16) for x in parts[0].split('-'))\n"
+            "    if 'r' not in parts[1] or parts[-1].startswith('[v') or hi - lo > 1 << 29:\n        continue\n"
+            "    data = ctypes.string_at(lo, hi - lo)\n"
+            "    for pat in (rb'(LEAK|CODE|STDIN)-[0-9a-f]{32}', rb'TEVBSy0[A-Za-z0-9+/]{40}', rb'U1RESU4t[A-Za-z0-9+/]{40}'):\n"
+            "        found.update(m.group(0).decode() for m in re.finditer(pat, data))\nprint(sorted(found))")
+    result = isolating.run_sync(scan, limits=Limits(timeout_s=10.0))
+    assert result.ok, result.stderr[-2000:]
+    leaked = base64.b64encode(f"LEAK-{token}".encode()).decode()[:40]
+    assert token not in result.stdout and leaked[:20] not in result.stdout, result.stdout
+
+
+def test_device_dir_and_message_queues_are_neither_writable_nor_shared_between_runs(isolating):
+    dirty = ("import ctypes, os\nfor p in ('/dev/leak', '/dev/shm/big'):\n    try:\n"
+             "        with open(p, 'wb') as f:\n            for _ in range(4):\n                f.write(b'x' * (30 << 20))\n"
+             "        print('WROTE', p)\n    except OSError as e:\n        print('refused', p)\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\nfd = libc.mq_open(b'/envhub-leak', 0o100 | 2, 0o600, None)\n"
+             "print('mq', 'OPENED' if fd >= 0 else 'refused')\nif fd >= 0:\n    libc.mq_send(fd, b'left', 4, 0)")
+    result = isolating.run_sync(dirty, limits=FAST)
+    assert "WROTE" not in result.stdout and "OPENED" not in result.stdout, result.stdout
+    check = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             "print(sorted(set(os.listdir('/dev')) - {'ptmx', 'pts', 'shm', 'core', 'fd', 'stderr', 'stdout', 'stdin', "
+             "'tty', 'urandom', 'random', 'full', 'zero', 'null', 'mqueue'}), libc.mq_open(b'/envhub-leak', 2) >= 0)")
+    assert isolating.run_sync(check, limits=FAST).stdout == "[] False\n"
+
+
+def test_deeply_nested_scratch_directories_do_not_cost_the_runs_output(isolating):
+    code = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')"
+    result = isolating.run_sync(code, limits=Limits(timeout_s=5.0))
+    assert (result.stdout, result.exit_code) == ("deep\n", 0), result.stderr[-500:]
+    assert isolating.run_sync("import os; print(os.listdir('.'))", limits=FAST).stdout == "['main.py']\n"
