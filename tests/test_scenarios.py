@@ -29,6 +29,11 @@ def test_each_scenario_config_loads_as_envhub_train_reads_it(scenario: scenarios
         return
     cfg = load_config(path)
     assert cfg.env.eval_task["split"] == "validation" != cfg.env.train_task["split"]
+    task = cfg.env.eval_task
+    if task.get("kind") == "add":  # a listed split: validation is all of it, each problem once
+        from env_servers.math_env.tasks import listed_size
+
+        assert cfg.run.eval_problems == listed_size("validation", "add", task["difficulty"]), scenario.config
 
 
 @pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=[s.name for s in scenarios.SCENARIOS])

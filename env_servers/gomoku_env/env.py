@@ -66,8 +66,9 @@ class GomokuEnv(Env):
         """Start a game, from ``opening`` if given, else from a random legal opening drawn with the seed.
 
         ``split`` (``"train"`` or ``"validation"``) picks the stream the seed draws from: the same seed
-        gives a different game (opening and opponent moves) in each, so a trainer that validates on seeds
-        0..N-1 of ``"validation"`` never scores itself on a game it trained on.
+        gives a different opening and opponent stream in each, so a trainer that validates on seeds 0..N-1
+        of ``"validation"`` does not replay its training games (an empty opening, drawn with
+        ``empty_board_prob``, is the same board in both: its opponent moves differ).
         """
         if split not in SPLITS:
             raise ActionValidationError(f"Invalid gomoku reset: expected split in {SPLITS}, got {split!r}.")

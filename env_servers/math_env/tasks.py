@@ -15,8 +15,9 @@ word       short word problems (shopping, speed, percentages, sharing); difficul
 ========== ==================================================================================
 
 ``add`` at difficulty 1 is meant for tiny models: the whole user prompt is under 80 characters.
-A problem's split is a stable hash of its statement, so no statement ever appears in two splits
-(80% train, 10% validation, 10% test); :func:`task_at` gives a deterministic task per index
+A problem's split is a stable hash of its statement (:func:`split_of`), so no statement ever appears in
+two splits (80% train, 10% validation, 10% test), nor does a sum's mirror (``2 + 7`` for ``7 + 2``) or a
+word problem told with another name or item; :func:`task_at` gives a deterministic task per index
 (for ``add`` at difficulty 1-2: the split's problems in a stable order, each once per ``n`` indices).
 """
 
@@ -25,12 +26,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from env_servers.datasets import SPLITS, split_of
+from env_servers import datasets
+from env_servers.datasets import SPLITS
 
 DIFFICULTIES = (1, 2, 3)
 _MAX_TRIES = 2000
@@ -216,6 +219,26 @@ FAMILIES: dict[str, Callable[[random.Random, int], tuple[str, str]]] = {
     "linear": _linear, "quadratic": _quadratic, "word": _word,
 }
 KINDS = tuple(FAMILIES)
+
+
+_SUM = re.compile(r"What is (\d+) \+ (\d+)\?")
+_NAME_OR_ITEM = re.compile(r"\b(?:" + "|".join(_NAMES + _ITEMS) + r")\b")
+
+
+def split_of(problem: str) -> str:
+    """The split of a math problem: a stable hash (:func:`env_servers.datasets.split_of`) of its text, less
+    what does not change the problem. A sum and its mirror (``7 + 2``, ``2 + 7``) share a split, and so do
+    word problems that differ only in the name and the item: a validation problem is never a train problem
+    with its operands swapped or its apples renamed.
+
+    >>> split_of("What is 7 + 2?") == split_of("What is 2 + 7?")
+    True
+    """
+    m = _SUM.fullmatch(problem)
+    if m:
+        a, b = sorted((int(m[1]), int(m[2])))
+        problem = f"What is {a} + {b}?"
+    return datasets.split_of(_NAME_OR_ITEM.sub("_", problem))
 
 
 def _check(kind: str | None, difficulty: int | None, split: str) -> None:

@@ -9,11 +9,11 @@ import time
 import pytest
 from PIL import Image
 
+from env_servers.datasets import SPLITS, split_of
 from env_servers.geometry_env import calculator, loaders
 from env_servers.geometry_env.calculator import CALCULATE_TIMEOUT_S, CalculatorError
 from env_servers.geometry_env.problems import FAMILIES, KINDS, generate, problem_at
 from env_servers.geometry_env.render import render_png
-from env_servers.math_env.tasks import SPLITS, split_of
 from env_servers.math_grading import bounded
 from env_servers.math_grading.expressions import numeric_value, parse_expression
 from env_servers.math_grading.grading import is_equiv

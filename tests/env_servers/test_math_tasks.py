@@ -116,3 +116,25 @@ def test_index_walks_every_small_add_split_once_then_wraps():
         walked = [task_at(i, split="validation", kind="add", difficulty=difficulty) for i in range(len(pool))]
         assert walked == pool  # each validation problem exactly once, in the stable order
         assert task_at(len(pool), split="validation", kind="add", difficulty=difficulty) == pool[0]
+
+
+@pytest.mark.parametrize("difficulty", [1, 2])
+def test_no_validation_sum_is_a_train_sum_mirrored(difficulty):
+    train = {t.problem for t in add_tasks("train", difficulty)}
+    for task in add_tasks("validation", difficulty) + add_tasks("test", difficulty):
+        a, op, b = task.problem.removeprefix("What is ").removesuffix("?").split()
+        assert op == "-" or f"What is {b} + {a}?" not in train, task.problem
+
+
+def test_no_validation_word_problem_is_a_train_one_with_another_name_or_item():
+    from env_servers.math_env.tasks import _ITEMS, _NAMES
+
+    def shape(problem: str) -> str:  # the template and the numbers
+        for word in _NAMES + _ITEMS:
+            problem = problem.replace(word, "_")
+        return problem
+
+    train = {shape(task_at(i, split="train", kind="word", difficulty=1).problem) for i in range(3000)}
+    held_out = [task_at(i, split=split, kind="word", difficulty=1).problem for split in ("validation", "test")
+                for i in range(300)]
+    assert not [p for p in held_out if shape(p) in train]  # was 120 of 300 validation problems
