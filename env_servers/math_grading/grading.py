@@ -31,7 +31,7 @@ _UNIT_WORDS = ("square units", "sq units", "square inches", "square feet", "squa
                "feet", "foot", "ft", "miles", "mph", "dollars", "cents", "seconds", "minutes", "hours",
                "days", "cm\\^2", "m\\^2", "cm\\^3")
 _UNITS_RE = re.compile(r"(?<=[\d}\s)])\s*(?:\\(?:text|mbox|mathrm)\{\s*)?(?:" + "|".join(_UNIT_WORDS)
-                       + r")\s*\}?\s*$", re.IGNORECASE)
+                       + r")\s*\}?\s*(?:\^\s*\{?\s*[23]\s*\}?)?\s*$", re.IGNORECASE)  # "5\text{cm}^2" too
 _THOUSANDS_RE = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
 _FORMAT_RE = re.compile(r"\s*<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 _EXACT_REL_TOL = 1e-12
