@@ -45,7 +45,7 @@ def is_url(model: str) -> bool:
 
 def check_model_path(model: str) -> None:
     """A ``--model`` written as a path (``/``, ``./``, ``../``, ``~``) must be a directory: ValueError otherwise,
-    rather than the Hugging Face hub's complaint about a repository id."""
+    rather than the Hugging Face hub's complaint about a repository id (``EvalConfig`` checks it, before any work)."""
     if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().is_dir():
         raise ValueError(f"Expected --model to be a Hugging Face model directory, `tiny` or an http(s):// URL, got "
                          f"{model!r}, which is not a directory.")
@@ -57,7 +57,6 @@ def load_chat_model(model: str, options: ModelOptions) -> ChatModel:
         return ChatCompletionsClient(model, model=options.model_name or "default", api_key=options.api_key,
                                      timeout_s=options.timeout_s, max_tokens=options.max_tokens,
                                      temperature=options.temperature, seed=options.seed)
-    check_model_path(model)
     factory = _local_factory()
     chat_model: ChatModel = factory(model, max_tokens=options.max_tokens, temperature=options.temperature,
                                     seed=options.seed)
