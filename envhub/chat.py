@@ -137,6 +137,27 @@ def parse_assistant_text(text: str, *, parser: Any = "hermes", tools: list[dict[
     return message, list(parsed.errors)
 
 
+def history_window(messages: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
+    """The messages a turn is prompted with under a history window of ``turns``: the leading system messages,
+    then the conversation from the observation that prompted the ``turns``-th latest assistant reply on; with
+    ``0``, what came after the latest reply alone (the newest observation; after tool calls, their results
+    without the call). A conversation with ``turns`` replies or fewer is returned whole.
+
+    >>> chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "board 1"},
+    ...         {"role": "assistant", "content": "move 1"}, {"role": "user", "content": "board 2"}]
+    >>> [m["content"] for m in history_window(chat, 0)], [m["content"] for m in history_window(chat, 1)]
+    (['S', 'board 2'], ['S', 'board 1', 'move 1', 'board 2'])
+    """
+    if turns < 0:
+        raise ValueError(f"Expected a history window of >= 0 turns, got {turns}.")
+    head = 0
+    while head < len(messages) and messages[head].get("role") == "system":
+        head += 1
+    replies = [i for i in range(head, len(messages)) if messages[i].get("role") == "assistant"]
+    start = replies[-(turns + 1)] + 1 if len(replies) > turns else head
+    return messages[:head] + messages[start:]
+
+
 def tools_to_openai(tools: Iterable[Any]) -> list[dict[str, Any]]:
     """The ``tools=`` list of a chat-completions request from ToolSpecs, EnvTools or OpenAI/MCP dicts."""
     from envhub.types import ToolSpec
@@ -265,4 +286,5 @@ def _count(value: Any) -> int:
 
 
 __all__ = ["ChatModel", "ChatReply", "ChatModelError", "ContextLengthError", "ChatCompletionsClient",
-           "tool_call_from_openai", "assistant_message_from_text", "parse_assistant_text", "tools_to_openai"]
+           "tool_call_from_openai", "assistant_message_from_text", "parse_assistant_text", "tools_to_openai",
+           "history_window"]

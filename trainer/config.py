@@ -204,6 +204,15 @@ class SFTConfig:
                              f"got {self.steps}, {self.batch_size}, {self.epochs_limit}.")
 
 
+def check_history(rollout: RolloutConfig, algo: AlgoConfig, where: str = "algo") -> None:
+    """PPO's GAE runs along one sequence per episode: a history window (``rollout.history_turns``, one
+    sequence per turn) would cut its returns at every turn, so the two are refused together."""
+    if rollout.history_turns is not None and algo.name == "ppo":
+        raise ValueError(f"Expected {where}.name other than 'ppo' with rollout.history_turns set: PPO's GAE needs "
+                         "the whole episode in one sequence (each turn of a history window is a sequence of its "
+                         "own); use grpo_per_turn, or leave rollout.history_turns unset.")
+
+
 @dataclass
 class TrainConfig:
     """Everything one ``envhub-train`` run needs."""
@@ -220,6 +229,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.sampling.backend == "vllm":  # the tiny model's default head size is one vLLM's CPU kernel refuses
             self.model = for_vllm(self.model)
+        check_history(self.rollout, self.algo)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -343,3 +343,34 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch_for_every_aggregatio
     whole, split = grads(16), grads(1)
     assert whole.abs().sum() > 0
     assert torch.allclose(split, whole, rtol=1e-4, atol=1e-7)
+
+
+class WordsEnv(Env):
+    """Three turns; each reply earns the share of its characters that are letters."""
+
+    def reset(self, seed=None):
+        self.turn = 0
+        return Observation(text="Say a word.")
+
+    def on_text(self, text: str):
+        self.turn += 1
+        return StepResult(observation=Observation(text=f"Turn {self.turn}: another word."),
+                          reward=sum(ch.isalpha() for ch in text) / max(len(text), 1), done=self.turn == 3)
+
+
+def test_a_history_window_trains_every_turn_as_its_own_sequence(tmp_path) -> None:
+    cfg = config(tmp_path, "run.steps=1", "algo.name='grpo_per_turn'", "algo.filter_zero_variance=false",
+                 f"env.env_class='{__name__}:WordsEnv'", "rollout.max_turns=3", "rollout.max_total_tokens=24",
+                 "rollout.history_turns=0")
+    model, tok = load_policy(cfg.model)
+    before = [p.detach().clone() for p in model.parameters()]
+    train(cfg, model=model, tokenizer=tok, log=lambda s: None)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    record = json.loads((tmp_path / "trajectories.jsonl").read_text().splitlines()[0])
+    assert len(record["segment_starts"]) == 2  # three turns, each prompted with the newest observation alone
+    assert record["text"].count("Say a word.") == 1 and record["text"].count("another word.") == 2
+
+
+def test_ppo_is_refused_with_a_history_window() -> None:
+    with pytest.raises(ValueError, match="PPO's GAE needs the whole episode"):
+        load_config(None, ["algo.name='ppo'", "rollout.history_turns=0"])

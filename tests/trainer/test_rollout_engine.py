@@ -172,3 +172,50 @@ async def test_configured_system_prompt_can_replace_the_envs(tok) -> None:
     assert tok.decode(traj.tokens[:traj.prompt_len]).startswith("<|im_start|>system\nSum.<|im_end|>")
     [traj] = await engine(AddEnv, ScriptedSampler(tok, add_answer), tok, system_prompt="Sum.").run([Task({"a": 1})])
     assert tok.decode(traj.tokens[:traj.prompt_len]).startswith("<|im_start|>system\nAdd.<|im_end|>")
+
+
+async def test_a_history_window_prompts_each_turn_afresh_with_the_newest_observation(tok) -> None:
+    replies = iter(["3", "2", "1"])
+    sampler = ScriptedSampler(tok, lambda p: next(replies))
+    [traj] = await engine(CountdownEnv, sampler, tok, max_turns=5, system_prompt="Be brief.",
+                          history_turns=0).run([Task({})])
+    assert traj.stop_reason is StopReason.DONE and traj.turn_rewards == [0.5, 0.5, 0.5]
+    windows = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+               for text in ("Count down from 3.", "next: 2", "next: 1")]
+    prompts = [tok.apply_chat_template(w, tokenize=False, add_generation_prompt=True) for w in windows]
+    # the sampler saw each turn's window alone, and the record holds one sequence per turn
+    assert [tok.decode(r.prompt_ids) for r in sampler.requests] == prompts
+    spans = [span for span, _ in traj.segments()]
+    assert [tok.decode(traj.tokens[s]) for s in spans] == [p + f"{n}<|im_end|>" for p, n in zip(prompts, "321")]
+    assert [s.start for s in spans[1:]] == [start for start, _ in traj.segment_starts]
+    assert [traj.tokens[i] for i in traj.turn_ends] == [tok.eos_token_id] * 3
+    assert policy_text(tok, traj) == "3<|im_end|>2<|im_end|>1<|im_end|>"
+    assert traj.to_record()["segment_starts"] == [s.start for s in spans[1:]]
+
+
+async def test_a_window_of_one_turn_keeps_the_last_reply_and_the_observation_before_it(tok) -> None:
+    replies = iter(["3", "2", "1"])
+    sampler = ScriptedSampler(tok, lambda p: next(replies))
+    await engine(CountdownEnv, sampler, tok, max_turns=5, history_turns=1).run([Task({})])
+    third = [{"role": "user", "content": "next: 2"}, {"role": "assistant", "content": "2"},
+             {"role": "user", "content": "next: 1"}]
+    assert tok.decode(sampler.requests[2].prompt_ids) == tok.apply_chat_template(third, tokenize=False,
+                                                                                add_generation_prompt=True)
+
+
+async def test_the_context_limit_counts_the_window_not_the_whole_episode(tok) -> None:
+    replies = iter(["3", "2", "1"])
+    whole = await engine(CountdownEnv, ScriptedSampler(tok, lambda p: next(replies)), tok, max_turns=5,
+                         max_context_tokens=150).run([Task({})])
+    replies = iter(["3", "2", "1"])
+    windowed = await engine(CountdownEnv, ScriptedSampler(tok, lambda p: next(replies)), tok, max_turns=5,
+                            max_context_tokens=150, history_turns=0).run([Task({})])
+    assert whole[0].stop_reason is StopReason.TOKEN_LIMIT
+    assert windowed[0].stop_reason is StopReason.DONE and windowed[0].num_turns == 3
+
+
+def test_history_turns_is_unset_or_a_count() -> None:
+    for bad in (-1, 1.5, True, "0"):
+        with pytest.raises(ValueError, match="history_turns"):
+            RolloutConfig(history_turns=bad)  # type: ignore[arg-type]
+    assert RolloutConfig(history_turns=0).history_turns == 0

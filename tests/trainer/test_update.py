@@ -96,3 +96,27 @@ def test_target_kl_is_refused_below_zero_or_not_finite() -> None:
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="algo.target_kl >= 0"):
             AlgoConfig(target_kl=bad)
+
+
+def test_each_sequence_of_a_windowed_trajectory_packs_as_a_row_with_its_advantages_and_rewards() -> None:
+    from trainer.rollout import Task, Trajectory
+
+    whole = Trajectory(task=Task({}), tokens=[1, 2, 3, 4], mask=[0, 0, 1, 1], logprobs=[0, 0, -0.1, -0.2],
+                       turn_ends=[3], turn_rewards=[1.0])
+    windowed = Trajectory(task=Task({}))
+    windowed.append([5, 6], policy=False)
+    windowed.append([7], policy=True, logprobs=[-0.3])
+    windowed.turn_ends.append(2)
+    windowed.new_segment()
+    windowed.append([5, 8, 9], policy=False)
+    windowed.append([10, 11], policy=True, logprobs=[-0.4, -0.5])
+    windowed.turn_ends.append(7)
+    windowed.turn_rewards = [0.5, 2.0]
+    adv = [[0.0, 0.0, 1.5, 1.5], [0, 0, -1.0, 0, 0, 0, 2.0, 2.0]]
+    batch = pack([whole, windowed], adv, pad_id=0)
+    assert batch.tokens_BT.tolist() == [[1, 2, 3, 4, 0], [5, 6, 7, 0, 0], [5, 8, 9, 10, 11]]
+    # the shifted frame: position j scores token j + 1
+    assert batch.mask_BS.tolist() == [[0, 1, 1, 0], [0, 1, 0, 0], [0, 0, 1, 1]]
+    assert batch.advantages_BS.tolist() == [[0, 1.5, 1.5, 0], [0, -1.0, 0, 0], [0, 0, 2.0, 2.0]]
+    assert batch.rewards_BS.tolist() == [[0, 0, 1.0, 0], [0, 0.5, 0, 0], [0, 0, 0, 2.0]]
+    assert batch.sampler_logprobs_BS[2].tolist() == pytest.approx([0, 0, -0.4, -0.5])

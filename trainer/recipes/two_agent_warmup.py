@@ -34,13 +34,16 @@ async def scripted_games(pool: EnvPool, tokenizer: Any, config: RolloutConfig, *
 
 
 def demos_from(trajectories: list[Trajectory], max_turns: int = 1) -> list[tuple[list[int], list[int]]]:
-    """``(ids, mask)`` pairs: each trajectory cut after its first ``max_turns`` moves (mask 1 on the moves)."""
+    """``(ids, mask)`` pairs: each trajectory cut after its first ``max_turns`` moves (mask 1 on the moves);
+    under a history window (one sequence per turn), each of those turns' sequences is a pair of its own."""
     demos = []
     for t in trajectories:
         if not t.turn_ends:
             continue
         end = t.turn_ends[min(max_turns, len(t.turn_ends)) - 1] + 1
-        demos.append((t.tokens[:end], t.mask[:end]))
+        for span, _ in t.segments():
+            if span.start < end:
+                demos.append((t.tokens[span.start:min(span.stop, end)], t.mask[span.start:min(span.stop, end)]))
     return demos
 
 

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from envhub.chat import history_window
 from envhub.parsers import ParseStatus
 from envhub.registry import import_target
 from envhub.remote import observation_text
@@ -122,6 +123,13 @@ class Agent:
     def tool_messages(self, results: list[ToolResult]) -> list[Message]:
         """What follows tool calls: one tool message per call, in call order."""
         return [{"role": "tool", "name": r.name, "content": self.content(r.text, r.images)} for r in results]
+
+    def window(self, turns: int) -> list[Message]:
+        """What a turn is prompted with under a history window (``rollout.history_turns = turns``): the
+        leading system messages, then the conversation from the observation that prompted the ``turns``-th
+        latest reply on (:func:`envhub.chat.history_window`); with ``0``, the newest observation alone.
+        Earlier replies appear as their decoded text."""
+        return history_window(self.history, turns)
 
     # -- what a reply means ----------------------------------------------------------------------
     def decide(self, reply: str, *, truncated: bool) -> Decision:

@@ -84,6 +84,11 @@ class RolloutConfig:
     # groups may be in flight at once (0: every group of the batches the staleness bound allows)
     max_staleness: int = 0
     max_open_groups: int = 0
+    # None: every turn sees the whole conversation (one growing sequence); k >= 0: each turn after the first
+    # is prompted afresh with the system messages, the last k turns and the newest observation (Agent.window),
+    # for envs whose observation holds the state (a board): a short context, and the policy reads the state
+    # alone; each turn then trains as a sequence of its own
+    history_turns: int | None = None
 
     def __post_init__(self) -> None:
         if self.tool_mode not in ("auto", "text", "tools"):
@@ -96,6 +101,10 @@ class RolloutConfig:
         for name in ("max_staleness", "max_open_groups"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Expected rollout.{name} >= 0, got {getattr(self, name)}.")
+        if self.history_turns is not None and (isinstance(self.history_turns, bool)
+                                               or not isinstance(self.history_turns, int) or self.history_turns < 0):
+            raise ValueError(f"Expected rollout.history_turns to be unset (the whole conversation) or an integer "
+                             f">= 0, got {self.history_turns!r}.")
 
 
 class _Stop(Exception):
@@ -290,13 +299,14 @@ class RolloutEngine:
         while True:
             if traj.num_turns >= cfg.max_turns:
                 return StopReason.TURN_LIMIT
+            context, context_images = traj.segments()[-1]  # the whole conversation, or this turn's window
             budget = min(cfg.max_tokens_per_turn, cfg.max_total_tokens - traj.num_policy_tokens,
-                         cfg.max_context_tokens - len(traj.tokens))
+                         cfg.max_context_tokens - (len(traj.tokens) - context.start))
             if budget < 1:
                 return StopReason.TOKEN_LIMIT
             self.states[key] = EpisodeState.GENERATING
-            gen = await self.sampler.generate(GenRequest(list(traj.tokens), budget, greedy=greedy,
-                                                         images=list(traj.images)))
+            gen = await self.sampler.generate(GenRequest(traj.tokens[context], budget, greedy=greedy,
+                                                         images=traj.images[context_images]))
             traj.append(gen.tokens, policy=True, logprobs=gen.logprobs)
             traj.turn_ends.append(len(traj.tokens) - 1)
             traj.turn_versions.append(gen.version)
@@ -320,7 +330,15 @@ class RolloutEngine:
                 return StopReason.TOKEN_LIMIT
             if traj.num_turns >= cfg.max_turns:
                 return StopReason.TURN_LIMIT
-            ids, images = self.renderer.observation(new_messages, tools, after_eos=gen.stop_reason == "stop")
+            if cfg.history_turns is None:
+                ids, images = self.renderer.observation(new_messages, tools, after_eos=gen.stop_reason == "stop")
+            else:  # the next turn is prompted afresh with the agent's window of the conversation
+                window = agent.window(cfg.history_turns)
+                if not window:
+                    raise ValueError(f"{type(agent).__name__}.window() returned no messages: the model would be "
+                                     "prompted with nothing.")
+                ids, images = self.renderer.prompt(window, tools)
+                traj.new_segment()
             traj.append(ids, policy=False, images=images)
 
     def _decode(self, ids: list[int], markers: tuple[str, ...]) -> str:

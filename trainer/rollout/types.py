@@ -58,6 +58,11 @@ class Trajectory:
     the episode started; asynchronous rollouts may see later versions in later turns).
     ``images`` are the :class:`~trainer.vision.ImageFeatures` behind the image placeholder ids of
     ``tokens`` (mask 0), in order; empty for a text-only policy.
+
+    With a history window (``rollout.history_turns``) each turn after the first is prompted afresh, so
+    ``tokens`` is a run of sequences, one per turn: ``segment_starts`` holds where each one after the
+    first begins (in ``tokens``, and in ``images`` for the images it shows); empty, one sequence.
+    :meth:`segments` lists them; each trains as a row of its own.
     """
 
     task: Task
@@ -83,6 +88,7 @@ class Trajectory:
     failed_turns: int = 0               # turns whose reply was malformed or refused by the env
     reward_components: dict[str, float] = field(default_factory=dict)  # the env's named rewards, summed over steps
     stats: dict[str, float] = field(default_factory=dict)  # the env's ``info["stats"]``, summed over steps
+    segment_starts: list[tuple[int, int]] = field(default_factory=list)  # (token, image) index of each later sequence
 
     @property
     def group_id(self) -> int:
@@ -124,6 +130,27 @@ class Trajectory:
     def num_policy_tokens(self) -> int:
         return sum(self.mask)
 
+    def new_segment(self) -> None:
+        """Start the next sequence here: what is appended from now on is prompted without what came before."""
+        self.segment_starts.append((len(self.tokens), len(self.images)))
+
+    @property
+    def segment_start(self) -> int:
+        """Where the sequence being written begins in ``tokens`` (0 without a history window)."""
+        return self.segment_starts[-1][0] if self.segment_starts else 0
+
+    def segments(self) -> list[tuple[slice, slice]]:
+        """``(tokens slice, images slice)`` of each sequence, in order: one for a whole conversation.
+
+        >>> t = Trajectory(task=Task({}), tokens=[1, 2, 3, 4, 5])
+        >>> t.segment_starts = [(3, 0)]
+        >>> [(s.start, s.stop) for s, _ in t.segments()]
+        [(0, 3), (3, 5)]
+        """
+        starts = [(0, 0), *self.segment_starts]
+        ends = [*self.segment_starts, (len(self.tokens), len(self.images))]
+        return [(slice(a, b), slice(i, j)) for (a, i), (b, j) in zip(starts, ends)]
+
     @property
     def oldest_version(self) -> int:
         """The oldest policy version behind any of this trajectory's turns (what staleness is measured from)."""
@@ -157,6 +184,8 @@ class Trajectory:
                "logprobs": [round(x, 5) for x in self.logprobs],
                "images": [list(f.grid_thw) for f in self.images], "reward_components": self.reward_components,
                "stats": self.stats, "outcome": self.info.get("outcome")}
+        if self.segment_starts:
+            rec["segment_starts"] = [start for start, _ in self.segment_starts]
         if tokenizer is not None:
             rec["text"] = tokenizer.decode(self.tokens)
             rec["completion"] = tokenizer.decode([t for t, m in zip(self.tokens, self.mask) if m])

@@ -55,25 +55,31 @@ def token_advantages(traj: Trajectory, per_turn: list[float]) -> list[float]:
 
 
 def pack(trajectories: list[Trajectory], advantages: list[list[float]], pad_id: int) -> PackedBatch:
-    """Pad ``trajectories`` (with per-token ``advantages``) into a :class:`PackedBatch`; turn rewards sit on turn ends."""
+    """Pad ``trajectories`` (with per-token ``advantages``) into a :class:`PackedBatch`; turn rewards sit on turn ends.
+
+    Each sequence of a trajectory is a row (:meth:`~trainer.rollout.Trajectory.segments`: one per trajectory,
+    one per turn under a history window), with that sequence's tokens, advantages and images.
+    """
     if not trajectories or len(advantages) != len(trajectories):
         raise ValueError(f"Expected at least one trajectory and one advantage list for each, got "
                          f"{len(trajectories)} and {len(advantages)}.")
-    B, T = len(trajectories), max(len(t.tokens) for t in trajectories)
-    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    rows = [(t, a, tokens, images) for t, a in zip(trajectories, advantages) for tokens, images in t.segments()]
+    B, T = len(rows), max(len(t.tokens[tokens]) for t, _, tokens, _ in rows)
+    tokens_BT = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, T), dtype=torch.long)
     mask, adv, rew, lps = (torch.zeros((B, T)) for _ in range(4))
-    for i, (t, a) in enumerate(zip(trajectories, advantages)):
-        n = len(t.tokens)
-        tokens[i, :n] = torch.tensor(t.tokens)
+    for i, (t, a, span, _) in enumerate(rows):
+        n = span.stop - span.start
+        tokens_BT[i, :n] = torch.tensor(t.tokens[span])
         attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(t.mask, dtype=torch.float)
-        adv[i, :n] = torch.tensor(a, dtype=torch.float)
-        lps[i, :n] = torch.tensor(t.logprobs, dtype=torch.float)
+        mask[i, :n] = torch.tensor(t.mask[span], dtype=torch.float)
+        adv[i, :n] = torch.tensor(a[span], dtype=torch.float)
+        lps[i, :n] = torch.tensor(t.logprobs[span], dtype=torch.float)
         for end, r in zip(t.turn_ends, t.turn_rewards):
-            rew[i, end] = r
-    return PackedBatch(tokens, attn, mask[:, 1:], adv[:, 1:], rew[:, 1:], lps[:, 1:],
-                       [list(t.images) for t in trajectories])
+            if span.start <= end < span.stop:
+                rew[i, end - span.start] = r
+    return PackedBatch(tokens_BT, attn, mask[:, 1:], adv[:, 1:], rew[:, 1:], lps[:, 1:],
+                       [list(t.images[images]) for t, _, _, images in rows])
 
 
 __all__ = ["PackedBatch", "pack", "padding_row", "token_advantages"]
