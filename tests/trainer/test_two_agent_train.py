@@ -19,7 +19,7 @@ from trainer.recipes.opponents import RandomMoveSampler, empty_cells
 from trainer.recipes.phases import PhaseBarrier
 from trainer.recipes.players import Player
 from trainer.recipes.two_agent import build_pool, evaluate, train_two_agents
-from trainer.recipes.two_agent_config import load_two_agent_config
+from trainer.recipes.two_agent_config import PlayerConfig, TwoAgentConfig, load_two_agent_config
 from trainer.sampling import GenRequest
 from trainer.tokenizer import build_tiny_tokenizer
 
@@ -240,7 +240,7 @@ def test_reference_groups_put_each_agent_against_a_scripted_player_in_the_last_o
         against = [s for s in mine if s.group_id == 2]
         assert all(set(s.seats.values()) == {name, reference_name(name)} for s in against)
     assert {s.seats["X"] for s in specs if s.group_id == 2} == {"a", reference_name("b")}  # seats alternate
-    with pytest.raises(ValueError, match="reference_groups < run.batch_size"):
+    with pytest.raises(ValueError, match=r"reference_groups \+ match.past_groups < run.batch_size"):
         tiny_config(tmp_path, *env, "match.reference_groups=2")
     with pytest.raises(ValueError, match="reference_groups >= 0"):
         tiny_config(tmp_path, *env, "match.reference_groups=-1")
@@ -262,3 +262,62 @@ def test_reference_groups_put_each_agent_against_a_scripted_player_in_the_last_o
         assert len(trained) == 3 * cfg.run.group_size  # both kinds of games are trained on
         # train/reward_mean: every game trained on, as in single-agent training (not the head-to-head's alone)
         assert step["train/reward_mean"] == pytest.approx(sum(t["reward"] for t in trained) / len(trained))
+
+
+def test_a_windowed_match_prompts_each_seat_with_the_newest_board_and_ppo_is_refused_with_it(tmp_path) -> None:
+    env = ["env.env_class='env_servers.gomoku_env:GomokuMatchEnv'",
+           "env.env_kwargs={board_size=3, win_length=3, opening_max_stones=0, brief_messages=true, "
+           "move_format='cell'}", "rollout.history_turns=0", "rollout.max_turns=5", "run.steps=1",
+           "run.log_trajectories=100"]
+    cfg = tiny_config(tmp_path, *env)
+    agents = {n: Player(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    train_two_agents(cfg, agents=agents, log=lambda line: None)
+    records = [json.loads(line) for n in agents for line in (tmp_path / n / "trajectories.jsonl").read_text().splitlines()]
+    turns = [r for r in records if r["num_turns"] > 1]
+    assert turns and all(len(r["segment_starts"]) == r["num_turns"] - 1 for r in turns)
+    assert all(r["text"].count("<|im_start|>user") == r["num_turns"] for r in turns)  # one board a prompt
+    with pytest.raises(ValueError, match="agents.a.algo.name other than 'ppo'"):
+        tiny_config(tmp_path, *env, "agents.a.algo.name='ppo'")
+
+
+def test_past_groups_put_each_agent_against_a_frozen_snapshot_of_the_other(tmp_path) -> None:
+    from trainer.recipes.past_opponents import PastOpponents, past_name
+    from trainer.recipes.two_agent import reference_name, train_matches
+
+    env = ["env.env_class='env_servers.gomoku_env:GomokuMatchEnv'", "env.env_kwargs={board_size=5, max_invalid_moves=2}"]
+    cfg = tiny_config(tmp_path, *env, "run.batch_size=4", "match.past_groups=2", "match.reference_groups=1",
+                      "match.past_keep=2")
+    agents = {n: Player(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    past = PastOpponents({n: (a.model, a.tokenizer) for n, a in agents.items()}, keep=2, seed=0)
+    specs = train_matches(cfg, ["a", "b"], 0, "r", past)
+    for name, other in (("a", "b"), ("b", "a")):
+        mine = [s for s in specs if name in s.seats.values()]
+        assert sorted({s.group_id for s in mine}) == [0, 1, 2, 3]
+        snapshots = {p for s in mine if s.group_id in (1, 2) for p in s.seats.values()} - {name}
+        assert snapshots and snapshots <= {past_name(other, 0), past_name(other, 1)}
+        assert all(set(s.seats.values()) == {name, reference_name(name)} for s in mine if s.group_id == 3)
+    with pytest.raises(ValueError, match="pool of past opponents"):
+        train_matches(cfg, ["a", "b"], 0, "r")
+    with pytest.raises(ValueError, match="past_every >= 1"):
+        tiny_config(tmp_path, *env, "match.past_every=0")
+    with pytest.raises(ValueError, match="without '@'"):
+        TwoAgentConfig(agents={"a@past0": PlayerConfig(), "b": PlayerConfig()})
+    # snapshots are copies: an update moves the agent, not its snapshots, until the next one is taken
+    model = agents["a"].model
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    slots = past.samplers["a"]
+    assert not torch.equal(next(slots[0].model.parameters()), next(model.parameters()))
+    past.take({n: a.model for n, a in agents.items()}, version=5)
+    assert past.versions["a"] == [0, 5]  # the oldest slot after the policy before training
+    assert torch.equal(next(slots[1].model.parameters()), next(model.parameters()))
+    assert not torch.equal(next(slots[0].model.parameters()), next(model.parameters()))
+    past.close()
+
+    cfg = tiny_config(tmp_path, *env, "run.batch_size=3", "match.past_groups=1", "run.steps=2", "match.past_every=1")
+    agents = {n: Player(n, a, cfg, tmp_path / n) for n, a in cfg.agents.items()}
+    train_two_agents(cfg, agents=agents, log=lambda line: None)
+    for name in agents:
+        step = next(r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "train/reward_mean" in r)
+        assert step["train_past/episodes"] == cfg.run.group_size  # its games against the other's snapshot
+        assert step["train/episodes"] == 2 * cfg.run.group_size and step["match/matches"] == 2 * cfg.run.group_size

@@ -10,7 +10,9 @@ Per step, between phase barriers (:class:`PhaseBarrier`):
    earned (zero-sum for decisive games). With ``match.reference_groups = k`` the last k openings are
    played by each agent against a scripted random player instead (the validation reference), which
    keeps showing each agent boards the other's narrow play never reaches; their outcomes are logged
-   as ``train_reference/...``, the head-to-head's as ``train/...`` and ``match/...``.
+   as ``train_reference/...``, the head-to-head's as ``train/...`` and ``match/...``. With
+   ``match.past_groups = k``, k openings before those are played by each agent against an earlier
+   version of the other (:mod:`trainer.recipes.past_opponents`), logged as ``train_past/...``.
 2. **update** (each agent on its own): an agent's trajectories of one opening form its GRPO
    group; groups with an infrastructure end (a disconnected or timed-out opponent, an env outage)
    are left out; then the agent's own loss and optimizer step (:meth:`Player.update`). The two
@@ -35,6 +37,7 @@ import torch
 
 from trainer.recipes.matches import SEATS, MatchResult, MatchRollout, MatchSpec, by_agent
 from trainer.recipes.opponents import RandomMoveSampler
+from trainer.recipes.past_opponents import PastOpponents
 from trainer.recipes.phases import PhaseBarrier
 from trainer.recipes.players import Player, outcome_metrics
 from trainer.recipes.setup import in_process_env, start_run
@@ -53,15 +56,25 @@ def build_pool(cfg: TwoAgentConfig) -> EnvPool:
                    message_timeout_s=cfg.env.message_timeout_s, token=cfg.env.token)
 
 
-def train_matches(cfg: TwoAgentConfig, names: list[str], step: int, run_id: str) -> list[MatchSpec]:
-    """This step's matches: ``batch_size`` openings x ``group_size`` matches, seats alternating per opening. The
-    last ``match.reference_groups`` openings are played by each agent against its reference player
-    (:func:`reference_name`) instead, so each agent still has ``batch_size`` groups."""
+def train_matches(cfg: TwoAgentConfig, names: list[str], step: int, run_id: str,
+                  past: PastOpponents | None = None) -> list[MatchSpec]:
+    """This step's matches: ``batch_size`` openings x ``group_size`` matches, seats alternating per opening. After
+    the head-to-head openings come ``match.past_groups`` played by each agent against a snapshot of the other
+    (``past`` draws it), then ``match.reference_groups`` against its reference player (:func:`reference_name`),
+    so each agent still has ``batch_size`` groups."""
     urls = cfg.env.all_urls()
-    head_to_head = cfg.run.batch_size - cfg.match.reference_groups
+    head_to_head = cfg.run.batch_size - cfg.match.reference_groups - cfg.match.past_groups
+    if cfg.match.past_groups and past is None:
+        raise ValueError("Expected the pool of past opponents that match.past_groups plays against, got none.")
     specs = []
     for g in range(cfg.run.batch_size):
-        pairs = [names] if g < head_to_head else [[n, reference_name(n)] for n in names]
+        if g < head_to_head:
+            pairs = [names]
+        elif g < head_to_head + cfg.match.past_groups:
+            assert past is not None
+            pairs = [[n, past.draw(other, step, g)] for n, other in zip(names, names[::-1])]
+        else:
+            pairs = [[n, reference_name(n)] for n in names]
         for p, pair in enumerate(pairs):
             first, second = pair if not (cfg.match.swap_seats and (g + p) % 2) else pair[::-1]
             reset = {**cfg.env.train_task, "seed": cfg.run.seed * 1_000_003 + step * cfg.run.batch_size + g}
@@ -77,8 +90,13 @@ def reference_name(agent: str) -> str:
 
 
 def is_head_to_head(result: MatchResult, names: list[str]) -> bool:
-    """Whether both seats of ``result`` were agents (not a reference player)."""
+    """Whether both seats of ``result`` were agents (not a reference player or a past snapshot)."""
     return set(result.spec.seats.values()) <= set(names)
+
+
+def against_the_past(result: MatchResult, names: list[str]) -> bool:
+    """Whether one seat of ``result`` was a past snapshot of an agent (``match.past_groups``)."""
+    return any(seat not in names and "@past" in seat for seat in result.spec.seats.values())
 
 
 def eval_matches(cfg: TwoAgentConfig, pairs: list[tuple[str, str]], run_id: str, tag: str) -> list[MatchSpec]:
@@ -152,6 +170,11 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
     if cfg.match.reference_groups:  # scripted, rendering with the agent's own tokenizer, as in validation
         players.update({reference_name(n): (RandomMoveSampler(a.tokenizer, seed=cfg.run.seed + k), a.tokenizer)
                         for k, (n, a) in enumerate(agents.items())})
+    # snapshots of each agent, from its policy before this run's first step (a resumed run: the resumed one)
+    past = PastOpponents({n: (a.model, a.tokenizer) for n, a in agents.items()}, cfg.match.past_keep,
+                         seed=cfg.run.seed) if cfg.match.past_groups else None
+    if past is not None:
+        players.update(past.players())
     rollout = _rollout(cfg, pool, players)
     barrier = PhaseBarrier(names, parallel=cfg.match.parallel_updates)
     run_id = uuid.uuid4().hex[:8]  # match ids unique even when several runs share one env server
@@ -169,11 +192,14 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
     watch = FailureWatch(cfg.run.max_failed_steps, log, out / "failures.jsonl")  # both seats' episodes
     for step in range(first_step, cfg.run.steps):
         t0 = time.monotonic()
-        results = barrier.joint("rollout", step, lambda: rollout.run_sync(train_matches(cfg, names, step, run_id)))  # noqa: B023
+        results = barrier.joint("rollout", step, lambda: rollout.run_sync(
+            train_matches(cfg, names, step, run_id, past)))  # noqa: B023
         t1 = time.monotonic()
         trajs = by_agent(results)
         head_to_head = [r for r in results if is_head_to_head(r, names)]
-        versus, reference = by_agent(head_to_head), by_agent([r for r in results if not is_head_to_head(r, names)])
+        versus = by_agent(head_to_head)
+        earlier = by_agent([r for r in results if against_the_past(r, names)])
+        reference = by_agent([r for r in results if not is_head_to_head(r, names) and not against_the_past(r, names)])
         try:
             failures = watch.check(step + 1, [t for seats in trajs.values() for t in seats])
         except RolloutFailureError:
@@ -181,14 +207,18 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
                 agent.close()
             raise
         # train/ outcome rates: the head-to-head games (None: every game was one)
-        outcomes = {n: versus.get(n, []) for n in names} if cfg.match.reference_groups else {}
+        outcomes = {n: versus.get(n, []) for n in names} if len(head_to_head) < len(results) else {}
         # each() calls these before the loop moves on, so trajs and step are this iteration's
         updates = barrier.each("update", step, {n: functools.partial(a.update, trajs.get(a.name, []), step,
                                                                      outcomes=outcomes.get(n))
                                                 for n, a in agents.items()})
-        if cfg.match.reference_groups:
-            for n in names:
+        for n in names:
+            if cfg.match.reference_groups:
                 updates[n].update(outcome_metrics(reference.get(n, []), "train_reference"))
+            if cfg.match.past_groups:
+                updates[n].update(outcome_metrics(earlier.get(n, []), "train_past"))
+        if past is not None and (step + 1) % cfg.match.past_every == 0:
+            past.take({n: a.model for n, a in agents.items()}, step + 1)
         shared = {**match_metrics(head_to_head), **failures, "time/rollout_s": t1 - t0,
                   "time/step_s": time.monotonic() - t0}
         waits = barrier.wait_times("update", step)
@@ -210,6 +240,8 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
         if on_step is not None:
             on_step(step + 1, updates)
 
+    if past is not None:
+        past.close()
     after = evaluate(cfg, agents, pool, run_id, "final", log)
     last_step = max(cfg.run.steps, first_step)  # a resumed run may already be at (or past) run.steps
     for n, agent in agents.items():

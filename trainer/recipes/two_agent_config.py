@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.config import AlgoConfig, EnvConfig, OptimConfig, RunConfig, apply_overrides, from_dict, read_toml
+from trainer.config import (
+    AlgoConfig,
+    EnvConfig,
+    OptimConfig,
+    RunConfig,
+    apply_overrides,
+    check_history,
+    from_dict,
+    read_toml,
+)
 from trainer.model import ModelConfig, for_vllm
 from trainer.rollout.engine import RolloutConfig
 from trainer.sampling import SamplingConfig
@@ -66,7 +75,11 @@ class MatchConfig:
     phase barrier waits for both either way. ``reference_groups``: of each agent's ``run.batch_size`` groups a
     step, how many it plays against the scripted random player (the reference ``eval_opponent = "random"``
     validates against) instead of the other agent; 0 (the default): every group head-to-head. Their outcomes
-    are logged apart (``train_reference/``), so ``train/`` win rates stay the head-to-head's.
+    are logged apart (``train_reference/``), so ``train/`` win rates stay the head-to-head's. ``past_groups``:
+    how many it plays against an earlier version of the other agent instead (a snapshot of it drawn from the
+    last ``past_keep``, one taken every ``past_every`` steps, the policy before training the first:
+    :mod:`trainer.recipes.past_opponents`; each a copy of the agent's weights sampled in process), logged as
+    ``train_past/``.
     """
 
     max_matches_in_flight: int = 32
@@ -77,14 +90,21 @@ class MatchConfig:
     parallel_updates: bool = True
     swap_seats: bool = True  # alternate which agent moves first from one group to the next
     reference_groups: int = 0
+    past_groups: int = 0
+    past_every: int = 10
+    past_keep: int = 3
 
     def __post_init__(self) -> None:
         if self.eval_opponent not in EVAL_OPPONENTS:
             raise ValueError(f"Expected match.eval_opponent in {EVAL_OPPONENTS}, got {self.eval_opponent!r}.")
         if self.max_matches_in_flight < 1:
             raise ValueError(f"Expected match.max_matches_in_flight >= 1, got {self.max_matches_in_flight}.")
-        if self.reference_groups < 0:
-            raise ValueError(f"Expected match.reference_groups >= 0, got {self.reference_groups}.")
+        for name in ("reference_groups", "past_groups"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Expected match.{name} >= 0, got {getattr(self, name)}.")
+        for name in ("past_every", "past_keep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Expected match.{name} >= 1, got {getattr(self, name)}.")
 
 
 def _default_env() -> EnvConfig:
@@ -122,10 +142,15 @@ class TwoAgentConfig:
         if RANDOM_OPPONENT in names:
             raise ValueError(f"Expected agent names other than {RANDOM_OPPONENT!r} (the scripted validation "
                              f"opponent's name), got {names}.")
-        if self.match.reference_groups >= self.run.batch_size:
-            raise ValueError(f"Expected match.reference_groups < run.batch_size ({self.run.batch_size}: some groups "
-                             f"head-to-head), got {self.match.reference_groups}.")
+        apart = self.match.reference_groups + self.match.past_groups
+        if apart >= self.run.batch_size:
+            raise ValueError(f"Expected match.reference_groups + match.past_groups < run.batch_size "
+                             f"({self.run.batch_size}: some groups head-to-head), got {apart}.")
+        if any("@" in n for n in names):
+            raise ValueError(f"Expected agent names without '@' (it names an agent's past snapshots), got {names}.")
         check_servers(self)
+        for name, agent in self.agents.items():
+            check_history(self.rollout, agent.algo, f"agents.{name}.algo")
         if self.sampling.backend == "vllm":  # each agent gets its own engine: head sizes vLLM accepts
             for agent in self.agents.values():
                 agent.model = for_vllm(agent.model)
