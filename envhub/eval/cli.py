@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="task i resets with seed S+i; also seeds a local model's sampling (default 0)")
     parser.add_argument("--max-turns", type=int, default=10, metavar="T", help="model turns per episode (default 10)")
+    parser.add_argument("--history-turns", type=int, default=None, metavar="K",
+                        help="show the model the system prompt, its last K turns and the newest observation, not the "
+                             "whole conversation (as a run trained with rollout.history_turns=K saw it; default: all)")
     parser.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="tokens per model reply (default 1024)")
     parser.add_argument("--temperature", type=float, default=1.0, metavar="TEMP", help="sampling temperature, 0 = greedy (default 1)")
     parser.add_argument("--pass-threshold", type=float, default=1.0, metavar="R",
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = EvalConfig(env=args.env, model=args.model, episodes=args.episodes, samples=args.samples,
                         concurrency=args.concurrency, out=args.out, seed=args.seed, max_turns=args.max_turns,
+                        history_turns=args.history_turns,
                         max_tokens=args.max_tokens, temperature=args.temperature, pass_threshold=args.pass_threshold,
                         model_name=args.model_name, api_key=args.api_key, env_token=args.env_token,
                         episode_timeout_s=args.episode_timeout_s, system_prompt=args.system_prompt or None,

@@ -3,7 +3,9 @@
 1. ``reset(seed=..., **task)`` on the worker's session (:class:`EnvConnection`, reused from episode to
    episode), and the env's tools as OpenAI schemas;
 2. messages = [system prompt], the first observation as a user message;
-3. each turn: ``model.reply(messages, tools)`` -> an assistant message;
+3. each turn: ``model.reply(messages, tools)`` -> an assistant message (with ``history_turns``, the model is
+   shown :func:`envhub.chat.history_window` of the messages, as the trainer's ``rollout.history_turns``;
+   the record keeps them all);
    - with tool calls: each call is one env step ``{"tool_name", "arguments"}``, answered by a tool message;
    - without: the reply's text is one env step ``{"text": ...}``, answered by a user message;
 4. stop when the env ends the episode (``done``; ``max_turns`` when the env truncates it), after
@@ -28,7 +30,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from envhub.chat import ChatModel, ChatModelError, ChatReply, ContextLengthError, tool_call_from_openai
+from envhub.chat import (
+    ChatModel,
+    ChatModelError,
+    ChatReply,
+    ContextLengthError,
+    history_window,
+    tool_call_from_openai,
+)
 from envhub.client import EnvClient
 from envhub.errors import ActionValidationError, EnvHubError
 from envhub.eval import DEFAULT_SYSTEM_PROMPT
@@ -51,6 +60,7 @@ class EpisodeLimits:
     """How far one episode may go."""
 
     max_turns: int = 10
+    history_turns: int | None = None  # each turn sees the system prompt, the last k turns and the newest observation
     timeout_s: float | None = None
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     env_token: str | None = None
@@ -174,7 +184,9 @@ async def _play(conn: EnvConnection, model: ChatModel, spec: EpisodeSpec, limits
         record.stop_reason = "done"
         return
     for _ in range(limits.max_turns):
-        reply = await model.reply(record.messages, tools)
+        shown = record.messages if limits.history_turns is None else history_window(record.messages,
+                                                                                     limits.history_turns)
+        reply = await model.reply(shown, tools)
         _count_turn(record, reply)
         result = await _act(env, reply, record)
         if result is not None and result.ended:

@@ -35,7 +35,7 @@ from envhub.eval.summary import summarize
 
 #: the arguments that change what one episode does: a resumed run must keep them
 MATERIAL = ("env", "model", "model_name", "seed", "max_turns", "max_tokens", "temperature", "system_prompt",
-            "reset_kwargs", "env_config")
+            "reset_kwargs", "env_config", "history_turns")
 _SECRETS = ("api_key", "env_token")
 
 
@@ -51,6 +51,7 @@ class EvalConfig:
     out: str = "runs/eval"
     seed: int = 0
     max_turns: int = 10
+    history_turns: int | None = None
     max_tokens: int = 1024
     temperature: float = 1.0
     pass_threshold: float = 1.0
@@ -75,6 +76,8 @@ class EvalConfig:
             value = getattr(self, name)
             if not low <= value <= high:
                 raise ValueError(f"Expected --{name.replace('_', '-')} in {low}..{high}, got {value}.")
+        if self.history_turns is not None and self.history_turns < 0:
+            raise ValueError(f"Expected --history-turns >= 0, got {self.history_turns}.")
         if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
             raise ValueError(f"Expected --episode-timeout > 0 seconds, got {self.episode_timeout_s}.")
         ModelOptions(max_tokens=self.max_tokens, temperature=self.temperature)  # validates both
@@ -286,7 +289,8 @@ def _play_specs(config: EvalConfig, specs: list[EpisodeSpec], run: EvalRun, done
     from envhub.eval.serve import LocalEnvServer
 
     limits = EpisodeLimits(max_turns=config.max_turns, timeout_s=config.episode_timeout_s,
-                           system_prompt=config.system_prompt, env_token=config.env_token)
+                           system_prompt=config.system_prompt, env_token=config.env_token,
+                           history_turns=config.history_turns)
     options = ModelOptions(max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed,
                            model_name=config.model_name, api_key=config.api_key)
     with ExitStack() as stack:

@@ -51,8 +51,8 @@ def _bisect(messages: list[dict[str, Any]]) -> dict[str, Any]:
 def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None,
                    hold: Callable[[], bool] | None = None) -> FastAPI:
     """Scripts by request ``model``: bisect (solves the guess env), malformed (arguments that are not JSON),
-    text (answers in prose), broken (HTTP 500), context (bisects, then its context is full: HTTP 400), tiny
-    (the first prompt does not fit its context: HTTP 400),
+    text (answers in prose), count (says how many messages it was shown), broken (HTTP 500), context (bisects,
+    then its context is full: HTTP 400), tiny (the first prompt does not fit its context: HTTP 400),
     flaky (HTTP 500 while ``outage["down"]``, else bisect), throttled (every other request: HTTP 429, else bisect).
     A request waits while ``hold()`` is true."""
     app = FastAPI()
@@ -78,6 +78,8 @@ def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None,
             message = {"role": "assistant", "content": None, "tool_calls": [_call("guess", "{number: fifty", "c1")]}
         elif script == "text":
             message = {"role": "assistant", "content": "I think it is 42."}
+        elif script == "count":
+            message = {"role": "assistant", "content": f"I was shown {len(messages)} messages."}
         else:
             message = _bisect(messages)
         return {"object": "chat.completion", "model": script,
@@ -85,6 +87,18 @@ def scripted_model(delay_s: float = 0.0, outage: dict[str, bool] | None = None,
                 "usage": {"prompt_tokens": 10 * len(messages), "completion_tokens": 7}}
 
     return app
+
+
+class ChatterEnv(Env):
+    """Answers every text with the turn's number; never ends."""
+
+    def reset(self, seed: int | None = None) -> Observation:
+        self.turn = 0
+        return Observation(text="Say anything.")
+
+    def on_text(self, text: str) -> str:
+        self.turn += 1
+        return f"Turn {self.turn} is over."
 
 
 class SlowEnv(Env):
@@ -510,3 +524,17 @@ def test_a_transcript_with_unicode_line_separators_is_one_record(tmp_path: Path)
     assert (out / "results.jsonl").read_text(encoding="utf-8") == lines, "only the cut line is removed"
     summary = run.write_summary(1.0, interrupted=False)
     assert summary["episodes_recorded"] == 2 and summary["complete"] and summary["pass_at_k"] == {"1": 1.0, "2": 1.0}
+
+
+def test_a_history_window_shows_the_model_its_newest_observation_and_keeps_the_whole_record(
+        tmp_path: Path, model_url: str, serve_env) -> None:
+    env = serve_env(ChatterEnv).url
+    _, [whole] = evaluate(tmp_path / "whole", env, model_url, model_name="count", episodes=1, max_turns=3)
+    _, [windowed] = evaluate(tmp_path / "window", env, model_url, model_name="count", episodes=1, max_turns=3,
+                             history_turns=0)
+    shown = [[m["content"] for m in r["messages"] if m["role"] == "assistant"] for r in (whole, windowed)]
+    assert shown[0] == [f"I was shown {n} messages." for n in (2, 4, 6)]  # system, observations and replies
+    assert shown[1] == ["I was shown 2 messages."] * 3  # the system prompt and the newest observation
+    assert len(windowed["messages"]) == len(whole["messages"]) == 8  # the record holds the whole conversation
+    with pytest.raises(ValueError, match="--history-turns >= 0"):
+        EvalConfig(env=env, model=model_url, history_turns=-1)
