@@ -1,8 +1,9 @@
 """Two-agent gomoku: two independent policies trained against each other through the match env.
 
 Trains from ``examples/configs/scenario_gomoku_two_agent.toml`` (the match env runs in process) after
-a warm-up of each agent on whole games of two scripted random players that also pushes probability off
-the occupied cells (:mod:`.cell_warmup`), so that greedy play starts legal. The validation curve
+a warm-up of each agent on the moves of two scripted random players, each move prompted with its board
+alone as the config's history window does (``rollout.history_turns = 0``), that also pushes probability
+off the occupied cells (:mod:`.cell_warmup`), so that greedy play starts legal. The validation curve
 is the weaker agent's win rate against the scripted random player at each validation (the lower of the
 agents' ``eval/win_rate`` in their ``metrics.jsonl``: greedy, held-out seeds), so the scenario meets its
 target only when both agents rise; plotted beside it, each agent's own validation win rate and
@@ -28,10 +29,10 @@ from .common import CONFIGS, RunResult, metric_curve
 WARMUP_GAMES = 256        # scripted games of random legal moves, on seeds neither training nor validation draws
 WARMUP_SEED_BASE = 2 * 10**9
 WARMUP_STEPS = 1500        # at most; it stops once the last 25 batches put WARMUP_MASS on the empty cells
-WARMUP_MASS = 0.98         # greedy play starts legal near it: capped at 600 steps (0.90-0.93) one agent lost 1/3 on occupied cells
+WARMUP_MASS = 0.99         # with one board a prompt, greedy play is then legal on every held-out position
 WARMUP_LEGAL_WEIGHT = 3.0
 WARMUP_LR = 3e-3
-WARMUP_BATCH = 16          # games a step: at 8 two agents of seeds 3-5 stopped at the cap short of it (0.80, 0.93)
+WARMUP_BATCH = 64          # moves a step (each its own prompt: about 14 games)
 VS_RANDOM = " vs random"        # each agent's validation curve in RunResult.extra: "<name> vs random"
 HEAD_TO_HEAD = "head-to-head"  # each agent's training-match curve: "<name> vs <other> (head-to-head)"
 
@@ -61,8 +62,8 @@ def warmed_up_players(config: str, seed: int, out: Path, *, smoke: bool = False)
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"run.seed={seed}", f"run.output_dir='{out}'"]
-    if smoke:
-        overrides += ["run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=2",
+    if smoke:  # batch 3: the config's 2 groups against the random player and one head-to-head
+        overrides += ["run.steps=1", "run.batch_size=3", "run.group_size=2", "run.eval_problems=2",
                       "run.eval_every=0", "rollout.max_turns=2"]
     cfg = load_two_agent_config(CONFIGS / config, overrides)
     if not cfg.env.env_class:
