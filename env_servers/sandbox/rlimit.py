@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from typing import Any
 
 from env_servers.sandbox import launcher
@@ -22,6 +23,8 @@ from env_servers.sandbox.bwrap import to_result
 from env_servers.sandbox.limits import ExecResult, Limits
 
 log = logging.getLogger(__name__)
+
+REAP_WAIT_S = 3.0  # at most, after a run, for the slot uid's killed processes to be reaped
 
 INSECURE_WARNING = ("local-rlimit sandbox backend in use: this is NOT a security boundary (no network or "
                     "filesystem isolation). Install bubblewrap (apt-get install -y bubblewrap) or use the "
@@ -72,10 +75,32 @@ class RlimitBackend(SlotBackend):
 
     @staticmethod
     def _kill_escapees(slot: Slot) -> None:
-        """Without a pid namespace, daemons that left the process group survive: kill all the slot uid owns."""
+        """Without a pid namespace, daemons that left the process group survive: kill all the slot uid owns,
+        then wait (bounded) until it owns none: a fork bomb's killed children are orphans that init reaps
+        slowly, and until then they count against the slot uid's RLIMIT_NPROC, so the next run on the slot
+        could not start (``setpriv: failed to execute ... Resource temporarily unavailable``)."""
         slot.cgroup.kill()
         if slot.uid is not None:
             subprocess.run(["setpriv", f"--reuid={slot.uid}", f"--regid={slot.uid}", "--clear-groups",
                             "kill", "-9", "-1"], env={"PATH": launcher.HOST_PATH},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         slot.cgroup.wait_empty(0.5)
+        if slot.uid is not None:
+            deadline = time.monotonic() + REAP_WAIT_S
+            while (left := uid_processes(slot.uid)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if left:
+                log.warning("slot %d: %d processes of uid %d not yet reaped %.0f s after the kill", slot.index,
+                            left, slot.uid, REAP_WAIT_S)
+
+
+def uid_processes(uid: int) -> int:
+    """How many processes (zombies included) ``uid`` owns on the host, from ``/proc``."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                count += entry.stat().st_uid == uid
+            except OSError:  # gone meanwhile
+                pass
+    return count

@@ -18,7 +18,7 @@ import uuid
 import pytest
 from test_sandbox_backends import FAST, ISOLATING, LOCAL, assert_healthy, backend_params, build
 
-from env_servers.sandbox import Limits
+from env_servers.sandbox import Limits, SandboxConfig, make_backend
 
 pytestmark = pytest.mark.sandbox
 
@@ -71,6 +71,17 @@ def test_fork_bomb_is_contained(backend):
     code = ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
     result = backend.run_sync(code, limits=FAST)
     assert not result.ok and result.duration_s < 2.5
+
+
+@pytest.mark.parametrize("name", backend_params(LOCAL))
+def test_the_slot_a_fork_bomb_ran_in_serves_the_next_run(name):
+    """One slot: the next run there must start although the bomb's killed children still await their reaping
+    (they count against the slot uid's RLIMIT_NPROC until then)."""
+    with make_backend(SandboxConfig(backend=name, slots=1, preload=())) as one_slot:
+        code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+        assert not one_slot.run_sync(code, limits=FAST).ok
+        after = one_slot.run_sync("print('ok')", limits=Limits(timeout_s=5, nproc=8))  # fewer than the bomb made
+        assert after.ok and after.stdout == "ok\n", (after.summary(), after.stderr[-2000:])
 
 
 def test_subprocess_bomb_is_contained(backend):
