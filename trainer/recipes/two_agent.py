@@ -205,6 +205,8 @@ def train_two_agents(cfg: TwoAgentConfig, *, agents: dict[str, Player] | None = 
         except RolloutFailureError:
             for agent in agents.values():
                 agent.close()
+            if past is not None:
+                past.close()
             raise
         # train/ outcome rates: the head-to-head games (None: every game was one)
         outcomes = {n: versus.get(n, []) for n in names} if len(head_to_head) < len(results) else {}
