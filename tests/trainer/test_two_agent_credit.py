@@ -35,9 +35,12 @@ GAMES = {"x_occupied": (moves(5, 5), moves(1)), "o_occupied": (moves(5, 9), move
 
 
 def scripted(replies: list[str]):
+    """The replies in order, one per call (one sampler per seat and game; the scenario prompts each move
+    with its board alone, so the prompt does not tell the turn)."""
+    turns = iter(replies)
+
     def respond(prompt: str) -> str:
-        turn = prompt.count("<|im_start|>assistant") - 1
-        return replies[turn]
+        return next(turns)
 
     return respond
 
@@ -70,12 +73,16 @@ def played():
 
 
 def turn_advantages(traj, advantages: list[float], turn: int) -> list[float]:
-    """The advantages on turn ``turn``'s trained tokens (mask 1), after packing."""
+    """The advantages on turn ``turn``'s trained tokens (mask 1), after packing (in the row of the sequence
+    that holds the turn: the scenario's history window makes one sequence per turn)."""
     batch = pack([traj], [advantages], 0)
-    start = traj.turn_ends[turn - 1] + 1 if turn else traj.prompt_len
-    ids = [j for j in range(start, traj.turn_ends[turn] + 1) if traj.mask[j]]
-    assert ids and all(batch.mask_BS[0, j - 1] == 1 for j in ids), "the turn's sampled tokens are not trained"
-    return [float(batch.advantages_BS[0, j - 1]) for j in ids]
+    end = traj.turn_ends[turn]
+    row, span = next((r, tokens) for r, (tokens, _) in enumerate(traj.segments()) if tokens.start <= end < tokens.stop)
+    start = max(traj.turn_ends[turn - 1] + 1 if turn else traj.prompt_len, span.start)
+    ids = [j for j in range(start, end + 1) if traj.mask[j]]
+    at = [j - span.start - 1 for j in ids]  # the batch's columns are shifted by one (next-token targets)
+    assert ids and all(batch.mask_BS[row, k] == 1 for k in at), "the turn's sampled tokens are not trained"
+    return [float(batch.advantages_BS[row, k]) for k in at]
 
 
 @pytest.mark.parametrize(("game", "mover", "other", "other_last"), [

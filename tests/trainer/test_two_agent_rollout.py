@@ -203,11 +203,14 @@ def test_outcome_metrics_count_the_envs_outcome_not_its_end_reasons() -> None:
 
 
 def cell_player(name: str, moves: dict[str, list[int]]):
-    """A scripted agent for numbered-cell boards: as seat S its n-th reply is ``<move>moves[S][n]</move>``."""
+    """A scripted agent for numbered-cell boards: as seat S its n-th reply is ``<move>moves[S][n]</move>``, n the
+    count of S's stones on the newest board (the prompt may hold that board alone: a history window)."""
 
     def respond(prompt: str) -> str:
-        seat = re.findall(r"([XO]) to move\.", prompt)[-1]
-        return f"<move>{moves[seat][prompt.count('<|im_start|>assistant') - 1]}</move>"
+        board = prompt.rsplit("<|im_start|>user", 1)[-1]
+        seat = re.findall(r"([XO]) to move\.", board)[-1]
+        stones = board.split(f"{seat} to move.")[0].split().count(seat)
+        return f"<move>{moves[seat][stones]}</move>"
 
     return respond
 
