@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from pathlib import Path
 
 import httpx
@@ -128,8 +129,10 @@ def test_binding_beyond_loopback_needs_auth():
 
 
 async def test_job_environment_never_carries_the_scheduler_key(sched, monkeypatch, tmp_path):
-    monkeypatch.setenv("ENVHUB_SCHEDULER_KEY", "esk_top.secret")
+    key = f"esk_{uuid.uuid4().hex}"  # a value no other variable of the host's environment holds
+    monkeypatch.setenv("ENVHUB_SCHEDULER_KEY", key)
     job = await sched.submit(Principal("u"), JobRequest(command=["sh", "-c", "env"], env={"MY_FLAG": "1"}))
     await sched.wait(job.id, timeout_s=10)
     out = (tmp_path / "sched.db.logs" / f"{job.id}.log").read_text()
-    assert "MY_FLAG=1" in out and "ENVHUB_JOB_ID=" in out and "secret" not in out
+    assert "MY_FLAG=1" in out and "ENVHUB_JOB_ID=" in out
+    assert key not in out and "ENVHUB_SCHEDULER_KEY" not in out
