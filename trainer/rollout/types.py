@@ -134,11 +134,6 @@ class Trajectory:
         """Start the next sequence here: what is appended from now on is prompted without what came before."""
         self.segment_starts.append((len(self.tokens), len(self.images)))
 
-    @property
-    def segment_start(self) -> int:
-        """Where the sequence being written begins in ``tokens`` (0 without a history window)."""
-        return self.segment_starts[-1][0] if self.segment_starts else 0
-
     def segments(self) -> list[tuple[slice, slice]]:
         """``(tokens slice, images slice)`` of each sequence, in order: one for a whole conversation.
 
