@@ -19,10 +19,17 @@ from typing import Any
 
 from trainer.sampling import HFSampler
 
+PAST = "@past"  # agent names may not hold "@" (TwoAgentConfig), so no agent's name looks like a snapshot's
+
 
 def past_name(agent: str, slot: int) -> str:
     """The seat name of snapshot ``slot`` of ``agent`` (an opponent of the other agent)."""
-    return f"{agent}@past{slot}"
+    return f"{agent}{PAST}{slot}"
+
+
+def is_past(seat: str) -> bool:
+    """Whether ``seat`` names a snapshot (:func:`past_name`)."""
+    return PAST in seat
 
 
 class PastOpponents:
@@ -62,4 +69,4 @@ class PastOpponents:
                 sampler.close()
 
 
-__all__ = ["PastOpponents", "past_name"]
+__all__ = ["PastOpponents", "is_past", "past_name"]

@@ -37,7 +37,7 @@ import torch
 
 from trainer.recipes.matches import SEATS, MatchResult, MatchRollout, MatchSpec, by_agent
 from trainer.recipes.opponents import RandomMoveSampler
-from trainer.recipes.past_opponents import PastOpponents
+from trainer.recipes.past_opponents import PastOpponents, is_past
 from trainer.recipes.phases import PhaseBarrier
 from trainer.recipes.players import Player, outcome_metrics
 from trainer.recipes.setup import in_process_env, start_run
@@ -96,7 +96,7 @@ def is_head_to_head(result: MatchResult, names: list[str]) -> bool:
 
 def against_the_past(result: MatchResult, names: list[str]) -> bool:
     """Whether one seat of ``result`` was a past snapshot of an agent (``match.past_groups``)."""
-    return any(seat not in names and "@past" in seat for seat in result.spec.seats.values())
+    return any(seat not in names and is_past(seat) for seat in result.spec.seats.values())
 
 
 def eval_matches(cfg: TwoAgentConfig, pairs: list[tuple[str, str]], run_id: str, tag: str) -> list[MatchSpec]:

@@ -43,7 +43,8 @@ def demos_from(trajectories: list[Trajectory], max_turns: int = 1) -> list[tuple
         end = t.turn_ends[min(max_turns, len(t.turn_ends)) - 1] + 1
         for span, _ in t.segments():
             if span.start < end:
-                demos.append((t.tokens[span.start:min(span.stop, end)], t.mask[span.start:min(span.stop, end)]))
+                cut = slice(span.start, min(span.stop, end))
+                demos.append((t.tokens[cut], t.mask[cut]))
     return demos
 
 
