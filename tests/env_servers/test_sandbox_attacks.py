@@ -18,7 +18,7 @@ import uuid
 import pytest
 from test_sandbox_backends import FAST, ISOLATING, LOCAL, assert_healthy, backend_params, build
 
-from env_servers.sandbox import Limits, SandboxConfig, make_backend
+from env_servers.sandbox import Limits
 
 pytestmark = pytest.mark.sandbox
 
@@ -77,7 +77,7 @@ def test_fork_bomb_is_contained(backend):
 def test_the_slot_a_fork_bomb_ran_in_serves_the_next_run(name):
     """One slot: the next run there must start although the bomb's killed children still await their reaping
     (they count against the slot uid's RLIMIT_NPROC until then)."""
-    with make_backend(SandboxConfig(backend=name, slots=1, preload=())) as one_slot:
+    with build(name, slots=1) as one_slot:
         code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
         assert not one_slot.run_sync(code, limits=FAST).ok
         after = one_slot.run_sync("print('ok')", limits=Limits(timeout_s=5, nproc=8))  # fewer than the bomb made

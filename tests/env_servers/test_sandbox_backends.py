@@ -39,8 +39,8 @@ def backend_params(names: list[str]) -> list:
                          id=name) for name in names]
 
 
-def build(name: str):
-    return make_backend(SandboxConfig(backend=name, slots=2, preload=(), docker_image=DOCKER_IMAGE))
+def build(name: str, slots: int = 2):
+    return make_backend(SandboxConfig(backend=name, slots=slots, preload=(), docker_image=DOCKER_IMAGE))
 
 
 def assert_healthy(backend) -> None:
