@@ -12,6 +12,11 @@ Each run leaves ``DIR/<name>/seed<k>/result.json`` (its curves and seconds); ``-
 from there instead of training it again (``--seeds 3 --keep-done`` after a one-seed run trains seeds 1 and 2);
 ``--replot`` trains nothing and builds the figure and the summary again from those files, so scenarios run at
 different times (``--only``) into one ``DIR`` end up in one figure.
+
+``--set key=value`` (repeatable) overrides the configs as ``envhub-train``'s ``key=value`` arguments do, after
+the harness's own (seed, output dir, ``--smoke``), so that a variant of a scenario runs the way the figure
+did: ``--only gomoku-two-agent --set match.past_groups=2 --out runs/variant``. Each ``result.json`` and the
+summary entry record them, and ``--keep-done`` refuses a kept seed that ran under other ones.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import dataclasses
 import json
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +60,7 @@ class Scenario:
     config: str
     metric: str
     target: float
-    run: Callable[[str, int, Path, bool], RunResult]
+    run: Callable[[str, int, Path, bool, Sequence[str]], RunResult]
     command: str = "rl"
     policies: int = 1
     own_panel: str | None = None
@@ -64,20 +69,20 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("math", "scenario_math.toml", "validation accuracy (greedy, held-out sums)", 0.3,
-             lambda cfg, seed, out, smoke: run_math(cfg, seed, out, smoke=smoke)),
+             lambda cfg, seed, out, smoke, sets: run_math(cfg, seed, out, smoke=smoke, sets=sets)),
     Scenario("math-lora", "scenario_math_lora.toml", "validation accuracy (greedy, held-out sums)", 0.3,
-             lambda cfg, seed, out, smoke: run_math(cfg, seed, out, smoke=smoke)),
+             lambda cfg, seed, out, smoke, sets: run_math(cfg, seed, out, smoke=smoke, sets=sets)),
     Scenario("geometry-vision", "scenario_geometry_vision.toml",
              "accuracy (greedy, held-out diagrams: which figure)", 0.3,
-             lambda cfg, seed, out, smoke: run_geometry_vision(cfg, seed, out, smoke=smoke), policies=2),
+             lambda cfg, seed, out, smoke, sets: run_geometry_vision(cfg, seed, out, smoke=smoke, sets=sets), policies=2),
     Scenario("geometry-tools", "scenario_geometry_tools.toml",
              "accuracy (greedy, held-out triangles, ruler tool)", 0.2,
-             lambda cfg, seed, out, smoke: run_geometry_tools(cfg, seed, out, smoke=smoke)),
+             lambda cfg, seed, out, smoke, sets: run_geometry_tools(cfg, seed, out, smoke=smoke, sets=sets)),
     Scenario("gomoku", "scenario_gomoku.toml", "win rate vs the random opponent (greedy, held-out games)", 0.2,
-             lambda cfg, seed, out, smoke: run_gomoku(cfg, seed, out, smoke=smoke)),
+             lambda cfg, seed, out, smoke, sets: run_gomoku(cfg, seed, out, smoke=smoke, sets=sets)),
     Scenario("gomoku-two-agent", "scenario_gomoku_two_agent.toml",
              "weaker agent's win rate vs a random player (greedy, held-out games)", 0.2,
-             lambda cfg, seed, out, smoke: run_two_agent(cfg, seed, out, smoke=smoke), command="two-agent",
+             lambda cfg, seed, out, smoke, sets: run_two_agent(cfg, seed, out, smoke=smoke, sets=sets), command="two-agent",
              policies=2, own_panel=HEAD_TO_HEAD, facts=two_agent_facts),
 ]
 
@@ -105,7 +110,8 @@ def summarise(scenario: Scenario, runs: list[RunResult]) -> dict[str, Any]:
             "rise": round(statistics.mean(rises), 4), "target": scenario.target,
             "seeds": len(runs), "seeds_met": sum(rise >= scenario.target for rise in rises),
             "rise_per_seed": [round(x, 4) for x in rises], "steps": runs[0].curve[-1][0],
-            "seconds": round(sum(r.seconds for r in runs), 1), **facts}
+            "seconds": round(sum(r.seconds for r in runs), 1),
+            **({"overrides": runs[0].overrides} if runs[0].overrides else {}), **facts}
 
 
 def plot(results: list[tuple[Scenario, list[RunResult]]], path: Path) -> Path:
@@ -187,11 +193,13 @@ def running_mean(values: list[float], window: int) -> list[float]:
     return [statistics.mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
 
 
-def run_one(scenario: Scenario, seed: int, out: Path, smoke: bool) -> RunResult:
-    """Train one seed of ``scenario`` under ``out/<name>/seed<k>`` and keep its curves there (``result.json``)."""
-    print(f"[scenarios] {scenario.name}, seed {seed}: {scenario.config}", flush=True)
+def run_one(scenario: Scenario, seed: int, out: Path, smoke: bool, sets: Sequence[str] = ()) -> RunResult:
+    """Train one seed of ``scenario`` under ``out/<name>/seed<k>`` and keep its curves there (``result.json``);
+    ``sets``: config overrides (``key=value``) applied after the harness's own."""
+    print(f"[scenarios] {scenario.name}, seed {seed}: {scenario.config}" + "".join(f" {s}" for s in sets), flush=True)
     run_dir = out / scenario.name / f"seed{seed}"
-    result = scenario.run(scenario.config, seed, run_dir, smoke)
+    result = scenario.run(scenario.config, seed, run_dir, smoke, tuple(sets))
+    result.overrides = list(sets)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "result.json").write_text(json.dumps(dataclasses.asdict(result)))
     print(f"[scenarios] {scenario.name}, seed {seed}: {result.before:.3f} -> {result.after:.3f} "
@@ -203,7 +211,8 @@ def stored_run(path: Path) -> RunResult:
     """The run an earlier ``run_one`` kept in ``path`` (its ``result.json``)."""
     raw = json.loads(path.read_text())
     return RunResult([(int(s), float(v)) for s, v in raw["curve"]], float(raw["seconds"]),
-                     {k: [(int(s), float(v)) for s, v in c] for k, c in raw.get("extra", {}).items()})
+                     {k: [(int(s), float(v)) for s, v in c] for k, c in raw.get("extra", {}).items()},
+                     [str(o) for o in raw.get("overrides", [])])
 
 
 def stored_runs(scenario_dir: Path) -> list[RunResult]:
@@ -218,10 +227,14 @@ def seed_runs(scenario: Scenario, args: argparse.Namespace, out: Path) -> list[R
     for seed in range(args.seeds):
         done = out / scenario.name / f"seed{seed}" / "result.json"
         if args.keep_done and done.exists():
+            kept = stored_run(done)
+            if kept.overrides != args.set:
+                raise SystemExit(f"{done} ran under --set {kept.overrides or 'nothing'}, not {args.set or 'nothing'}; "
+                                 "keep each variant in its own --out.")
             print(f"[scenarios] {scenario.name}, seed {seed}: kept from {done}", flush=True)
-            runs.append(stored_run(done))
+            runs.append(kept)
         else:
-            runs.append(run_one(scenario, seed, out, args.smoke))
+            runs.append(run_one(scenario, seed, out, args.smoke, args.set))
     return runs
 
 
@@ -235,7 +248,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a seed whose result.json is already in --out is read back, not trained again")
     p.add_argument("--replot", action="store_true",
                    help="train nothing: the figure and summary from the result.json files of earlier runs in --out")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every scenario run (repeatable), as envhub-train's key=value, "
+                        "e.g. --set match.past_groups=2")
     args = p.parse_args(argv)
+    bad = [s for s in args.set if "=" not in s or not s.split("=", 1)[0].strip()]
+    if bad:
+        p.error(f"Expected --set KEY=VALUE (e.g. run.steps=10), got {bad}.")
     if not 1 <= args.seeds <= 10:
         p.error(f"Expected --seeds between 1 and 10, got {args.seeds}.")
     return args

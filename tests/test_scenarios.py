@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_each_scenario_config_loads_as_envhub_train_reads_it(scenario: scenarios
 
 @pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=[s.name for s in scenarios.SCENARIOS])
 def test_each_scenario_starts_and_trains_a_step(scenario: scenarios.Scenario, tmp_path: Path) -> None:
-    result = scenario.run(scenario.config, 0, tmp_path, True)
+    result = scenario.run(scenario.config, 0, tmp_path, True, ("run.eval_problems=1",))  # a --set wins over --smoke's
     assert [step for step, _ in result.curve] == [0, 1]  # validated before training and after its one step
     assert all(0.0 <= value <= 1.0 for _, value in result.curve)
     runs = sorted(tmp_path.glob("**/metrics.jsonl"))  # one per policy: two agents, or vision and its text-only twin
@@ -46,6 +47,7 @@ def test_each_scenario_starts_and_trains_a_step(scenario: scenarios.Scenario, tm
     for path in runs:
         records = [json.loads(line) for line in path.read_text().splitlines()]
         assert any("train/reward_mean" in r for r in records)
+        assert [r["eval/episodes"] for r in records if "eval/episodes" in r] == [1, 1], path
 
 
 IN_PROCESS = [s for s in scenarios.SCENARIOS if "env_class" in (ROOT / "examples" / "configs" / s.config).read_text()]
@@ -71,7 +73,7 @@ def test_gomoku_logs_its_outcome_metrics_and_warms_up_on_legal_games(tmp_path: P
     from benchmarks._scenarios.gomoku import random_games
     from trainer.recipes.setup import in_process_env
 
-    result = scenarios.pick("gomoku")[0].run("scenario_gomoku.toml", 0, tmp_path, True)
+    result = scenarios.pick("gomoku")[0].run("scenario_gomoku.toml", 0, tmp_path, True, ())
     assert [step for step, _ in result.extra["games lost on an invalid move"]] == [0, 1]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all({"eval/penalised_turn_frac", "eval/tool_call_rate"} <= set(r) for r in records if "eval/episodes" in r)
@@ -173,7 +175,7 @@ def test_the_documented_figure_replots_from_the_runs_kept_beside_it(tmp_path: Pa
 def test_keep_done_trains_only_the_seeds_not_yet_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trained: list[int] = []
 
-    def run(config: str, seed: int, out: Path, smoke: bool) -> RunResult:
+    def run(config: str, seed: int, out: Path, smoke: bool, sets: Sequence[str]) -> RunResult:
         trained.append(seed)
         return RunResult([(0, 0.1), (10, 0.1 + 0.2 * seed)], 1.0)
 
@@ -184,6 +186,31 @@ def test_keep_done_trains_only_the_seeds_not_yet_run(tmp_path: Path, monkeypatch
     assert summary[0]["seeds"] == 3 and summary[0]["seeds_met"] == 1 and summary[0]["rise_per_seed"] == [0.0, 0.2, 0.4]
     scenarios.main(["--only", "s", "--seeds", "2", "--out", str(tmp_path)])
     assert trained == [0, 1, 2, 0, 1]  # without --keep-done every seed trains again
+
+
+def test_set_overrides_every_run_is_recorded_and_keep_done_refuses_a_seed_run_under_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, ...]] = []
+
+    def run(config: str, seed: int, out: Path, smoke: bool, sets: Sequence[str]) -> RunResult:
+        seen.append(tuple(sets))
+        return RunResult([(0, 0.1), (10, 0.5)], 1.0)
+
+    monkeypatch.setattr(scenarios, "SCENARIOS", [scenarios.Scenario("s", "x.toml", "accuracy", 0.3, run)])
+    sets = ["--set", "match.past_groups=2", "--set", "run.steps=30"]
+    summary = scenarios.main(["--only", "s", "--seeds", "2", "--out", str(tmp_path), *sets])
+    assert seen == [("match.past_groups=2", "run.steps=30")] * 2
+    assert summary[0]["overrides"] == ["match.past_groups=2", "run.steps=30"]
+    kept = json.loads((tmp_path / "s" / "seed0" / "result.json").read_text())
+    assert kept["overrides"] == ["match.past_groups=2", "run.steps=30"]
+    assert scenarios.main(["--replot", "--out", str(tmp_path)])[0]["overrides"] == kept["overrides"]
+    scenarios.main(["--only", "s", "--seeds", "3", "--keep-done", "--out", str(tmp_path), *sets])
+    assert len(seen) == 3  # seeds 0 and 1 kept: they ran under the same overrides
+    with pytest.raises(SystemExit, match="ran under --set"):
+        scenarios.main(["--only", "s", "--seeds", "1", "--keep-done", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        scenarios.parse_args(["--set", "past_groups"])
+    assert "overrides" not in scenarios.summarise(scenarios.SCENARIOS[0], [RunResult([(0, 0.0)], 1.0)])
 
 
 def test_an_unknown_scenario_name_is_refused_naming_the_known_ones() -> None:
@@ -207,7 +234,7 @@ def test_metric_curve_keeps_one_value_per_step_and_refuses_a_run_that_never_eval
 def test_geometry_vision_plots_the_text_only_policy_beside_it_and_warms_up_on_every_letter(tmp_path: Path) -> None:
     from benchmarks._scenarios.geometry import _train_problems, figure_demos
 
-    result = scenarios.pick("geometry-vision")[0].run("scenario_geometry_vision.toml", 0, tmp_path, True)
+    result = scenarios.pick("geometry-vision")[0].run("scenario_geometry_vision.toml", 0, tmp_path, True, ())
     assert [step for step, _ in result.extra["text-only policy (tiny)"]] == [0, 1]
     assert (tmp_path / "text_only" / "metrics.jsonl").is_file()
     cfg = load_config(ROOT / "examples" / "configs" / "scenario_geometry_vision.toml")
@@ -225,7 +252,7 @@ def test_geometry_tools_warm_up_reads_the_ruler_and_calls_it_on_a_few_questions_
     from env_servers.geometry_env.figures import MEASURE_LENGTHS
     from envhub.tool_parsers import hermes
 
-    result = scenarios.pick("geometry-tools")[0].run("scenario_geometry_tools.toml", 0, tmp_path, True)
+    result = scenarios.pick("geometry-tools")[0].run("scenario_geometry_tools.toml", 0, tmp_path, True, ())
     assert [step for step, _ in result.extra["tool-call rate"]] == [0, 1]
     cfg = load_config(ROOT / "examples" / "configs" / "scenario_geometry_tools.toml")
     assert cfg.env.env_kwargs["answer_format"] == "number" and not cfg.env.env_kwargs.get("measure_reward")

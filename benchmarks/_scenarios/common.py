@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ class RunResult:
     curve: list[tuple[int, float]]
     seconds: float
     extra: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # curves plotted beside it
+    overrides: list[str] = field(default_factory=list)  # the ``--set`` config overrides it ran under
 
     @property
     def before(self) -> float:
@@ -27,17 +29,18 @@ class RunResult:
         return self.curve[-1][1]
 
 
-def fresh_run(out: Path, seed: int, *, smoke: bool, smoke_overrides: list[str]) -> list[str]:
+def fresh_run(out: Path, seed: int, *, smoke: bool, smoke_overrides: list[str], sets: Sequence[str] = ()) -> list[str]:
     """Start one seed's single-policy run in ``out``: torch seeded, ``out`` made, an earlier run's
     ``metrics.jsonl`` there removed; returns the config overrides every scenario passes (the run's seed, the
-    model's initialisation seed, the output dir), with ``smoke_overrides`` added under ``--smoke``."""
+    model's initialisation seed, the output dir), with ``smoke_overrides`` added under ``--smoke`` and the
+    user's ``sets`` (``--set key=value``) last, so that they win."""
     import torch
 
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
     overrides = [f"run.seed={seed}", f"model.init_seed={seed}", f"run.output_dir='{out}'"]
-    return overrides + smoke_overrides if smoke else overrides
+    return [*overrides, *(smoke_overrides if smoke else ()), *sets]
 
 
 def metric_curve(metrics_path: Path, key: str, *, absent: float | None = None) -> list[tuple[int, float]]:

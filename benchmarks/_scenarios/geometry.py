@@ -15,7 +15,7 @@ import json
 import random
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -71,25 +71,27 @@ class _Losses:
         return self.recent() < self.until
 
 
-def run_geometry_vision(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
+def run_geometry_vision(config: str, seed: int, out: Path, *, smoke: bool = False,
+                        sets: Sequence[str] = ()) -> RunResult:
     """The vision policy of ``config`` and the text-only ``tiny`` on the same data; the curve is the vision
     policy's held-out accuracy (``eval/rewards/accuracy_mean``), the text-only one's beside it."""
     start = time.monotonic()
     curves = {}
     for name in (None, TEXT_ONLY):  # None: the config's own (vision-language) policy
         run_dir = out if name is None else out / "text_only"
-        _train_policy(config, seed, run_dir, smoke, name)
+        _train_policy(config, seed, run_dir, smoke, name, sets=sets)
         curves[name] = metric_curve(run_dir / "metrics.jsonl", "eval/rewards/accuracy_mean", absent=0.0)
     return RunResult(curves[None], time.monotonic() - start,
                      extra={"text-only policy (tiny)": curves[TEXT_ONLY]})
 
 
-def run_geometry_tools(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
+def run_geometry_tools(config: str, seed: int, out: Path, *, smoke: bool = False,
+                       sets: Sequence[str] = ()) -> RunResult:
     """Warm up (:func:`measure_phases`: read the ruler, call it on a few questions), then GRPO from ``config``; the
     curve is held-out accuracy (``eval/rewards/accuracy_mean``), the tool-call rate (``eval/tool_call_rate``) beside
     it."""
     start = time.monotonic()
-    _train_policy(config, seed, out, smoke, None, phases=measure_phases, probe=tool_probe)
+    _train_policy(config, seed, out, smoke, None, phases=measure_phases, probe=tool_probe, sets=sets)
     metrics = out / "metrics.jsonl"
     return RunResult(metric_curve(metrics, "eval/rewards/accuracy_mean", absent=0.0), time.monotonic() - start,
                      extra={"tool-call rate": metric_curve(metrics, "eval/tool_call_rate")})
@@ -97,7 +99,7 @@ def run_geometry_tools(config: str, seed: int, out: Path, *, smoke: bool = False
 
 def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: str | None,
                   phases: Callable[[Any, int, int], list[Phase]] | None = None,
-                  probe: Callable[..., str] | None = None) -> None:
+                  probe: Callable[..., str] | None = None, sets: Sequence[str] = ()) -> None:
     from trainer.config import load_config
     from trainer.model import load_policy
     from trainer.recipes.rl import train
@@ -105,7 +107,7 @@ def _train_policy(config: str, seed: int, out: Path, smoke: bool, model_name: st
     from trainer.vision import load_vision_processor
 
     overrides = fresh_run(out, seed, smoke=smoke, smoke_overrides=[
-        "run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=3", "run.eval_every=0"])
+        "run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=3", "run.eval_every=0"], sets=sets)
     if model_name is not None:
         overrides.append(f"model.name='{model_name}'")
     cfg = load_config(CONFIGS / config, overrides)

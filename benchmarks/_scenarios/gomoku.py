@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ WARMUP_STEPS = 300   # with the empty-cell term (cell_warmup), as the two-agent 
 WARMUP_LR = 3e-3
 
 
-def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
+def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False, sets: Sequence[str] = ()) -> RunResult:
     """Warm up on the move format, then GRPO from ``config``; the curve is ``eval/win_rate``."""
     from trainer.config import load_config
     from trainer.model import load_policy
@@ -40,7 +41,7 @@ def run_gomoku(config: str, seed: int, out: Path, *, smoke: bool = False) -> Run
     start = time.monotonic()
     overrides = fresh_run(out, seed, smoke=smoke, smoke_overrides=[
         "run.steps=1", "run.batch_size=2", "run.group_size=2", "run.eval_problems=2", "run.eval_every=0",
-        "rollout.max_turns=2"])
+        "rollout.max_turns=2"], sets=sets)
     cfg = load_config(CONFIGS / config, overrides)
     env_cls = in_process_env(cfg.env)
     if env_cls is None:

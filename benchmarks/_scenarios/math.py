@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ SFT_TARGET = 0.5  # stop the warm-up at this greedy accuracy on *train* problems
 SFT_LR = 3e-3
 
 
-def run_math(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
+def run_math(config: str, seed: int, out: Path, *, smoke: bool = False, sets: Sequence[str] = ()) -> RunResult:
     """Warm up, then GRPO from ``config``; the curve is ``eval/reward_mean`` on the validation split."""
     from trainer.config import load_config
     from trainer.local_server import free_port
@@ -28,7 +29,7 @@ def run_math(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunRe
 
     start = time.monotonic()
     overrides = fresh_run(out, seed, smoke=smoke, smoke_overrides=[
-        "run.steps=1", "run.batch_size=4", "run.group_size=2", "run.eval_problems=4", "run.eval_every=0"])
+        "run.steps=1", "run.batch_size=4", "run.group_size=2", "run.eval_problems=4", "run.eval_every=0"], sets=sets)
     with math_server(free_port(), out / "math_server.log") as url:
         cfg = load_config(CONFIGS / config, [*overrides, f"env.url='{url}'"])
         task = {k: v for k, v in cfg.env.train_task.items() if k != "split"}

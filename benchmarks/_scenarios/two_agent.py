@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ VS_RANDOM = " vs random"        # each agent's validation curve in RunResult.ext
 HEAD_TO_HEAD = "head-to-head"  # each agent's training-match curve: "<name> vs <other> (head-to-head)"
 
 
-def run_two_agent(config: str, seed: int, out: Path, *, smoke: bool = False) -> RunResult:
+def run_two_agent(config: str, seed: int, out: Path, *, smoke: bool = False, sets: Sequence[str] = ()) -> RunResult:
     """Warm both agents up on the move format, then train them against each other from ``config``.
 
     The warm-ups run in spawned processes, which import the calling script again: a script that calls
@@ -45,12 +46,13 @@ def run_two_agent(config: str, seed: int, out: Path, *, smoke: bool = False) -> 
     from trainer.recipes.two_agent import train_two_agents
 
     start = time.monotonic()
-    cfg, agents = warmed_up_players(config, seed, out, smoke=smoke)
+    cfg, agents = warmed_up_players(config, seed, out, smoke=smoke, sets=sets)
     train_two_agents(cfg, agents=agents, log=_quiet)
     return _result(out, list(agents), time.monotonic() - start)
 
 
-def warmed_up_players(config: str, seed: int, out: Path, *, smoke: bool = False) -> tuple[Any, dict[str, Any]]:
+def warmed_up_players(config: str, seed: int, out: Path, *, smoke: bool = False,
+                      sets: Sequence[str] = ()) -> tuple[Any, dict[str, Any]]:
     """``(two-agent config, {name: Player})`` for ``seed``: each agent a fresh initialisation of its own,
     warmed up before its player is built, so that its KL reference (``algo.kl_coef``) is the warmed-up policy."""
     import torch
@@ -65,7 +67,7 @@ def warmed_up_players(config: str, seed: int, out: Path, *, smoke: bool = False)
     if smoke:  # batch 3: the config's 2 groups against the random player and one head-to-head
         overrides += ["run.steps=1", "run.batch_size=3", "run.group_size=2", "run.eval_problems=2",
                       "run.eval_every=0", "rollout.max_turns=2"]
-    cfg = load_two_agent_config(CONFIGS / config, overrides)
+    cfg = load_two_agent_config(CONFIGS / config, [*overrides, *sets])  # the user's --set last: they win
     if not cfg.env.env_class:
         raise ValueError(f"Expected {config} to name env.env_class (the two-agent scenario runs its env in process).")
     names = list(cfg.agents)
