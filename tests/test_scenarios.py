@@ -58,8 +58,9 @@ def test_a_scenario_config_with_its_env_in_process_trains_alone_with_envhub_trai
                                                                                    tmp_path: Path) -> None:
     from trainer.cli import main
 
-    # two agents: room for the config's 2 groups against the random player beside one head-to-head
-    batch_size = 3 if scenario.command == "two-agent" else 2
+    # two agents: room for the config's 3 groups against the random player and 2 against past versions beside
+    # one head-to-head
+    batch_size = 6 if scenario.command == "two-agent" else 2
     code = main([scenario.command, "--config", str(ROOT / "examples" / "configs" / scenario.config), "run.steps=1",
                  f"run.batch_size={batch_size}", "run.group_size=2", "run.eval_problems=2", "run.eval_every=0",
                  "rollout.max_turns=2", f"run.output_dir='{tmp_path}'"])
@@ -319,9 +320,15 @@ def test_two_agent_players_start_from_each_agents_own_warm_up(tmp_path: Path) ->
 
     cfg, agents = warmed_up_players(scenarios.pick("gomoku-two-agent")[0].config, 0, tmp_path, smoke=True)
     assert cfg.rollout.history_turns == 0  # the warm-up's moves are prompted as the run prompts them
-    for k, (name, agent) in enumerate(agents.items()):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the warm-up's processes: other thread counts sum in other orders
+    try:
+        here_by_agent = {name: warm_up_agent(cfg, name, k, 0, games=4, steps=2)[0] for k, name in enumerate(agents)}
+    finally:
+        torch.set_num_threads(threads)
+    for name, agent in agents.items():
         # each agent warmed up in its own process: the weights a warm-up here gives
-        here, _ = warm_up_agent(cfg, name, k, 0, games=4, steps=2)
+        here = here_by_agent[name]
         assert all(torch.equal(here[key], p) for key, p in agent.model.state_dict().items())
         # a KL would anchor where RL starts (the players are built after the warm-up); the scenario runs none
         assert (agent.reference is None) == (cfg.agents[name].algo.kl_coef == 0)
