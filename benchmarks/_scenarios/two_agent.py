@@ -64,8 +64,8 @@ def warmed_up_players(config: str, seed: int, out: Path, *, smoke: bool = False,
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"run.seed={seed}", f"run.output_dir='{out}'"]
-    if smoke:  # batch 3: the config's 2 groups against the random player and one head-to-head
-        overrides += ["run.steps=1", "run.batch_size=3", "run.group_size=2", "run.eval_problems=2",
+    if smoke:  # batch 6: the config's 3 groups against the random player, 2 against past versions, one head-to-head
+        overrides += ["run.steps=1", "run.batch_size=6", "run.group_size=2", "run.eval_problems=2",
                       "run.eval_every=0", "rollout.max_turns=2"]
     cfg = load_two_agent_config(CONFIGS / config, [*overrides, *sets])  # the user's --set last: they win
     if not cfg.env.env_class:
