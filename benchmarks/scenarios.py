@@ -16,7 +16,8 @@ different times (``--only``) into one ``DIR`` end up in one figure.
 ``--set key=value`` (repeatable) overrides the configs as ``envhub-train``'s ``key=value`` arguments do, after
 the harness's own (seed, output dir, ``--smoke``), so that a variant of a scenario runs the way the figure
 did: ``--only gomoku-two-agent --set match.past_groups=2 --out runs/variant``. Each ``result.json`` and the
-summary entry record them, and ``--keep-done`` refuses a kept seed that ran under other ones.
+summary entry record them; ``--keep-done`` refuses a kept seed that ran under other ones, and the summary a
+scenario whose seeds did.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def pick(only: str | None) -> list[Scenario]:
 
 def summarise(scenario: Scenario, runs: list[RunResult]) -> dict[str, Any]:
     """The summary entry: means over seeds, and how many seeds reached the target rise."""
+    if any(r.overrides != runs[0].overrides for r in runs):
+        raise SystemExit(f"The seeds of {scenario.name} ran under different --set overrides "
+                         f"({[r.overrides for r in runs]}); keep each variant in its own --out.")
     rises = [r.after - r.before for r in runs]
     facts = {"facts_per_seed": [{k: round(v, 4) for k, v in scenario.facts(r).items()} for r in runs]} \
         if scenario.facts else {}

@@ -209,6 +209,9 @@ def test_set_overrides_every_run_is_recorded_and_keep_done_refuses_a_seed_run_un
     assert len(seen) == 3  # seeds 0 and 1 kept: they ran under the same overrides
     with pytest.raises(SystemExit, match="ran under --set"):
         scenarios.main(["--only", "s", "--seeds", "1", "--keep-done", "--out", str(tmp_path)])
+    scenarios.main(["--only", "s", "--seeds", "1", "--out", str(tmp_path)])  # seed 0 again, without the overrides
+    with pytest.raises(SystemExit, match="different --set"):  # beside seeds 1 and 2 that ran under them
+        scenarios.main(["--replot", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         scenarios.parse_args(["--set", "past_groups"])
     assert "overrides" not in scenarios.summarise(scenarios.SCENARIOS[0], [RunResult([(0, 0.0)], 1.0)])
