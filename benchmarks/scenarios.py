@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script (`python benchmarks/scenarios.py`) from anywhere
@@ -43,6 +43,13 @@ from benchmarks._scenarios.math import run_math  # noqa: E402
 from benchmarks._scenarios.two_agent import HEAD_TO_HEAD, run_two_agent, two_agent_facts  # noqa: E402
 
 SMOOTH_STEPS = 5  # the per-seed panels' running mean
+
+
+class Runner(Protocol):
+    """Trains one seed of a scenario from its config into ``out``; ``sets``: config overrides after the harness's own."""
+
+    def __call__(self, config: str, seed: int, out: Path, *, smoke: bool = False,
+                 sets: Sequence[str] = ()) -> RunResult: ...
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,7 @@ class Scenario:
     config: str
     metric: str
     target: float
-    run: Callable[[str, int, Path, bool, Sequence[str]], RunResult]
+    run: Runner
     command: str = "rl"
     policies: int = 1
     own_panel: str | None = None
@@ -69,21 +76,16 @@ class Scenario:
 
 
 SCENARIOS = [
-    Scenario("math", "scenario_math.toml", "validation accuracy (greedy, held-out sums)", 0.3,
-             lambda cfg, seed, out, smoke, sets: run_math(cfg, seed, out, smoke=smoke, sets=sets)),
-    Scenario("math-lora", "scenario_math_lora.toml", "validation accuracy (greedy, held-out sums)", 0.3,
-             lambda cfg, seed, out, smoke, sets: run_math(cfg, seed, out, smoke=smoke, sets=sets)),
+    Scenario("math", "scenario_math.toml", "validation accuracy (greedy, held-out sums)", 0.3, run_math),
+    Scenario("math-lora", "scenario_math_lora.toml", "validation accuracy (greedy, held-out sums)", 0.3, run_math),
     Scenario("geometry-vision", "scenario_geometry_vision.toml",
-             "accuracy (greedy, held-out diagrams: which figure)", 0.3,
-             lambda cfg, seed, out, smoke, sets: run_geometry_vision(cfg, seed, out, smoke=smoke, sets=sets), policies=2),
+             "accuracy (greedy, held-out diagrams: which figure)", 0.3, run_geometry_vision, policies=2),
     Scenario("geometry-tools", "scenario_geometry_tools.toml",
-             "accuracy (greedy, held-out triangles, ruler tool)", 0.2,
-             lambda cfg, seed, out, smoke, sets: run_geometry_tools(cfg, seed, out, smoke=smoke, sets=sets)),
-    Scenario("gomoku", "scenario_gomoku.toml", "win rate vs the random opponent (greedy, held-out games)", 0.2,
-             lambda cfg, seed, out, smoke, sets: run_gomoku(cfg, seed, out, smoke=smoke, sets=sets)),
+             "accuracy (greedy, held-out triangles, ruler tool)", 0.2, run_geometry_tools),
+    Scenario("gomoku", "scenario_gomoku.toml", "win rate vs the random opponent (greedy, held-out games)", 0.2, run_gomoku),
     Scenario("gomoku-two-agent", "scenario_gomoku_two_agent.toml",
              "weaker agent's win rate vs a random player (greedy, held-out games)", 0.2,
-             lambda cfg, seed, out, smoke, sets: run_two_agent(cfg, seed, out, smoke=smoke, sets=sets), command="two-agent",
+             run_two_agent, command="two-agent",
              policies=2, own_panel=HEAD_TO_HEAD, facts=two_agent_facts),
 ]
 
@@ -202,7 +204,7 @@ def run_one(scenario: Scenario, seed: int, out: Path, smoke: bool, sets: Sequenc
     ``sets``: config overrides (``key=value``) applied after the harness's own."""
     print(f"[scenarios] {scenario.name}, seed {seed}: {scenario.config}" + "".join(f" {s}" for s in sets), flush=True)
     run_dir = out / scenario.name / f"seed{seed}"
-    result = scenario.run(scenario.config, seed, run_dir, smoke, tuple(sets))
+    result = scenario.run(scenario.config, seed, run_dir, smoke=smoke, sets=tuple(sets))
     result.overrides = list(sets)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "result.json").write_text(json.dumps(dataclasses.asdict(result)))

@@ -39,7 +39,7 @@ def test_each_scenario_config_loads_as_envhub_train_reads_it(scenario: scenarios
 
 @pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=[s.name for s in scenarios.SCENARIOS])
 def test_each_scenario_starts_and_trains_a_step(scenario: scenarios.Scenario, tmp_path: Path) -> None:
-    result = scenario.run(scenario.config, 0, tmp_path, True, ("run.eval_problems=1",))  # a --set wins over --smoke's
+    result = scenario.run(scenario.config, 0, tmp_path, smoke=True, sets=("run.eval_problems=1",))  # a --set wins over --smoke's
     assert [step for step, _ in result.curve] == [0, 1]  # validated before training and after its one step
     assert all(0.0 <= value <= 1.0 for _, value in result.curve)
     runs = sorted(tmp_path.glob("**/metrics.jsonl"))  # one per policy: two agents, or vision and its text-only twin
@@ -74,7 +74,7 @@ def test_gomoku_logs_its_outcome_metrics_and_warms_up_on_legal_games(tmp_path: P
     from benchmarks._scenarios.gomoku import random_games
     from trainer.recipes.setup import in_process_env
 
-    result = scenarios.pick("gomoku")[0].run("scenario_gomoku.toml", 0, tmp_path, True, ())
+    result = scenarios.pick("gomoku")[0].run("scenario_gomoku.toml", 0, tmp_path, smoke=True)
     assert [step for step, _ in result.extra["games lost on an invalid move"]] == [0, 1]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all({"eval/penalised_turn_frac", "eval/tool_call_rate"} <= set(r) for r in records if "eval/episodes" in r)
@@ -238,7 +238,7 @@ def test_metric_curve_keeps_one_value_per_step_and_refuses_a_run_that_never_eval
 def test_geometry_vision_plots_the_text_only_policy_beside_it_and_warms_up_on_every_letter(tmp_path: Path) -> None:
     from benchmarks._scenarios.geometry import _train_problems, figure_demos
 
-    result = scenarios.pick("geometry-vision")[0].run("scenario_geometry_vision.toml", 0, tmp_path, True, ())
+    result = scenarios.pick("geometry-vision")[0].run("scenario_geometry_vision.toml", 0, tmp_path, smoke=True)
     assert [step for step, _ in result.extra["text-only policy (tiny)"]] == [0, 1]
     assert (tmp_path / "text_only" / "metrics.jsonl").is_file()
     cfg = load_config(ROOT / "examples" / "configs" / "scenario_geometry_vision.toml")
@@ -256,7 +256,7 @@ def test_geometry_tools_warm_up_reads_the_ruler_and_calls_it_on_a_few_questions_
     from env_servers.geometry_env.figures import MEASURE_LENGTHS
     from envhub.tool_parsers import hermes
 
-    result = scenarios.pick("geometry-tools")[0].run("scenario_geometry_tools.toml", 0, tmp_path, True, ())
+    result = scenarios.pick("geometry-tools")[0].run("scenario_geometry_tools.toml", 0, tmp_path, smoke=True)
     assert [step for step, _ in result.extra["tool-call rate"]] == [0, 1]
     cfg = load_config(ROOT / "examples" / "configs" / "scenario_geometry_tools.toml")
     assert cfg.env.env_kwargs["answer_format"] == "number" and not cfg.env.env_kwargs.get("measure_reward")
